@@ -1,0 +1,144 @@
+"""The run config, converted once at the edge into a typed, validated, frozen object.
+
+Keys are kebab-case in `pyproject.toml` / `--run-config` and snake_case attributes here; the
+name is otherwise unchanged all the way to the math (`rho` in config, recipe and update rule).
+Sentinels (documented per field) mean "the algorithm preset decides".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+PRESET = "preset"  # string sentinel: the preset of `algorithm` decides
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    algorithm: str = "fedact"
+    num_server_rounds: int = 20
+    fraction_train: float = 1.0  # share of the connected nodes sampled per round
+    min_replies: int = 1  # below this many accepted replies the round leaves state unchanged
+    local_steps: int = 50  # K
+    batch_size: int = 50
+    lr: float = 0.0  # local learning rate at round 1; 0 = the preset's default
+    lr_schedule: str = "cosine"  # "cosine" (to 0 over the rounds) or "constant"
+    weight_decay: float = -1.0  # -1 = the preset's default
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    rho: float = 0.5  # weight of the global direction Δ_G in u = (1-ρ)d + ρΔ_G
+    tau: float = 0.5  # trust ratio: top ⌊τD⌋ coordinates get α
+    alpha: float = 0.0  # 0 = 1/τ (MGUP-style default)
+    gamma: float = 0.0  # 0 = τ
+    preconditioner: str = PRESET  # "sgd" | "adam" | "adamw"
+    trust: str = PRESET  # "none" | "act" | "cautious" | "mgup"
+    trust_scope: str = "global"  # "global" (top-k over all D) | "per-tensor"
+    v_sync: str = "full"  # "full" | "block" | "none" (presets without sync force "none")
+    bias_correction: str = PRESET  # "paper" | "single-counter" | "local" | "off"
+    weighting: str = "examples"  # mean over replies: "examples" (sample count) | "uniform"
+    task: str = "fashion-mnist"
+    model: str = "cnn"
+    partitioning: str = "dirichlet"  # "dirichlet" | "iid"
+    dirichlet_alpha: float = 0.3
+    data_dir: str = ""
+    results_dir: str = ""  # "" = <project>/results (see server_app/outputs.py)
+    run_name: str = ""  # "" = <algorithm>-<timestamp>
+    seed: int = 42
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N" (a node config may override)
+    num_threads: int = 0  # torch threads in each client process; 0 = leave torch's default
+    round_timeout: float = 0.0  # seconds to wait for replies; 0 = no limit
+    max_reply_mb: float = 1024.0  # replies larger than this are dropped
+
+    @classmethod
+    def from_flower(cls, run_config: Mapping[str, Any]) -> RunConfig:
+        """Build from Flower's run config (kebab-case); unknown or missing keys raise."""
+        by_key = {f.name.replace("_", "-"): f for f in fields(cls)}
+        unknown = sorted(set(run_config) - set(by_key))
+        if unknown:
+            raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(by_key)}")
+        missing = sorted(set(by_key) - set(run_config))
+        if missing:
+            raise ValueError(f"run-config keys missing: {missing}")
+        values = {f.name: _coerce(key, run_config[key], f.type) for key, f in by_key.items()}
+        return cls(**values)
+
+    def to_flower(self) -> dict[str, Any]:
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def trust_alpha(self) -> float:
+        return self.alpha if self.alpha > 0.0 else 1.0 / self.tau
+
+    @property
+    def trust_gamma(self) -> float:
+        return self.gamma if self.gamma > 0.0 else self.tau
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _coerce(key: str, value: Any, type_name: Any) -> Any:
+    """Flower parses `lr=1` as int; accept ints for floats, reject everything else."""
+    expected = {"int": int, "float": float, "str": str}[str(type_name)]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, expected) or isinstance(value, bool):
+        raise ValueError(f"run-config {key}={value!r}: expected {expected.__name__}")
+    return value
+
+
+_CHOICES = {
+    "lr_schedule": {"cosine", "constant"},
+    "preconditioner": {PRESET, "sgd", "adam", "adamw"},
+    "trust": {PRESET, "none", "act", "cautious", "mgup"},
+    "trust_scope": {"global", "per-tensor"},
+    "v_sync": {"full", "block", "none"},
+    "bias_correction": {PRESET, "paper", "single-counter", "local", "off"},
+    "weighting": {"examples", "uniform"},
+    "partitioning": {"dirichlet", "iid"},
+}
+
+
+def _check(ok: bool, name: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid {name.replace('_', '-')}={value!r}: {why}")
+
+
+def _validate(cfg: RunConfig) -> None:
+    for name, choices in _CHOICES.items():
+        value = getattr(cfg, name)
+        _check(value in choices, name, value, f"choose one of {sorted(choices)}")
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float):
+            _check(math.isfinite(value), f.name, value, "must be finite")
+    _check(cfg.num_server_rounds >= 1, "num_server_rounds", cfg.num_server_rounds, "must be >= 1")
+    _check(0.0 < cfg.fraction_train <= 1.0, "fraction_train", cfg.fraction_train, "must be in (0, 1]")
+    _check(cfg.min_replies >= 1, "min_replies", cfg.min_replies, "must be >= 1")
+    _check(cfg.local_steps >= 1, "local_steps", cfg.local_steps, "must be >= 1")
+    _check(cfg.batch_size >= 1, "batch_size", cfg.batch_size, "must be >= 1")
+    _check(cfg.lr >= 0.0, "lr", cfg.lr, "must be > 0 (or 0 for the preset's default)")
+    _check(cfg.weight_decay >= 0.0 or cfg.weight_decay == -1.0, "weight_decay", cfg.weight_decay,
+           "must be >= 0 (or -1 for the preset's default)")
+    _check(0.0 <= cfg.beta1 < 1.0, "beta1", cfg.beta1, "must be in [0, 1)")
+    _check(0.0 <= cfg.beta2 < 1.0, "beta2", cfg.beta2, "must be in [0, 1)")
+    _check(cfg.eps > 0.0, "eps", cfg.eps, "must be > 0")
+    _check(0.0 <= cfg.rho <= 1.0, "rho", cfg.rho, "must be in [0, 1]")
+    _check(0.0 < cfg.tau <= 1.0, "tau", cfg.tau, "must be in (0, 1]")
+    _check(cfg.alpha >= 0.0, "alpha", cfg.alpha, "must be > 0 (or 0 for 1/tau)")
+    _check(cfg.gamma >= 0.0, "gamma", cfg.gamma, "must be > 0 (or 0 for tau)")
+    alpha, gamma = cfg.trust_alpha, cfg.trust_gamma
+    _check(gamma <= alpha, "gamma", gamma, f"must not exceed alpha={alpha} (the paper needs α ≥ γ > 0)")
+    _check(cfg.dirichlet_alpha > 0.0, "dirichlet_alpha", cfg.dirichlet_alpha, "must be > 0")
+    _check(cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be >= 0")
+    _check(cfg.round_timeout >= 0.0, "round_timeout", cfg.round_timeout, "must be >= 0")
+    _check(cfg.max_reply_mb > 0.0, "max_reply_mb", cfg.max_reply_mb, "must be > 0")
+    _check(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+           "device", cfg.device, "choose auto, cpu, cuda or cuda:N")

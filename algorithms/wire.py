@@ -1,0 +1,29 @@
+"""Every record name and config key that crosses the wire, in one place.
+
+Kebab-case, as Flower does. A reader who sees `"delta-g"` in a message finds here what it is.
+"""
+
+# --- Records in a TRAIN instruction (server -> client) ---
+MODEL = "model"  # ArrayRecord: the global model x (state_dict names)
+DELTA_G = "delta-g"  # ArrayRecord: global direction Δ_G of the previous round (FedACT family)
+V_BAR = "v-bar"  # ArrayRecord: server-averaged second moment v̄ (full or one value per tensor)
+RECIPE = "recipe"  # ConfigRecord: what the client runs this round (see algorithms/recipe.py)
+
+# --- Records in a TRAIN reply (client -> server) ---
+DELTA = "delta"  # ArrayRecord: Δ_i = x_i^{r,K} - x^r
+V_LOCAL = "v"  # ArrayRecord: terminal second moment v_i
+METRICS = "metrics"  # MetricRecord: see the METRIC_* keys below
+
+# --- MetricRecord keys of a reply ---
+NUM_EXAMPLES = "num-examples"  # int, the client's partition size (aggregation weight)
+PARTITION_ID = "partition-id"  # int, orders replies so aggregation is order-independent
+TRAIN_LOSS = "train-loss"  # float, mean loss over the K local steps
+POS_RATIO = "pos-ratio"  # float, PosRatio of the trust scores (mean over local steps)
+TOP_MASS = "top-mass"  # float, TopMass_0.01 of the trust scores (mean over local steps)
+
+REPLY_METRIC_KEYS = frozenset({NUM_EXAMPLES, PARTITION_ID, TRAIN_LOSS, POS_RATIO, TOP_MASS})
+
+# --- Node config keys (set by simulation or `flower-supernode --node-config`) ---
+NODE_PARTITION_ID = "partition-id"
+NODE_NUM_PARTITIONS = "num-partitions"
+NODE_DEVICE = "device"  # optional per-node override: "cpu", "cuda", "cuda:1", "auto"

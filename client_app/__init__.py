@@ -1,0 +1,1 @@
+"""The generic ClientApp: it runs whatever recipe the server's message describes."""

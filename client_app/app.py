@@ -1,0 +1,69 @@
+"""The ClientApp: decode the server's message, run the recipe, encode the reply.
+
+No per-algorithm branches: everything the client does is decided by the `recipe` ConfigRecord
+and by which optional records (`delta-g`, `v-bar`) the message carries.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from algorithms import wire
+from algorithms.recipe import ClientRecipe
+from client_app.device import select_device
+from client_app.train import train_round
+from workloads import build_model, load_task, partition_indices
+
+log = logging.getLogger(__name__)
+app = ClientApp()
+
+
+def _optional_arrays(content: RecordDict, key: str) -> dict[str, torch.Tensor] | None:
+    if key not in content.array_records:
+        return None
+    return dict(content.array_records[key].to_torch_state_dict())
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    """Run one round of local training as the message's recipe says."""
+    recipe = ClientRecipe.from_config(msg.content.config_records[wire.RECIPE])
+    partition_id = int(context.node_config[wire.NODE_PARTITION_ID])
+    num_partitions = int(context.node_config[wire.NODE_NUM_PARTITIONS])
+    if recipe.num_threads > 0:
+        torch.set_num_threads(recipe.num_threads)
+    device = select_device(str(context.node_config.get(wire.NODE_DEVICE, recipe.device)))
+    train, _ = load_task(recipe.task, recipe.data_dir)
+    indices = torch.as_tensor(partition_indices(
+        train.labels, num_partitions, partition_id, recipe.partitioning,
+        recipe.dirichlet_alpha, recipe.seed))
+    channels, size = train.images.shape[1], train.images.shape[2]
+    model = build_model(recipe.model, train.num_classes, channels, size)
+    model.load_state_dict(msg.content.array_records[wire.MODEL].to_torch_state_dict())
+    model.to(device)
+    result = train_round(model, train, indices, recipe, partition_id,
+                         delta_g=_optional_arrays(msg.content, wire.DELTA_G),
+                         v_bar=_optional_arrays(msg.content, wire.V_BAR))
+    content = RecordDict({
+        wire.DELTA: ArrayRecord(result.delta),
+        wire.METRICS: MetricRecord({
+            wire.NUM_EXAMPLES: len(indices),
+            wire.PARTITION_ID: partition_id,
+            wire.TRAIN_LOSS: result.train_loss,
+            wire.POS_RATIO: result.pos_ratio,
+            wire.TOP_MASS: result.top_mass,
+        }),
+    })
+    if result.v is not None:
+        content[wire.V_LOCAL] = ArrayRecord(result.v)
+    log.info("partition %d round %d: loss %.4f on %s", partition_id, recipe.server_round,
+             result.train_loss, device)
+    return Message(content=content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return handle_train(msg, context)

@@ -1,0 +1,1 @@
+"""The ServerApp: config at the edge, the round loop, central evaluation and outputs."""

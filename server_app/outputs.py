@@ -1,0 +1,88 @@
+"""What a run leaves for its user: metrics (JSONL + CSV), a plot, the model, the config."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from algorithms.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def project_dir() -> Path | None:
+    """The source checkout adaptfl was installed from (`pip install -e .`), if any.
+
+    The ServerApp runs in the SuperLink's working directory, so `Path.cwd()` is no guide.
+    """
+    try:
+        raw = metadata.distribution("adaptfl").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    url = json.loads(raw or "{}").get("url", "")
+    return Path(url.removeprefix("file://")) if url.startswith("file://") else None
+
+
+def results_root(cfg: RunConfig) -> Path:
+    if cfg.results_dir:
+        root = Path(cfg.results_dir).expanduser()
+        if not root.is_absolute():
+            raise ValueError(f"results-dir={cfg.results_dir!r} must be an absolute path: the "
+                             "ServerApp runs in the SuperLink's working directory")
+        return root
+    project = project_dir()
+    return project / "results" if project else Path.home() / ".adaptfl" / "results"
+
+
+class RunOutputs:
+    """One run's results directory."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        name = cfg.run_name or f"{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.dir = results_root(cfg) / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(cfg.to_flower(), indent=2))
+        self.rows: list[dict[str, Any]] = []
+        log.info("results of this run go to %s", self.dir)
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
+        self.rows.append(row)
+        with (self.dir / "metrics.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        columns = list(dict.fromkeys(k for r in self.rows for k in r if k != "rejected"))
+        with (self.dir / "metrics.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def finish(self, model_state: dict[str, torch.Tensor]) -> None:
+        torch.save(model_state, self.dir / "model.pt")
+        self.plot()
+
+    def plot(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rounds = [r["round"] for r in self.rows]
+        fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
+        ax_acc.plot(rounds, [r.get("test-accuracy") for r in self.rows], marker="o")
+        ax_acc.set(xlabel="round", ylabel="test accuracy", title="central test accuracy")
+        ax_loss.plot(rounds, [r.get("test-loss") for r in self.rows], marker="o", label="test")
+        ax_loss.plot(rounds, [r.get("train-loss") for r in self.rows], marker="x",
+                     label="train (clients' mean)")
+        ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss")
+        ax_loss.legend()
+        fig.suptitle(self.dir.name)
+        fig.tight_layout()
+        fig.savefig(self.dir / "plot.png", dpi=100)
+        plt.close(fig)

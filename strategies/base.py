@@ -1,0 +1,183 @@
+"""The strategy base: Flower's message-API `Strategy` with validated replies and one state.
+
+Subclasses override three hooks: `reply_spec` (what a valid reply holds), `payload` (extra
+ArrayRecords sent next to the model) and `aggregate` (new server state from accepted replies).
+Everything else — sampling, messages, validation, weighting, metrics — lives here once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from algorithms import wire
+from algorithms.config import RunConfig
+from algorithms.presets import Resolved, resolve
+from algorithms.recipe import recipe_for_round
+from strategies.aggregate import direction_consistency, num_bytes, weighted_mean
+from strategies.state import ServerState, Tensors
+from strategies.validation import ArraySpec, DecodedReply, ReplyRejected, decode_reply
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Names, shapes and dtypes of the model: what valid arrays must look like."""
+
+    entries: dict[str, tuple[tuple[int, ...], torch.dtype]]  # every state_dict entry
+    parameters: tuple[str, ...]  # the trainable ones (optimizer state exists for these)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelSpec:
+        entries = {n: (tuple(t.shape), t.dtype) for n, t in model.state_dict().items()}
+        return cls(entries, tuple(n for n, _ in model.named_parameters()))
+
+    def params_spec(self, shape_of: str = "full") -> ArraySpec:
+        if shape_of == "block":
+            return {n: ((1,), self.entries[n][1]) for n in self.parameters}
+        return {n: self.entries[n] for n in self.parameters}
+
+
+@dataclass
+class RoundReport:
+    """What happened in one round, for the metrics file."""
+
+    sampled: int = 0
+    accepted: int = 0
+    rejected: dict[int, str] = field(default_factory=dict)  # node id -> reason
+    skipped: bool = False
+    bytes_down: int = 0
+    bytes_up: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class AdaptiveStrategy(Strategy):
+    """Base for adaptfl's strategies; `state` is the only thing aggregation changes."""
+
+    def __init__(self, cfg: RunConfig, spec: ModelSpec, state: ServerState) -> None:
+        self.cfg = cfg
+        self.resolved: Resolved = resolve(cfg)
+        self.spec = spec
+        self.state = state
+        self.report = RoundReport()
+
+    # --- hooks ---------------------------------------------------------------------------
+    def reply_spec(self) -> dict[str, ArraySpec]:
+        return {wire.DELTA: self.spec.entries}
+
+    def payload(self) -> dict[str, Tensors]:
+        """Extra ArrayRecords sent next to the model this round (none for FedAvg)."""
+        return {}
+
+    def aggregate(self, server_round: int, replies: list[DecodedReply], weights: list[float],
+                  mean_delta: Tensors) -> ServerState:
+        """New state from the accepted replies; must not modify `self.state` in place."""
+        model = {n: self.state.model[n] + mean_delta[n].to(self.state.model[n].dtype)
+                 for n in self.state.model}
+        new = self.state.clone()
+        new.model = model
+        return new
+
+    # --- sampling and messages -------------------------------------------------------------
+    def sample_nodes(self, grid: Grid) -> list[int]:
+        nodes = sorted(grid.get_node_ids())
+        while len(nodes) < self.cfg.min_replies:
+            log.info("waiting for nodes: %d connected, %d needed", len(nodes), self.cfg.min_replies)
+            time.sleep(1.0)
+            nodes = sorted(grid.get_node_ids())
+        count = max(1, round(self.cfg.fraction_train * len(nodes)))
+        gen = torch.Generator()
+        gen.set_state(self.state.sampling_rng)
+        order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
+        self.state.sampling_rng = gen.get_state()
+        return [nodes[i] for i in sorted(order)]
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        recipe = recipe_for_round(self.cfg, server_round).to_config()
+        extras = self.payload()
+        content = RecordDict({wire.MODEL: arrays, wire.RECIPE: ConfigRecord(recipe)})
+        for name, tensors in extras.items():
+            content[name] = ArrayRecord(tensors)
+        nodes = self.sample_nodes(grid)
+        per_message = num_bytes(self.state.model) + sum(num_bytes(t) for t in extras.values())
+        self.report = RoundReport(sampled=len(nodes), bytes_down=per_message * len(nodes))
+        return [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
+                for node in nodes]
+
+    # --- aggregation -------------------------------------------------------------------------
+    def _accept(self, replies: Iterable[Message]) -> list[DecodedReply]:
+        accepted = []
+        max_bytes = int(self.cfg.max_reply_mb * 2**20)
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            try:
+                decoded = decode_reply(msg, self.reply_spec(), max_bytes)
+            except ReplyRejected as why:
+                self.report.rejected[node] = str(why)
+                log.warning("round reply from node %s dropped: %s", node, why)
+                continue
+            self.report.bytes_up += decoded.num_bytes
+            accepted.append(decoded)
+        # Order by partition id so the float sums do not depend on arrival order.
+        return sorted(accepted, key=lambda r: int(r.metrics[wire.PARTITION_ID]))
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        accepted = self._accept(replies)
+        self.report.accepted = len(accepted)
+        if len(accepted) < self.cfg.min_replies:
+            self.report.skipped = True
+            log.warning("round %d skipped: %d accepted replies < min-replies=%d; state unchanged",
+                        server_round, len(accepted), self.cfg.min_replies)
+            return None, MetricRecord(self._metrics({}))
+        weights = [float(r.metrics[wire.NUM_EXAMPLES]) if self.cfg.weighting == "examples"
+                   else 1.0 for r in accepted]
+        deltas = [r.arrays[wire.DELTA] for r in accepted]
+        mean_delta = weighted_mean(deltas, weights)
+        new_state = self.aggregate(server_round, accepted, weights, mean_delta)
+        new_state.server_round = server_round
+        self.state = new_state  # the only assignment: a failure above leaves state untouched
+        stats = {
+            "direction-consistency": direction_consistency(deltas, mean_delta),
+            "train-loss": _mean(r.metrics.get(wire.TRAIN_LOSS, 0.0) for r in accepted),
+            "pos-ratio": _mean(r.metrics.get(wire.POS_RATIO, 0.0) for r in accepted),
+            "top-mass": _mean(r.metrics.get(wire.TOP_MASS, 0.0) for r in accepted),
+        }
+        return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
+
+    def _metrics(self, stats: Mapping[str, float]) -> dict[str, float]:
+        self.report.metrics = {
+            **stats,
+            "replies-sampled": self.report.sampled,
+            "replies-accepted": self.report.accepted,
+            "replies-rejected": len(self.report.rejected),
+            "bytes-down": self.report.bytes_down,
+            "bytes-up": self.report.bytes_up,
+        }
+        return dict(self.report.metrics)
+
+    # --- evaluation happens centrally on the server (server_app/evaluate.py) ----------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        return None
+
+    def summary(self) -> None:
+        log.info("%s: %s", type(self).__name__, self.resolved)
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = [float(v) for v in values]
+    return sum(items) / len(items) if items else 0.0

@@ -1,0 +1,51 @@
+"""All server state in one serialisable object, so a run can be checkpointed and resumed."""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class ServerState:
+    server_round: int  # the last completed round (0 before round 1)
+    model: Tensors  # the global model x, by state_dict name
+    extras: dict[str, Tensors] = field(default_factory=dict)  # wire name -> tensors (Δ_G, v̄)
+    sampling_rng: torch.Tensor = field(  # torch.Generator state for client sampling
+        default_factory=lambda: torch.Generator().manual_seed(0).get_state())
+
+    def clone(self) -> ServerState:
+        return ServerState(
+            server_round=self.server_round,
+            model={k: v.clone() for k, v in self.model.items()},
+            extras={name: {k: v.clone() for k, v in t.items()} for name, t in self.extras.items()},
+            sampling_rng=self.sampling_rng.clone(),
+        )
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({"server_round": self.server_round, "model": self.model,
+                    "extras": self.extras, "sampling_rng": self.sampling_rng}, buffer)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> ServerState:
+        raw = torch.load(io.BytesIO(blob), weights_only=True)
+        return cls(server_round=int(raw["server_round"]), model=raw["model"],
+                   extras=raw["extras"], sampling_rng=raw["sampling_rng"])
+
+    def save(self, path: Path) -> None:
+        """Write atomically: a crash leaves the previous checkpoint intact."""
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(self.to_bytes())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> ServerState:
+        return cls.from_bytes(path.read_bytes())

@@ -1,0 +1,96 @@
+"""Validate a client's reply before anything of it reaches the server state.
+
+A reply passes only if it carries exactly the expected records, every array has the expected
+name, shape and dtype and finite values, the metrics are the known keys with a positive
+example count, and the whole reply is within the size bound. Otherwise the reason is returned
+and the caller drops the reply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from flwr.app import Message
+
+from algorithms import wire
+
+# name -> (shape, torch dtype) for every array a record must hold
+ArraySpec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+@dataclass
+class DecodedReply:
+    arrays: dict[str, dict[str, torch.Tensor]]  # record name -> tensors
+    metrics: dict[str, float | int]
+    num_bytes: int
+
+
+class ReplyRejected(ValueError):
+    """A reply that must not touch the server state; the message says why."""
+
+
+def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: ArraySpec) -> None:
+    missing = sorted(set(spec) - set(tensors))
+    unknown = sorted(set(tensors) - set(spec))
+    if missing:
+        raise ReplyRejected(f"{record_name}: missing arrays {missing[:5]}")
+    if unknown:
+        raise ReplyRejected(f"{record_name}: unknown arrays {unknown[:5]}")
+    for name, (shape, dtype) in spec.items():
+        t = tensors[name]
+        if tuple(t.shape) != tuple(shape):
+            raise ReplyRejected(f"{record_name}[{name}]: shape {tuple(t.shape)}, "
+                                f"expected {tuple(shape)}")
+        if t.dtype != dtype:
+            raise ReplyRejected(f"{record_name}[{name}]: dtype {t.dtype}, expected {dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ReplyRejected(f"{record_name}[{name}]: non-finite values (NaN or Inf)")
+
+
+def _check_metrics(metrics: Mapping[str, object]) -> dict[str, float | int]:
+    unknown = sorted(set(metrics) - wire.REPLY_METRIC_KEYS)
+    if unknown:
+        raise ReplyRejected(f"{wire.METRICS}: unknown keys {unknown}")
+    missing = sorted({wire.NUM_EXAMPLES, wire.PARTITION_ID} - set(metrics))
+    if missing:
+        raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
+    out: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        if not isinstance(value, int | float) or not math.isfinite(float(value)):
+            raise ReplyRejected(f"{wire.METRICS}[{key}]={value!r} is not a finite number")
+        out[key] = value
+    if not (isinstance(out[wire.NUM_EXAMPLES], int) and out[wire.NUM_EXAMPLES] > 0):
+        raise ReplyRejected(f"{wire.NUM_EXAMPLES}={out[wire.NUM_EXAMPLES]!r} must be a positive int")
+    return out
+
+
+def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int) -> DecodedReply:
+    """Decode and validate one reply; raises ReplyRejected with the reason."""
+    if msg.has_error():
+        raise ReplyRejected(f"client error {msg.error.code}: {msg.error.reason}")
+    content = msg.content
+    names = set(content.array_records)
+    if names != set(expected):
+        raise ReplyRejected(f"array records {sorted(names)}, expected {sorted(expected)}")
+    if set(content.config_records):
+        raise ReplyRejected(f"unexpected config records {sorted(content.config_records)}")
+    if set(content.metric_records) != {wire.METRICS}:
+        raise ReplyRejected(f"metric records {sorted(content.metric_records)}, "
+                            f"expected ['{wire.METRICS}']")
+    size = sum(len(arr.data) for rec in content.array_records.values()
+               for arr in rec.values())
+    if size > max_bytes:
+        raise ReplyRejected(f"reply of {size} bytes exceeds the bound of {max_bytes} bytes")
+    arrays = {}
+    for record_name, spec in expected.items():
+        try:
+            tensors = dict(content.array_records[record_name].to_torch_state_dict())
+        except Exception as err:  # noqa: BLE001 - any undecodable payload is a bad reply
+            raise ReplyRejected(f"{record_name}: cannot decode arrays ({err})") from err
+        _check_arrays(record_name, tensors, spec)
+        arrays[record_name] = tensors
+    metrics = _check_metrics(dict(content.metric_records[wire.METRICS]))
+    return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)
