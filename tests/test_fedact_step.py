@@ -44,7 +44,7 @@ def test_one_fedact_step_by_hand() -> None:
     flat = lambda d: d["w"] + d["b"]  # noqa: E731
     xs, gs, dgs, vs = flat(x), flat(g), flat(dg), flat(vbar)
     u, s = [], []
-    for xi, gi, dgi, vi in zip(xs, gs, dgs, vs, strict=True):
+    for gi, dgi, vi in zip(gs, dgs, vs, strict=True):
         m_hat = (0.1 * gi) / (1 - b1**1)  # m from 0, bias on k = 1
         v_hat = (b2 * vi + (1 - b2) * gi * gi) / (1 - b2**t)  # v from v̄, bias on t
         ui = (1 - rho) * m_hat / (math.sqrt(v_hat) + eps) + rho * dgi
