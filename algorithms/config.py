@@ -52,6 +52,8 @@ class RunConfig:
     num_threads: int = 0  # torch threads in each client process; 0 = leave torch's default
     round_timeout: float = 0.0  # seconds to wait for replies; 0 = no limit
     max_reply_mb: float = 1024.0  # replies larger than this are dropped
+    resume: bool = False  # continue results-dir/run-name from its last checkpointed round
+    resume_from: str = ""  # absolute path of an earlier run's results dir to continue from
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any]) -> RunConfig:
@@ -86,9 +88,13 @@ class RunConfig:
 
 def _coerce(key: str, value: Any, type_name: Any) -> Any:
     """Flower parses `lr=1` as int; accept ints for floats, reject everything else."""
-    expected = {"int": int, "float": float, "str": str}[str(type_name)]
+    expected = {"int": int, "float": float, "str": str, "bool": bool}[str(type_name)]
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if expected is bool:  # bool is an int subclass: only real booleans pass
+        if not isinstance(value, bool):
+            raise ValueError(f"run-config {key}={value!r}: expected bool (true/false)")
+        return value
     if not isinstance(value, expected) or isinstance(value, bool):
         raise ValueError(f"run-config {key}={value!r}: expected {expected.__name__}")
     return value

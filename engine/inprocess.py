@@ -7,6 +7,7 @@ very code Flower runs; only the transport differs. Fast for sweeps, and an oracl
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -71,7 +72,19 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        return [self._deliver(msg) for msg in messages]
+        """Nodes run one after another here, but in parallel in Flower: a reply whose own
+        handling took longer than `timeout` is dropped, as Flower drops a late reply."""
+        replies = []
+        for msg in messages:
+            started = time.perf_counter()
+            reply = self._deliver(msg)
+            took = time.perf_counter() - started
+            if timeout is not None and took > timeout:
+                log.warning("node %d replied after %.1f s > timeout %.1f s: dropped",
+                            msg.metadata.dst_node_id, took, timeout)
+                continue
+            replies.append(reply)
+        return replies
 
     def _deliver(self, msg: Message) -> Message:
         node = msg.metadata.dst_node_id

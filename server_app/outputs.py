@@ -52,12 +52,20 @@ class RunOutputs:
         self.rows: list[dict[str, Any]] = []
         log.info("results of this run go to %s", self.dir)
 
+    def restore(self, rows: list[dict[str, Any]]) -> None:
+        """Start from a checkpoint's rows: rewrite the files so they hold exactly those rounds."""
+        self.rows = []
+        (self.dir / "metrics.jsonl").write_text("")
+        for row in rows:
+            self.record(row)
+
     def record(self, row: dict[str, Any]) -> None:
         """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
         self.rows.append(row)
         with (self.dir / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        columns = list(dict.fromkeys(k for r in self.rows for k in r if k != "rejected"))
+        columns = list(dict.fromkeys(k for r in self.rows for k in r
+                                     if k not in ("rejected", "missing")))  # JSONL only
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()

@@ -1,0 +1,101 @@
+"""Checkpoint after every round, and resume from the last complete one.
+
+A run's results directory is its checkpoint: `metrics.jsonl` gets the round's row first, then
+`state.pt` (the whole `ServerState`: model, Δ_G, v̄, sampling RNG, round) is replaced
+atomically. A crash between the two leaves a row newer than the state, which resume drops, so
+the state file alone says which round is complete. `config.json` tells whether the checkpoint
+belongs to the same job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from algorithms.config import RunConfig
+from strategies.state import ServerState
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+
+# Keys that may differ between the interrupted run and its continuation: where and how it
+# runs, not what it computes. Anything else (the lr schedule depends on num-server-rounds,
+# sampling on fraction-train, ...) would silently make a different run.
+MAY_CHANGE_ON_RESUME = frozenset({
+    "resume", "resume-from", "results-dir", "run-name", "data-dir", "device", "num-threads",
+    "round-timeout", "min-replies", "max-reply-mb",
+})
+
+
+@dataclass
+class Checkpoint:
+    state: ServerState
+    rows: list[dict[str, Any]]  # the metrics rows of rounds 1..state.server_round
+    source: Path
+
+
+def save_checkpoint(run_dir: Path, state: ServerState) -> None:
+    """Atomic (write then rename): a kill at any moment leaves the previous round's state."""
+    state.save(run_dir / STATE_FILE)
+
+
+def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:
+    """The results directory to continue from, or None for a fresh run."""
+    if cfg.resume_from:
+        source = Path(cfg.resume_from).expanduser()
+        if not source.is_absolute():
+            raise ValueError(f"resume-from={cfg.resume_from!r} must be an absolute path: the "
+                             "ServerApp runs in the SuperLink's working directory")
+        if not (source / STATE_FILE).is_file():
+            raise ValueError(f"resume-from={cfg.resume_from!r} holds no {STATE_FILE} checkpoint")
+        return source
+    if not cfg.resume:
+        return None
+    if run_dir is None or not cfg.run_name:
+        raise ValueError("resume=true needs run-name (the run to continue) or resume-from")
+    if not (run_dir / STATE_FILE).is_file():
+        log.warning("resume=true but %s has no checkpoint yet: starting at round 1", run_dir)
+        return None
+    return run_dir
+
+
+def _check_same_job(cfg: RunConfig, source: Path) -> None:
+    saved = json.loads((source / CONFIG_FILE).read_text())
+    current = cfg.to_flower()
+    differ = sorted(k for k in set(saved) | set(current)
+                    if k not in MAY_CHANGE_ON_RESUME and saved.get(k) != current.get(k))
+    if differ:
+        changes = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differ)
+        raise ValueError(f"cannot resume {source}: run config differs ({changes})")
+
+
+def _rows_up_to(path: Path, last_round: int) -> list[dict[str, Any]]:
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by the kill
+            continue
+        if row.get("round", 0) <= last_round:
+            rows.append(row)
+    return rows
+
+
+def load_checkpoint(cfg: RunConfig, source: Path) -> Checkpoint:
+    """The state and metrics of the last complete round; refuses another job's checkpoint."""
+    _check_same_job(cfg, source)
+    state = ServerState.load(source / STATE_FILE)
+    if state.server_round >= cfg.num_server_rounds:
+        log.warning("checkpoint %s is already at round %d of %d: nothing left to run",
+                    source, state.server_round, cfg.num_server_rounds)
+    rows = _rows_up_to(source / METRICS_FILE, state.server_round)
+    log.info("resuming from %s after round %d", source, state.server_round)
+    return Checkpoint(state=state, rows=rows, source=source)
