@@ -40,6 +40,23 @@ class RunConfig:
     v_sync: str = "full"  # "full" | "block" | "none" (presets without sync force "none")
     bias_correction: str = PRESET  # "paper" | "single-counter" | "local" | "off"
     weighting: str = "examples"  # mean over replies: "examples" (sample count) | "uniform"
+    # --- server optimizer (strategies/server_opt.py), composable with any client recipe ---
+    server_opt: str = PRESET  # "none" | "avgm" | "adam" | "yogi" | "adagrad" | "adamom"
+    eta: float = 0.0  # server learning rate η; 0 = the preset's default
+    server_momentum: float = 0.9  # FedAvgM's β (Flower: server_momentum)
+    server_beta1: float = 0.9  # FedAdam / FedYogi β1 (Flower: beta_1)
+    server_beta2: float = 0.99  # FedAdam / FedYogi β2 (Flower: beta_2)
+    server_tau: float = 1e-3  # FedAdam / FedYogi / FedAdagrad adaptivity τ (Flower: tau)
+    b2: float = 0.05  # FedAdamom: weight of the old v in v = b2·v + (1-b2)·Δ² (seed 004)
+    adamom_eps: float = 1e-3  # FedAdamom: β1 = clip(1 - v/v̄, 0, 1-ε)
+    # --- client-side terms (client_app/terms.py) ---
+    mu: float = -1.0  # HaFedHo / FedProx / MOON weight μ; -1 = the preset's default
+    rectify: str = "objective"  # HaFedHo: "objective" (term in the loss) | "gradient" (μh on ∇)
+    dyn_alpha: float = 0.01  # FedDyn's α (dynamic regulariser weight)
+    moon_tau: float = 0.5  # MOON's temperature τ of the contrastive loss
+    gamma_l: float = 0.9  # FedLADA's global offset weight γ_l (its ρ)
+    cm_alpha: float = 0.1  # FedCM's α: weight of the local gradient (ρ = 1 - α)
+    client_state_dir: str = ""  # durable client state (HaFedHo, SCAFFOLD, …); "" = <tmp>/adaptfl-client-state
     task: str = "fashion-mnist"
     model: str = "cnn"
     partitioning: str = "dirichlet"  # "dirichlet" | "iid"
@@ -108,6 +125,8 @@ _CHOICES = {
     "v_sync": {"full", "block", "none"},
     "bias_correction": {PRESET, "paper", "single-counter", "local", "off"},
     "weighting": {"examples", "uniform"},
+    "server_opt": {PRESET, "none", "avgm", "adam", "yogi", "adagrad", "adamom"},
+    "rectify": {"objective", "gradient"},
     "partitioning": {"dirichlet", "iid"},
 }
 
@@ -146,5 +165,15 @@ def _validate(cfg: RunConfig) -> None:
     _check(cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be >= 0")
     _check(cfg.round_timeout >= 0.0, "round_timeout", cfg.round_timeout, "must be >= 0")
     _check(cfg.max_reply_mb > 0.0, "max_reply_mb", cfg.max_reply_mb, "must be > 0")
+    _check(cfg.eta >= 0.0, "eta", cfg.eta, "must be > 0 (or 0 for the preset's default)")
+    for name in ("server_momentum", "server_beta1", "server_beta2", "b2"):
+        _check(0.0 <= getattr(cfg, name) < 1.0, name, getattr(cfg, name), "must be in [0, 1)")
+    _check(cfg.server_tau > 0.0, "server_tau", cfg.server_tau, "must be > 0")
+    _check(0.0 < cfg.adamom_eps < 1.0, "adamom_eps", cfg.adamom_eps, "must be in (0, 1)")
+    _check(cfg.mu >= 0.0 or cfg.mu == -1.0, "mu", cfg.mu, "must be >= 0 (or -1 for the preset's default)")
+    _check(cfg.dyn_alpha > 0.0, "dyn_alpha", cfg.dyn_alpha, "must be > 0")
+    _check(cfg.moon_tau > 0.0, "moon_tau", cfg.moon_tau, "must be > 0")
+    _check(0.0 <= cfg.gamma_l <= 1.0, "gamma_l", cfg.gamma_l, "must be in [0, 1]")
+    _check(0.0 <= cfg.cm_alpha <= 1.0, "cm_alpha", cfg.cm_alpha, "must be in [0, 1]")
     _check(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
            "device", cfg.device, "choose auto, cpu, cuda or cuda:N")

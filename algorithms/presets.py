@@ -22,8 +22,12 @@ class Preset:
     bias_correction: str  # "paper" | "single-counter" | "local" | "off"
     lr: float  # default local lr (FMNIST CNN main job; the papers tune per model)
     weight_decay: float
-    server: str  # strategy name in strategies/ ("fedavg" | "fedact")
+    server: str  # strategy name in strategies/ ("fedavg" | "fedact" | "hafedho" | "scaffold" | …)
     paper: str
+    server_opt: str = "none"  # rule on the mean Δ (strategies/server_opt.py)
+    mu: float = 0.0  # default μ of the client terms that use one (HaFedHo, FedProx, MOON)
+    terms: str = ""  # client-side terms, comma-separated (client_app/terms.py)
+    rho_from: str = "rho"  # which config key gives ρ: "rho" | "gamma-l" (FedLADA) | "cm-alpha" (FedCM)
 
 
 # lr defaults: SGD 0.1 and wd 1e-3 as FedACT's Table 6; the adaptive family uses 1e-3 (Table 6
@@ -41,7 +45,47 @@ PRESETS: dict[str, Preset] = {
                      "seed 000 (FedACT)"),
     "fedact-local": Preset("adamw", False, "act", True, "paper", 1e-3, 0.01, "fedact",
                            "seed 000, ρ=0 ablation"),
+    # Server optimizers over local SGD (Reddi et al. 2021; Hsu et al. 2019; seed 004).
+    "fedavgm": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "fedavg",
+                      "Hsu et al. 2019 (FedAvgM)", server_opt="avgm"),
+    "fedadam": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "fedavg",
+                      "Reddi et al. 2021 (FedAdam)", server_opt="adam"),
+    "fedyogi": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "fedavg",
+                      "Reddi et al. 2021 (FedYogi)", server_opt="yogi"),
+    "fedadagrad": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "fedavg",
+                         "Reddi et al. 2021 (FedAdagrad)", server_opt="adagrad"),
+    "fedadamom": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "fedavg",
+                        "seed 004 (FedAdamom)", server_opt="adamom"),
+    # Client-side baselines (each term's equation and paper: client_app/term_*.py).
+    "hafedho": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "hafedho",
+                      "seed 003 (HaFedHo)", mu=0.01, terms="hafedho"),
+    "fedprox": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "fedavg",
+                      "Li et al. 2020 (FedProx)", mu=0.01, terms="prox"),
+    "scaffold": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "scaffold",
+                       "Karimireddy et al. 2020 (SCAFFOLD, option II)", terms="scaffold"),
+    "fedcm": Preset("sgd", True, "none", False, "off", 0.1, 1e-3, "fedact",
+                    "Xu et al. 2021 (FedCM)", rho_from="cm-alpha"),
+    "fedlada": Preset("adam", True, "none", True, "off", 1e-3, 1e-3, "fedact",
+                      "Sun et al. 2023 (FedLADA)", rho_from="gamma-l"),
+    "feddyn": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "feddyn",
+                     "Acar et al. 2021 (FedDyn)", terms="feddyn"),
+    "moon": Preset("sgd", False, "none", False, "off", 0.1, 1e-3, "fedavg",
+                   "Li, He & Song 2021 (MOON)", mu=1.0, terms="moon"),
+    "mimelite": Preset("sgd", True, "none", False, "off", 0.1, 1e-3, "mimelite",
+                       "Karimireddy et al. 2021 (MimeLite)", terms="grad-at-x", rho_from="beta1"),
 }
+
+
+# Default server learning rate η per server rule (`eta=0`): plain steps for averaging, FedAvgM and
+# FedAdamom (seed 004: η_g = 1); Reddi et al.'s typical best order for the 1/sqrt(v)-scaled rules
+# (Flower's own defaults are 0.1 / 0.01 / 0.1 for Adam / Yogi / Adagrad).
+DEFAULT_ETA = {"none": 1.0, "avgm": 1.0, "adam": 0.01, "yogi": 0.01, "adagrad": 0.01, "adamom": 1.0}
+
+
+def preset_rho(cfg: RunConfig, preset: Preset) -> float:
+    """ρ of u = (1-ρ)d + ρΔ_G, from the config key the preset names (same math, paper's knob)."""
+    return {"rho": cfg.rho, "gamma-l": cfg.gamma_l, "cm-alpha": 1.0 - cfg.cm_alpha,
+            "beta1": cfg.beta1}[preset.rho_from]
 
 
 def get_preset(name: str) -> Preset:
@@ -63,6 +107,10 @@ class Resolved:
     bias_correction: str
     lr: float
     weight_decay: float
+    server_opt: str = "none"
+    eta: float = 1.0
+    mu: float = 0.0
+    terms: str = ""
 
 
 def resolve(cfg: RunConfig) -> Resolved:
@@ -71,6 +119,7 @@ def resolve(cfg: RunConfig) -> Resolved:
     trust = preset.trust if cfg.trust == PRESET else cfg.trust
     bias = preset.bias_correction if cfg.bias_correction == PRESET else cfg.bias_correction
     v_sync = cfg.v_sync if preset.v_sync else "none"
+    server_opt = preset.server_opt if cfg.server_opt == PRESET else cfg.server_opt
     if preconditioner == "sgd" and v_sync != "none":
         raise ValueError(f"algorithm {cfg.algorithm!r} with preconditioner='sgd' has no second "
                          "moment to sync; choose an adaptive preconditioner")
@@ -82,9 +131,13 @@ def resolve(cfg: RunConfig) -> Resolved:
         server=preset.server,
         preconditioner=preconditioner,
         trust=trust,
-        rho=cfg.rho if preset.correction else 0.0,
+        rho=preset_rho(cfg, preset) if preset.correction else 0.0,
         v_sync=v_sync,
         bias_correction=bias,
         lr=cfg.lr if cfg.lr > 0.0 else preset.lr,
         weight_decay=cfg.weight_decay if cfg.weight_decay >= 0.0 else preset.weight_decay,
+        server_opt=server_opt,
+        eta=cfg.eta if cfg.eta > 0.0 else DEFAULT_ETA[server_opt],
+        mu=cfg.mu if cfg.mu >= 0.0 else preset.mu,
+        terms=preset.terms,
     )

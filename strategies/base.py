@@ -22,6 +22,7 @@ from algorithms.config import RunConfig
 from algorithms.presets import Resolved, resolve
 from algorithms.recipe import recipe_for_round
 from strategies.aggregate import direction_consistency, num_bytes, weighted_mean
+from strategies.server_opt import ServerHyper, ServerOptimizer
 from strategies.state import ServerState, Tensors
 from strategies.validation import ArraySpec, DecodedReply, ReplyRejected, decode_reply
 
@@ -68,6 +69,10 @@ class AdaptiveStrategy(Strategy):
         self.spec = spec
         self.state = state
         self.report = RoundReport()
+        self.server_opt = ServerOptimizer(self.resolved.server_opt, ServerHyper(
+            eta=self.resolved.eta, server_momentum=cfg.server_momentum,
+            server_beta1=cfg.server_beta1, server_beta2=cfg.server_beta2,
+            server_tau=cfg.server_tau, b2=cfg.b2, adamom_eps=cfg.adamom_eps))
 
     # --- hooks ---------------------------------------------------------------------------
     def reply_spec(self) -> dict[str, ArraySpec]:
@@ -79,11 +84,14 @@ class AdaptiveStrategy(Strategy):
 
     def aggregate(self, server_round: int, replies: list[DecodedReply], weights: list[float],
                   mean_delta: Tensors) -> ServerState:
-        """New state from the accepted replies; must not modify `self.state` in place."""
-        model = {n: self.state.model[n] + mean_delta[n].to(self.state.model[n].dtype)
-                 for n in self.state.model}
+        """New state from the accepted replies; must not modify `self.state` in place.
+
+        The model moves by the server optimizer's rule on the mean Δ (`none`: x + mean Δ).
+        """
         new = self.state.clone()
-        new.model = model
+        new.model, moments = self.server_opt.step(self.state.model, mean_delta, self.state.extras,
+                                                  server_round)
+        new.extras.update(moments)
         return new
 
     # --- sampling and messages -------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Server optimizers: the same replies give the same next model as Flower's own strategies,
+and one FedAdamom step computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
+
+from algorithms import wire
+from algorithms.config import RunConfig
+from algorithms.presets import resolve
+from engine.inprocess import InProcessGrid
+from strategies import FedAvgStrategy, ModelSpec
+from strategies.fedadamom import fedadamom_rule
+from strategies.server_opt import ServerHyper
+from strategies.state import ServerState
+
+F32 = torch.float32
+SPEC = ModelSpec({"w": ((2, 2), F32), "b": ((3,), F32)}, ("w", "b"))
+X0 = {"w": torch.tensor([[0.5, -1.0], [2.0, 0.25]]), "b": torch.tensor([0.0, 1.0, -3.0])}
+# Per round, two clients' model changes (dyadic values: sums are exact in float32) and sizes 1:3.
+ROUNDS = [
+    [({"w": [[0.5, 0.25], [-1.0, 0.0]], "b": [0.125, -0.5, 1.0]}, 1),
+     ({"w": [[-0.25, 0.75], [0.5, 0.0]], "b": [0.0, 0.25, -2.0]}, 3)],
+    [({"w": [[1.0, -0.5], [0.25, 0.5]], "b": [-0.25, 0.5, 0.0]}, 1),
+     ({"w": [[0.0, -0.25], [-0.75, 0.5]], "b": [0.5, 0.0, 0.0]}, 3)],
+    [({"w": [[-0.5, 0.0], [0.0, 0.125]], "b": [1.0, -1.0, 0.5]}, 1),
+     ({"w": [[0.25, 0.25], [0.25, -0.125]], "b": [-0.5, 0.5, 0.25]}, 3)],
+]
+HYPER = dict(server_beta1=0.8, server_beta2=0.95, server_tau=0.05)
+
+
+def _flower(algorithm: str, eta: float):
+    kw = dict(fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
+    b1, b2, tau = HYPER["server_beta1"], HYPER["server_beta2"], HYPER["server_tau"]
+    return {
+        "fedavgm": lambda: FedAvgM(server_learning_rate=eta, server_momentum=0.7, **kw),
+        "fedadam": lambda: FedAdam(eta=eta, beta_1=b1, beta_2=b2, tau=tau, **kw),
+        "fedyogi": lambda: FedYogi(eta=eta, beta_1=b1, beta_2=b2, tau=tau, **kw),
+        "fedadagrad": lambda: FedAdagrad(eta=eta, tau=tau, **kw),
+    }[algorithm]()
+
+
+def _reply(content: RecordDict, node: int) -> Message:
+    instruction = Message(content=RecordDict({}), dst_node_id=node, message_type=MessageType.TRAIN)
+    return Message(content=content, reply_to=instruction)
+
+
+@pytest.mark.parametrize("algorithm,eta", [("fedavgm", 0.9), ("fedadam", 0.1), ("fedyogi", 0.05),
+                                           ("fedadagrad", 0.2)])
+def test_same_replies_give_the_same_model_as_flower(algorithm: str, eta: float) -> None:
+    grid = InProcessGrid(2, {})
+    cfg = RunConfig(algorithm=algorithm, eta=eta, server_momentum=0.7, **HYPER)
+    ours = FedAvgStrategy(cfg, SPEC, ServerState(0, {k: v.clone() for k, v in X0.items()}))
+    flower = _flower(algorithm, eta)
+    flower_x = ArrayRecord({k: v.clone() for k, v in X0.items()})
+    for server_round, clients in enumerate(ROUNDS, start=1):
+        ours.configure_train(server_round, ArrayRecord(ours.state.model), ConfigRecord(), grid)
+        flower.configure_train(server_round, flower_x, ConfigRecord(), grid)
+        current = flower_x.to_torch_state_dict()
+        ours_replies, flower_replies = [], []
+        for pid, (delta, n) in enumerate(clients):
+            d = {k: torch.tensor(v) for k, v in delta.items()}
+            ours_replies.append(_reply(RecordDict({
+                wire.DELTA: ArrayRecord(d),
+                wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: n, wire.PARTITION_ID: pid})}),
+                pid + 1))
+            flower_replies.append(_reply(RecordDict({
+                "arrays": ArrayRecord({k: current[k] + d[k] for k in d}),
+                "metrics": MetricRecord({"num-examples": n})}), pid + 1))
+        ours.aggregate_train(server_round, ours_replies)
+        flower_x, _ = flower.aggregate_train(server_round, flower_replies)
+        expected = flower_x.to_torch_state_dict()
+        for k in X0:
+            torch.testing.assert_close(ours.state.model[k], expected[k].to(F32),
+                                       rtol=1e-5, atol=1e-6, msg=f"{algorithm} round {server_round} {k}")
+    # The moments live in the serialisable state (a resumed run continues them).
+    assert any(k.startswith("server-opt/") for k in ours.state.extras)
+
+
+def test_fedadamom_one_step_by_hand() -> None:
+    x = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0, 0.0])}
+    delta = {"a": torch.tensor([2.0, 0.0]), "b": torch.tensor([1.0, 1.0])}
+    m0 = {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([-1.0, 2.0])}
+    v0 = {"a": torch.tensor([4.0, 0.0]), "b": torch.tensor([0.0, 8.0])}
+    hp = ServerHyper(eta=0.5, b2=0.5, adamom_eps=1e-3)
+    new_x, moments = fedadamom_rule(x, delta, {"m": m0, "v": v0}, 1, hp)
+    # v = 0.5·v0 + 0.5·Δ² = a: [4, 0], b: [0.5, 4.5]; ONE mean over all 4 coordinates: v̄ = 9/4
+    assert moments["v"]["a"].tolist() == [4.0, 0.0] and moments["v"]["b"].tolist() == [0.5, 4.5]
+    # β1 = clip(1 - v/v̄, 0, 1-ε): a: [clip(1-16/9)=0, clip(1-0)=0.999]; b: [1-2/9, clip(1-2)=0]
+    beta = {"a": [0.0, 0.999], "b": [7.0 / 9.0, 0.0]}
+    # m = β1·m0 + (1-β1)·Δ
+    m = {"a": [2.0, 0.999], "b": [-7.0 / 9.0 + 2.0 / 9.0, 1.0]}
+    for k in m:
+        expected_m = torch.tensor(m[k])
+        torch.testing.assert_close(moments["m"][k], expected_m)
+        torch.testing.assert_close(new_x[k], x[k] + 0.5 * expected_m)  # x + η·m, no 1/sqrt(v)
+        assert all(0.0 <= b <= 0.999 for b in beta[k])
+
+
+def test_fedadamom_composes_with_any_client_recipe() -> None:
+    cfg = RunConfig(algorithm="fedact", server_opt="adamom")
+    r = resolve(cfg)
+    assert (r.server, r.server_opt, r.eta, r.trust) == ("fedact", "adamom", 1.0, "act")
+
+
+@pytest.mark.parametrize("key,value", [("server-momentum", 1.0), ("server-tau", 0.0),
+                                       ("b2", 1.5), ("adamom-eps", 0.0), ("eta", -0.1),
+                                       ("server-opt", "sgdm")])
+def test_bad_server_hyperparameters_are_named(key: str, value: object) -> None:
+    raw = {**RunConfig().to_flower(), key: value}
+    with pytest.raises(ValueError, match=key):
+        RunConfig.from_flower(raw)
