@@ -1,0 +1,1 @@
+"""Deployment kit: commands shared by the compose demo and the loopback script."""
