@@ -42,6 +42,12 @@ class ClientRecipe:
     data_dir: str
     device: str
     num_threads: int
+    terms: str  # client-side terms, comma-separated (client_app/terms.py); "" = none
+    mu: float  # HaFedHo / FedProx / MOON weight μ
+    rectify: str  # HaFedHo: "objective" | "gradient"
+    dyn_alpha: float  # FedDyn's α
+    moon_tau: float  # MOON's temperature τ
+    client_state_dir: str  # where durable client state is written ("" = system temp dir)
 
     def to_config(self) -> dict[str, Any]:
         return {k.replace("_", "-"): v for k, v in asdict(self).items()}
@@ -92,4 +98,10 @@ def recipe_for_round(cfg: RunConfig, server_round: int) -> ClientRecipe:
         data_dir=cfg.data_dir,
         device=cfg.device,
         num_threads=cfg.num_threads,
+        terms=r.terms,
+        mu=r.mu,
+        rectify=cfg.rectify,
+        dyn_alpha=cfg.dyn_alpha,
+        moon_tau=cfg.moon_tau,
+        client_state_dir=cfg.client_state_dir,
     )

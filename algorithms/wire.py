@@ -8,10 +8,16 @@ MODEL = "model"  # ArrayRecord: the global model x (state_dict names)
 DELTA_G = "delta-g"  # ArrayRecord: global direction Δ_G of the previous round (FedACT family)
 V_BAR = "v-bar"  # ArrayRecord: server-averaged second moment v̄ (full or one value per tensor)
 RECIPE = "recipe"  # ConfigRecord: what the client runs this round (see algorithms/recipe.py)
+HAFEDHO_G = "g"  # ArrayRecord: HaFedHo's g^{t-1}, mean of the clients' summed local gradients
+HAFEDHO_F_HAT = "f-hat"  # ArrayRecord {"f-hat": [f̂^{t-1}]}: HaFedHo's mean local loss
+SCAFFOLD_C = "c"  # ArrayRecord: SCAFFOLD's server control variate c
+# MimeLite sends its server momentum m as DELTA_G: the client mixes u = (1-β)·g + β·m with it.
 
 # --- Records in a TRAIN reply (client -> server) ---
 DELTA = "delta"  # ArrayRecord: Δ_i = x_i^{r,K} - x^r
 V_LOCAL = "v"  # ArrayRecord: terminal second moment v_i
+DELTA_C = "delta-c"  # ArrayRecord: SCAFFOLD's Δc_i = c_i⁺ - c_i
+GRAD_AT_X = "grad-at-x"  # ArrayRecord: MimeLite's full local gradient ∇f_i(x^r) at the global model
 METRICS = "metrics"  # MetricRecord: see the METRIC_* keys below
 
 # --- MetricRecord keys of a reply ---
@@ -20,8 +26,12 @@ PARTITION_ID = "partition-id"  # int, orders replies so aggregation is order-ind
 TRAIN_LOSS = "train-loss"  # float, mean loss over the K local steps
 POS_RATIO = "pos-ratio"  # float, PosRatio of the trust scores (mean over local steps)
 TOP_MASS = "top-mass"  # float, TopMass_0.01 of the trust scores (mean over local steps)
+F_HAT = "f-hat"  # float, HaFedHo's f̂_i: mean local loss f_i over the local steps
+CLIENT_STATE = "client-state"  # int, where durable client state came from: 0 none, 1 memory, 2 disk
+TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as the client applied it
 
-REPLY_METRIC_KEYS = frozenset({NUM_EXAMPLES, PARTITION_ID, TRAIN_LOSS, POS_RATIO, TOP_MASS})
+REPLY_METRIC_KEYS = frozenset({NUM_EXAMPLES, PARTITION_ID, TRAIN_LOSS, POS_RATIO, TOP_MASS,
+                               F_HAT, CLIENT_STATE, TOOK_PART})
 
 # --- Node config keys (set by simulation or `flower-supernode --node-config`) ---
 NODE_PARTITION_ID = "partition-id"

@@ -14,7 +14,9 @@ from flwr.clientapp import ClientApp
 
 from algorithms import wire
 from algorithms.recipe import ClientRecipe
+from client_app.client_state import ClientStateStore
 from client_app.device import select_device
+from client_app.terms import RoundInputs, build_terms
 from client_app.train import train_round
 from workloads import build_model, load_task, partition_indices
 
@@ -44,9 +46,16 @@ def handle_train(msg: Message, context: Context) -> Message:
     model = build_model(recipe.model, train.num_classes, channels, size)
     model.load_state_dict(msg.content.array_records[wire.MODEL].to_torch_state_dict())
     model.to(device)
+    # Terms the recipe names (FedProx, HaFedHo, SCAFFOLD, …): built at x^r, before any step.
+    extra = {name: dict(record.to_torch_state_dict())
+             for name, record in msg.content.array_records.items() if name != wire.MODEL}
+    store = ClientStateStore(context, recipe.client_state_dir, recipe.server_round)
+    terms = build_terms(recipe.terms, RoundInputs(model, recipe, extra, store, train, indices,
+                                                  len(train.labels)))
     result = train_round(model, train, indices, recipe, partition_id,
                          delta_g=_optional_arrays(msg.content, wire.DELTA_G),
-                         v_bar=_optional_arrays(msg.content, wire.V_BAR))
+                         v_bar=_optional_arrays(msg.content, wire.V_BAR), terms=terms)
+    outputs = [term.finish(result.delta, result.train_loss) for term in terms]
     content = RecordDict({
         wire.DELTA: ArrayRecord(result.delta),
         wire.METRICS: MetricRecord({
@@ -55,8 +64,12 @@ def handle_train(msg: Message, context: Context) -> Message:
             wire.TRAIN_LOSS: result.train_loss,
             wire.POS_RATIO: result.pos_ratio,
             wire.TOP_MASS: result.top_mass,
+            **{k: v for out in outputs for k, v in out.metrics.items()},
         }),
     })
+    for out in outputs:
+        for name, tensors in out.records.items():
+            content[name] = ArrayRecord(tensors)
     if result.v is not None:
         content[wire.V_LOCAL] = ArrayRecord(result.v)
     log.info("partition %d round %d: loss %.4f on %s", partition_id, recipe.server_round,

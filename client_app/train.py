@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from algorithms.recipe import ClientRecipe
+from client_app.terms import LocalTerm
 from local_update import LocalUpdate, LocalUpdateConfig
 from local_update.preconditioners import AdamHyper
 from workloads import ImageData, sample_batches
@@ -48,8 +49,13 @@ def expand_block_v(v_bar: Mapping[str, torch.Tensor],
 def train_round(model: torch.nn.Module, data: ImageData, indices: torch.Tensor,
                 recipe: ClientRecipe, partition_id: int,
                 delta_g: Mapping[str, torch.Tensor] | None,
-                v_bar: Mapping[str, torch.Tensor] | None) -> TrainResult:
-    """K local steps of the recipe's update on this client's partition."""
+                v_bar: Mapping[str, torch.Tensor] | None,
+                terms: Sequence[LocalTerm] = ()) -> TrainResult:
+    """K local steps of the recipe's update on this client's partition.
+
+    `terms` (client_app/terms.py) add to the loss before backward and correct the gradients
+    before the step; `train_loss` stays the mean of the plain loss f_i over the steps.
+    """
     device = next(model.parameters()).device
     start = {n: t.detach().clone() for n, t in model.state_dict().items()}
     params = dict(model.named_parameters())
@@ -65,9 +71,17 @@ def train_round(model: torch.nn.Module, data: ImageData, indices: torch.Tensor,
     losses = []
     for batch in batches:
         x, y = data.batch(indices[batch])
-        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        x = x.to(device)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y.to(device))
+        total = loss
+        for term in terms:
+            extra = term.loss(x, logits)
+            total = total if extra is None else total + extra
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
+        for term in terms:
+            term.correct_(params)
         opt.step()
         losses.append(loss.detach())
     end = model.state_dict()

@@ -3,10 +3,19 @@
 from strategies.base import AdaptiveStrategy, ModelSpec
 from strategies.fedact import FedACTStrategy
 from strategies.fedavg import FedAvgStrategy
+from strategies.feddyn import FedDynStrategy
+from strategies.hafedho import HaFedHoStrategy
+from strategies.mimelite import MimeLiteStrategy
+from strategies.scaffold import ScaffoldStrategy
 
 STRATEGIES: dict[str, type[AdaptiveStrategy]] = {
     "fedavg": FedAvgStrategy,
     "fedact": FedACTStrategy,
+    "hafedho": HaFedHoStrategy,
+    "scaffold": ScaffoldStrategy,
+    "feddyn": FedDynStrategy,
+    "mimelite": MimeLiteStrategy,
 }
 
-__all__ = ["STRATEGIES", "AdaptiveStrategy", "FedACTStrategy", "FedAvgStrategy", "ModelSpec"]
+__all__ = ["STRATEGIES", "AdaptiveStrategy", "FedACTStrategy", "FedAvgStrategy", "FedDynStrategy",
+           "HaFedHoStrategy", "MimeLiteStrategy", "ModelSpec", "ScaffoldStrategy"]

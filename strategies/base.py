@@ -69,6 +69,7 @@ class AdaptiveStrategy(Strategy):
         self.spec = spec
         self.state = state
         self.report = RoundReport()
+        self.num_nodes = 0  # connected nodes at the last sampling
         self.server_opt = ServerOptimizer(self.resolved.server_opt, ServerHyper(
             eta=self.resolved.eta, server_momentum=cfg.server_momentum,
             server_beta1=cfg.server_beta1, server_beta2=cfg.server_beta2,
@@ -81,6 +82,9 @@ class AdaptiveStrategy(Strategy):
     def payload(self) -> dict[str, Tensors]:
         """Extra ArrayRecords sent next to the model this round (none for FedAvg)."""
         return {}
+
+    def check_reply(self, reply: DecodedReply) -> None:
+        """Raise ReplyRejected for a reply that passed decoding but lacks what this rule needs."""
 
     def aggregate(self, server_round: int, replies: list[DecodedReply], weights: list[float],
                   mean_delta: Tensors) -> ServerState:
@@ -101,6 +105,7 @@ class AdaptiveStrategy(Strategy):
             log.info("waiting for nodes: %d connected, %d needed", len(nodes), self.cfg.min_replies)
             time.sleep(1.0)
             nodes = sorted(grid.get_node_ids())
+        self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
         count = max(1, round(self.cfg.fraction_train * len(nodes)))
         gen = torch.Generator()
         gen.set_state(self.state.sampling_rng)
@@ -129,6 +134,7 @@ class AdaptiveStrategy(Strategy):
             node = msg.metadata.src_node_id
             try:
                 decoded = decode_reply(msg, self.reply_spec(), max_bytes)
+                self.check_reply(decoded)
             except ReplyRejected as why:
                 self.report.rejected[node] = str(why)
                 log.warning("round reply from node %s dropped: %s", node, why)
