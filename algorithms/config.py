@@ -59,8 +59,9 @@ class RunConfig:
     client_state_dir: str = ""  # durable client state (HaFedHo, SCAFFOLD, …); "" = <tmp>/adaptfl-client-state
     task: str = "fashion-mnist"
     model: str = "cnn"
-    partitioning: str = "dirichlet"  # "dirichlet" | "iid"
+    partitioning: str = "dirichlet"  # "dirichlet" | "iid" | "pathological" | "natural-id"
     dirichlet_alpha: float = 0.3
+    classes_per_client: int = 2  # "pathological": labels per client (workloads/partitioning.py)
     data_dir: str = ""
     results_dir: str = ""  # "" = <project>/results (see server_app/outputs.py)
     run_name: str = ""  # "" = <algorithm>-<timestamp>
@@ -127,7 +128,7 @@ _CHOICES = {
     "weighting": {"examples", "uniform"},
     "server_opt": {PRESET, "none", "avgm", "adam", "yogi", "adagrad", "adamom"},
     "rectify": {"objective", "gradient"},
-    "partitioning": {"dirichlet", "iid"},
+    "partitioning": {"dirichlet", "iid", "pathological", "natural-id"},
 }
 
 
@@ -162,6 +163,7 @@ def _validate(cfg: RunConfig) -> None:
     alpha, gamma = cfg.trust_alpha, cfg.trust_gamma
     _check(gamma <= alpha, "gamma", gamma, f"must not exceed alpha={alpha} (the paper needs α ≥ γ > 0)")
     _check(cfg.dirichlet_alpha > 0.0, "dirichlet_alpha", cfg.dirichlet_alpha, "must be > 0")
+    _check(cfg.classes_per_client >= 1, "classes_per_client", cfg.classes_per_client, "must be >= 1")
     _check(cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be >= 0")
     _check(cfg.round_timeout >= 0.0, "round_timeout", cfg.round_timeout, "must be >= 0")
     _check(cfg.max_reply_mb > 0.0, "max_reply_mb", cfg.max_reply_mb, "must be > 0")

@@ -48,6 +48,7 @@ class ClientRecipe:
     dyn_alpha: float  # FedDyn's α
     moon_tau: float  # MOON's temperature τ
     client_state_dir: str  # where durable client state is written ("" = system temp dir)
+    classes_per_client: int = 2  # "pathological" partitioning: labels per client
 
     def to_config(self) -> dict[str, Any]:
         return {k.replace("_", "-"): v for k, v in asdict(self).items()}
@@ -104,4 +105,5 @@ def recipe_for_round(cfg: RunConfig, server_round: int) -> ClientRecipe:
         dyn_alpha=cfg.dyn_alpha,
         moon_tau=cfg.moon_tau,
         client_state_dir=cfg.client_state_dir,
+        classes_per_client=cfg.classes_per_client,
     )

@@ -18,7 +18,7 @@ from client_app.client_state import ClientStateStore
 from client_app.device import select_device
 from client_app.terms import RoundInputs, build_terms
 from client_app.train import train_round
-from workloads import build_model, load_task, partition_indices
+from workloads import build_task_model, load_task, partition_indices
 
 log = logging.getLogger(__name__)
 app = ClientApp()
@@ -41,9 +41,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     train, _ = load_task(recipe.task, recipe.data_dir)
     indices = torch.as_tensor(partition_indices(
         train.labels, num_partitions, partition_id, recipe.partitioning,
-        recipe.dirichlet_alpha, recipe.seed))
-    channels, size = train.images.shape[1], train.images.shape[2]
-    model = build_model(recipe.model, train.num_classes, channels, size)
+        recipe.dirichlet_alpha, recipe.seed, recipe.classes_per_client))
+    model = build_task_model(recipe.model, train)
     model.load_state_dict(msg.content.array_records[wire.MODEL].to_torch_state_dict())
     model.to(device)
     # Terms the recipe names (FedProx, HaFedHo, SCAFFOLD, …): built at x^r, before any step.

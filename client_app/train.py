@@ -7,13 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from algorithms.recipe import ClientRecipe
 from client_app.terms import LocalTerm
 from local_update import LocalUpdate, LocalUpdateConfig
 from local_update.preconditioners import AdamHyper
-from workloads import ImageData, sample_batches
+from workloads import TaskData, sample_batches, task_loss
 
 
 @dataclass
@@ -46,7 +45,7 @@ def expand_block_v(v_bar: Mapping[str, torch.Tensor],
     return {n: v_bar[n].reshape(()).expand_as(p) for n, p in params.items() if n in v_bar}
 
 
-def train_round(model: torch.nn.Module, data: ImageData, indices: torch.Tensor,
+def train_round(model: torch.nn.Module, data: TaskData, indices: torch.Tensor,
                 recipe: ClientRecipe, partition_id: int,
                 delta_g: Mapping[str, torch.Tensor] | None,
                 v_bar: Mapping[str, torch.Tensor] | None,
@@ -73,7 +72,7 @@ def train_round(model: torch.nn.Module, data: ImageData, indices: torch.Tensor,
         x, y = data.batch(indices[batch])
         x = x.to(device)
         logits = model(x)
-        loss = F.cross_entropy(logits, y.to(device))
+        loss = task_loss(logits, y.to(device))  # images [B,C] or tokens [B,T,V]
         total = loss
         for term in terms:
             extra = term.loss(x, logits)

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from workloads import ImageData
+from workloads import TaskData, count_correct, task_loss
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: ImageData, batch_size: int = 1000) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy loss) over the whole split."""
+def evaluate(model: torch.nn.Module, data: TaskData, batch_size: int = 1000) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy loss) over the whole split; per token for language models
+    (token accuracy, and exp(loss) is the perplexity)."""
     model.eval()
     device = next(model.parameters()).device
-    correct, loss_sum, n = 0, 0.0, len(data.labels)
+    correct, loss_sum, n, count = 0, 0.0, len(data.labels), 0
     for start in range(0, n, batch_size):
         x, y = data.batch(torch.arange(start, min(start + batch_size, n)))
         logits = model(x.to(device))
         y = y.to(device)
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(1) == y).sum())
-    return correct / n, loss_sum / n
+        loss_sum += float(task_loss(logits, y, reduction="sum"))
+        hits, predictions = count_correct(logits, y)
+        correct, count = correct + hits, count + predictions
+    return correct / count, loss_sum / count

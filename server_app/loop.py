@@ -17,7 +17,7 @@ from server_app.evaluate import evaluate
 from server_app.outputs import RunOutputs, results_root
 from strategies import STRATEGIES, AdaptiveStrategy, ModelSpec
 from strategies.state import ServerState
-from workloads import build_model, load_task
+from workloads import build_task_model, load_task
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def build_strategy(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module]:
     resolved = resolve(cfg)
     _, test = load_task(cfg.task, cfg.data_dir)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, test.num_classes, test.images.shape[1], test.images.shape[2])
+    model = build_task_model(cfg.model, test)
     strategy = STRATEGIES[resolved.server](cfg, ModelSpec.of(model), initial_state(cfg, model))
     return strategy, model
 

@@ -17,11 +17,12 @@ CIFAR_STATS: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
 }
 
 
-def load_cifar(root: str, num_classes: int = 10) -> tuple[ImageData, ImageData]:
+def load_cifar(root: str, num_classes: int = 10, download: bool = False) -> tuple[ImageData, ImageData]:
     """Return the (train, test) splits of CIFAR-10 or CIFAR-100.
 
     ``root`` is the folder holding ``cifar-10-batches-py`` or
-    ``cifar-100-python`` as torchvision extracts them. Nothing is downloaded.
+    ``cifar-100-python`` as torchvision extracts them. Nothing is downloaded
+    unless ``download`` is set (needs a network; torchvision checks the md5).
     Results are cached per process, resolved root and class count.
     The cached tensors are shared between callers: treat them as read-only.
     """
@@ -29,6 +30,10 @@ def load_cifar(root: str, num_classes: int = 10) -> tuple[ImageData, ImageData]:
         raise ValueError(f"num_classes must be 10 or 100, got {num_classes!r}")
     if not root:
         raise ValueError("load_cifar needs a root folder, got an empty string")
+    if download:
+        from torchvision.datasets import CIFAR10, CIFAR100
+
+        (CIFAR10 if num_classes == 10 else CIFAR100)(root, train=True, download=True)
     return _load_cifar_cached(str(Path(root).expanduser().resolve()), num_classes)
 
 
@@ -50,7 +55,7 @@ def _load_split(root: str, num_classes: int, train: bool) -> ImageData:
         raise ValueError(
             f"CIFAR-{num_classes} files missing or corrupted under "
             f"{str(Path(root) / dataset_class.base_folder)!r}; extract "
-            f"{dataset_class.filename} into {root!r} (adaptfl never downloads CIFAR)"
+            f"{dataset_class.filename} into {root!r} (or run with an empty data-dir where a network exists)"
         ) from err
     mean, std = CIFAR_STATS[num_classes]
     return ImageData(

@@ -6,16 +6,18 @@ import math
 from collections.abc import Callable
 
 from torch import nn
-from torchvision.models import VisionTransformer
+from torchvision.models import ResNet, SwinTransformer, VisionTransformer, resnet18
 
 
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """Build a freshly initialized model for square ``image_size`` inputs.
 
-    Known names: "cnn", "vit-tiny", "mlp". The weights depend only on the
+    Known names: "cnn", "vit-tiny", "mlp", "resnet18", "swin-lite". The weights depend only on the
     torch RNG state, so callers get identical models after ``torch.manual_seed``.
     """
     builder = MODEL_BUILDERS.get(name)
+    if builder is None and name in LANGUAGE_MODELS:
+        raise ValueError(f"{name!r} is a language model: pair it with a text task (fortunes, c4)")
     if builder is None:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(KNOWN_MODELS)}")
     for arg_name, value in (
@@ -92,9 +94,41 @@ def build_mlp(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     )
 
 
+def build_resnet18(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    """torchvision's ResNet-18 with the CIFAR stem: a 3x3 stride-1 first conv and no max-pool,
+    so 32 px inputs keep a 4x4 map before the pooling head (the ImageNet stem leaves 1x1). ~11.2M."""
+    model: ResNet = resnet18(num_classes=num_classes)
+    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision
+    model.maxpool = nn.Identity()  # type: ignore[assignment]
+    return model
+
+
+SWIN_EMBED_DIM = 48
+
+
+def build_swin_lite(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    """torchvision's SwinTransformer sized for 28-64 px: 2x2 patches, width 48, depths (2, 2, 2),
+    4x4 windows (a 32 px image is 16x16 tokens, 4x4 after two merges). ~1.3M parameters."""
+    if image_size < 8:
+        raise ValueError(f"swin-lite needs image_size >= 8, got {image_size!r}")
+    model = SwinTransformer(patch_size=[2, 2], embed_dim=SWIN_EMBED_DIM, depths=[2, 2, 2],
+                            num_heads=[3, 6, 12], window_size=[4, 4], num_classes=num_classes)
+    # torchvision hard-codes 3 input channels in the patch embedding; swap in ours.
+    model.features[0][0] = nn.Conv2d(in_channels, SWIN_EMBED_DIM, kernel_size=2, stride=2)
+    return model
+
+
 MODEL_BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "cnn": build_cnn,
     "vit-tiny": build_vit_tiny,
     "mlp": build_mlp,
+    "resnet18": build_resnet18,
+    "swin-lite": build_swin_lite,
 }
 KNOWN_MODELS = tuple(MODEL_BUILDERS)
+# Language models: built from (vocab size, LlamaConfig) by workloads.tasks.build_task_model.
+LANGUAGE_MODELS: dict[str, dict[str, int]] = {
+    "llama-tiny": {"dim": 128, "num_layers": 2, "num_heads": 4, "hidden_dim": 352},  # ~0.46M
+    "llama-small": {"dim": 256, "num_layers": 4, "num_heads": 8, "hidden_dim": 704},  # ~3.3M
+}

@@ -8,9 +8,18 @@ from functools import lru_cache
 import datasets
 import numpy as np
 import torch
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    IidPartitioner,
+    NaturalIdPartitioner,
+    Partitioner,
+    PathologicalPartitioner,
+)
 
-PARTITION_SCHEMES = ("iid", "dirichlet")
+# iid: equal random shards; dirichlet: label shares ~ Dir(α) per client; pathological: each
+# client holds `classes_per_client` labels; natural-id: one client per label value (for text,
+# the label is the source: a language or a topic file).
+PARTITION_SCHEMES = ("iid", "dirichlet", "pathological", "natural-id")
 # Smallest Dirichlet partition we ask flwr-datasets for. It re-draws up to 10
 # times when a partition is smaller and then gives up; a larger minimum would
 # make small or very skewed setups fail, so we only insist on non-empty ones.
@@ -24,6 +33,7 @@ def partition_indices(
     scheme: str,
     dirichlet_alpha: float,
     seed: int,
+    classes_per_client: int = 2,
 ) -> np.ndarray:
     """Return the example indices (int64) that client ``partition_id`` owns.
 
@@ -35,11 +45,20 @@ def partition_indices(
     """
     label_array = _as_label_array(labels)
     _check_partition_args(len(label_array), num_partitions, partition_id, scheme, seed)
-    alpha = 0.0  # iid ignores alpha; a constant keeps one cache entry
+    alpha = 0.0  # the scheme's one parameter; a constant where unused keeps one cache entry
     if scheme == "dirichlet":
         if not dirichlet_alpha > 0:
             raise ValueError(f"dirichlet_alpha must be > 0, got {dirichlet_alpha!r}")
         alpha = float(dirichlet_alpha)
+    if scheme == "pathological":
+        if classes_per_client < 1:
+            raise ValueError(f"classes_per_client must be >= 1, got {classes_per_client!r}")
+        alpha = float(classes_per_client)
+    if scheme == "natural-id":
+        distinct = len(np.unique(label_array))
+        if distinct != num_partitions:
+            raise ValueError(f"natural-id gives one partition per label: the data has {distinct} "
+                             f"distinct labels but num_partitions={num_partitions}")
     # Keyed by the label bytes (not just their count) so that two label sets
     # of equal length can never share a cached partitioner.
     partitioner = _cached_partitioner(label_array.tobytes(), num_partitions, scheme, alpha, seed)
@@ -81,8 +100,10 @@ def _cached_partitioner(
     label_bytes: bytes, num_partitions: int, scheme: str, alpha: float, seed: int
 ) -> Partitioner:
     labels = np.frombuffer(label_bytes, dtype=np.int64)
+    if scheme == "natural-id":
+        return _natural_id(labels)
     # IidPartitioner cuts contiguous shards, so store the rows in a seeded
-    # random order to make them random; harmless for the Dirichlet scheme.
+    # random order to make them random; harmless for the other schemes.
     order = np.random.default_rng(seed).permutation(len(labels))
     table = datasets.Dataset.from_dict({"label": labels[order], "idx": order})
     # Arrow format: columns come back as Arrow arrays, which numpy converts
@@ -92,10 +113,27 @@ def _cached_partitioner(
         partitioner = IidPartitioner(num_partitions=num_partitions)
         partitioner.dataset = table
         return partitioner
+    if scheme == "pathological":
+        pathological = PathologicalPartitioner(
+            num_partitions=num_partitions, partition_by="label",
+            num_classes_per_partition=int(alpha), class_assignment_mode="first-deterministic",
+            seed=seed)
+        pathological.dataset = table
+        return pathological
     try:
         return _assigned_dirichlet(table, num_partitions, alpha, seed, NONEMPTY_PARTITION_SIZE)
     except ValueError:  # flwr-datasets gave up after its re-draws
         return _assigned_dirichlet(table, num_partitions, alpha, seed, 0)
+
+
+def _natural_id(labels: np.ndarray) -> NaturalIdPartitioner:
+    # Rows sorted by label (stable): the partitioner numbers ids in order of first appearance,
+    # so partition i is the i-th smallest label whatever order the data came in.
+    order = np.argsort(labels, kind="stable")
+    table = datasets.Dataset.from_dict({"label": labels[order], "idx": order}).with_format("arrow")
+    partitioner = NaturalIdPartitioner(partition_by="label")
+    partitioner.dataset = table
+    return partitioner
 
 
 def _assigned_dirichlet(
