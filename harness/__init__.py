@@ -1,0 +1,1 @@
+"""Reproduction harness: sweeps over the in-process engine, reports, the results page."""

@@ -1,0 +1,94 @@
+"""The sweep runner: grid parsing, one row per cell, resuming after an interruption, parallel jobs."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.grid import Cell, parse_grid
+from harness.sweep import run_cell, run_sweep
+from harness.table import read_table, series
+
+TINY_GRID = """
+[sweep]
+name = "tiny"
+num-nodes = 2
+algorithms = ["fedavg", "not-landed-yet"]
+dirichlet-alpha = [0.5]
+fraction-train = [1.0]
+seeds = [0, 1, 2]
+[fixed]
+model = "mlp"
+num-server-rounds = 2
+local-steps = 1
+batch-size = 8
+"""
+
+
+def test_grid_cells_and_unknown_algorithms() -> None:
+    grid = parse_grid(TINY_GRID, known_algorithms={"fedavg"})
+    assert grid.skipped_algorithms == ["not-landed-yet"]
+    cells = grid.cells()
+    assert [c.axes["seed"] for c in cells] == [0, 1, 2]
+    assert cells[0].run_config == {"model": "mlp", "num-server-rounds": 2, "local-steps": 1,
+                                   "batch-size": 8, "algorithm": "fedavg", "dirichlet-alpha": 0.5,
+                                   "fraction-train": 1.0, "seed": 0}
+    assert len({c.cell_id for c in cells}) == 3
+    again = Cell(dict(reversed(cells[0].axes.items())), cells[0].fixed, 2)
+    assert again.cell_id == cells[0].cell_id  # key order does not matter
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("local-steps = 1", "local-stepz = 1"), "local-stepz"),
+    (("seeds = [0, 1, 2]", "seeds = []"), "seeds"),
+    (("model = \"mlp\"", "seed = 3"), "grid axes"),
+])
+def test_bad_grids_are_refused_naming_the_problem(edit: tuple[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_grid(TINY_GRID.replace(*edit), known_algorithms={"fedavg"})
+
+
+def test_interrupted_sweep_resumes_without_redoing_cells(tmp_path: Path) -> None:
+    grid = parse_grid(TINY_GRID, known_algorithms={"fedavg"})
+    calls: list[str] = []
+
+    def interrupted_on_second(cell: Cell, results_dir: Path) -> dict[str, Any]:
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # Ctrl-C during the second cell
+        calls.append(cell.cell_id)
+        return run_cell(cell, results_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(grid, tmp_path, runner=interrupted_on_second, out=io.StringIO())
+    table = tmp_path / "tiny.csv"
+    first = read_table(table)
+    assert [r["cell"] for r in first] == calls
+
+    reran: list[str] = []
+
+    def counting(cell: Cell, results_dir: Path) -> dict[str, Any]:
+        reran.append(cell.cell_id)
+        return run_cell(cell, results_dir)
+
+    assert run_sweep(grid, tmp_path, runner=counting, out=io.StringIO()) == 2
+    assert calls[0] not in reran
+    rows = read_table(table)
+    assert sorted(r["cell"] for r in rows) == sorted(c.cell_id for c in grid.cells())
+    assert rows[0] == first[0]  # the finished row was not rewritten
+    assert run_sweep(grid, tmp_path, runner=counting, out=io.StringIO()) == 0 and len(reran) == 2
+    assert len(series(rows[1], "test-accuracy")) == 2 and float(rows[1]["rounds"]) == 2
+    assert rows[1]["model"] == "mlp" and rows[1]["seed"] == "1"
+
+
+def test_parallel_jobs_fill_the_same_table(tmp_path: Path) -> None:
+    grid = parse_grid(TINY_GRID.replace("[0, 1, 2]", "[5, 6]").replace("num-server-rounds = 2",
+                                                                         "num-server-rounds = 1"),
+                      known_algorithms={"fedavg"})
+    log = io.StringIO()
+    assert run_sweep(grid, tmp_path, jobs=2, out=log) == 2
+    rows = read_table(tmp_path / "tiny.csv")
+    assert sorted(r["seed"] for r in rows) == ["5", "6"]
+    assert "2/2" in log.getvalue()  # the progress line
