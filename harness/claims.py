@@ -1,0 +1,88 @@
+"""Does a paper's claimed ordering hold in our numbers? Read from the grid's [paper] table:
+
+    better = ["fedact", "fedadamw"]      # claimed best first
+    metric = "final-test-loss"           # a table column; "...loss" columns: lower is better
+    gap-largest-at = "dirichlet-alpha=min"   # optional: where the claimed gap should be largest
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.stats import Row, Setting, Summary, final, group
+
+AXIS_INDEX = {"dirichlet-alpha": 0, "fraction-train": 1}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    setting: Setting
+    winner: str  # the claimed better algorithm
+    loser: str
+    winner_value: Summary
+    loser_value: Summary
+    gain: float  # in the claim's direction: > 0 means the claim holds here
+    within_noise: bool  # |gain| smaller than the larger of the two seed spreads
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    comparisons: list[Comparison]
+    holds: bool  # the ordering holds in every setting
+    gap_where_claimed: bool | None  # None when the grid names no place or has one setting
+    verdict: str
+
+
+def lower_is_better(metric: str) -> bool:
+    return "loss" in metric
+
+
+def check_claim(paper: dict, rows: list[Row]) -> ClaimCheck | None:
+    """None when the grid states no claim or the claimed algorithms have no rows yet."""
+    better, metric = paper.get("better"), paper.get("metric", "final-test-accuracy")
+    if not better or len(better) < 2:
+        return None
+    sign = -1.0 if lower_is_better(metric) else 1.0
+    comparisons = []
+    for setting, by_algorithm in sorted(group(rows).items()):
+        for winner, loser in zip(better, better[1:], strict=False):
+            if winner not in by_algorithm or loser not in by_algorithm:
+                continue
+            w, lo = final(by_algorithm[winner], metric), final(by_algorithm[loser], metric)
+            gain = sign * (w.mean - lo.mean)
+            comparisons.append(Comparison(setting, winner, loser, w, lo, gain,
+                                          abs(gain) < max(w.std, lo.std)))
+    if not comparisons:
+        return None
+    holds = all(c.gain > 0 for c in comparisons)
+    gap = _gap_where_claimed(paper.get("gap-largest-at", ""), comparisons)
+    return ClaimCheck(comparisons, holds, gap, _verdict(holds, gap, comparisons))
+
+
+def _gap_where_claimed(where: str, comparisons: list[Comparison]) -> bool | None:
+    if not where or len({c.setting for c in comparisons}) < 2:
+        return None
+    axis, _, end = where.partition("=")
+    if axis not in AXIS_INDEX or end not in ("min", "max"):
+        raise ValueError(f"gap-largest-at={where!r}: expected <dirichlet-alpha|fraction-train>=<min|max>")
+    index = AXIS_INDEX[axis]
+    pick = min if end == "min" else max
+    target = pick(c.setting[index] for c in comparisons)
+    largest = max(comparisons, key=lambda c: c.gain)
+    return largest.setting[index] == target
+
+
+def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison]) -> str:
+    noisy = sum(c.within_noise for c in comparisons)
+    if holds:
+        text = "**holds**: the claimed order appears in every setting"
+    elif any(c.gain > 0 for c in comparisons):
+        text = "**holds only in part**: the claimed order appears in some settings, not in others"
+    else:
+        text = "**does not hold** here: the claimed order is reversed in every setting"
+    if noisy:
+        text += f" ({noisy} of {len(comparisons)} gaps are within one seed standard deviation)"
+    if gap is not None:
+        text += "; the gap is largest where the paper says" if gap else \
+            "; the gap is **not** largest where the paper says"
+    return text + "."

@@ -1,0 +1,143 @@
+"""`python -m harness.report grid.toml ... --out docs/results.md`: tables and PNG plots from the
+results tables of sweeps (harness/sweep.py), one section per grid.
+
+Per grid: final accuracy / loss (mean ± std over seeds), rounds to a target accuracy, bytes per
+round, direction consistency, whether the paper's claimed ordering holds, and curves of
+accuracy, loss, direction consistency and any drift metric versus round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from algorithms.presets import PRESETS
+from harness.claims import check_claim
+from harness.grid import Grid, load_grid
+from harness.stats import Row, curve, final, group, last_round, mean_per_round, rounds_to_target
+from harness.sweep import DEFAULT_RESULTS_DIR
+from harness.table import SERIES_PREFIX, read_table
+
+TARGET_SHARE = 0.95  # default target: 95% of the best mean final accuracy within the setting
+CURVES = ("test-accuracy", "test-loss", "direction-consistency")
+
+
+def target_accuracy(by_algorithm: dict[str, list[Row]]) -> float:
+    best = max(final(rows, "final-test-accuracy").mean for rows in by_algorithm.values())
+    return round(TARGET_SHARE * best, 4)
+
+
+def results_table(rows: list[Row]) -> str:
+    """The Markdown table of one grid: one line per (setting, algorithm)."""
+    lines = ["| α | participation | algorithm | seeds | final test accuracy | final test loss | "
+             "rounds to target (reached) | MB down / up per round | direction consistency (last) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (alpha, fraction), by_algorithm in group(rows).items():
+        target = target_accuracy(by_algorithm)
+        for algorithm, runs in by_algorithm.items():
+            rounds, reached = rounds_to_target(runs, target)
+            rounds_text = f"{rounds.mean:.1f} ({reached}/{len(runs)} ≥ {target:.3f})" if reached \
+                else f"– (0/{len(runs)} ≥ {target:.3f})"
+            down = mean_per_round(runs, "bytes-down").mean / 1e6
+            up = mean_per_round(runs, "bytes-up").mean / 1e6
+            dc = last_round(runs, "direction-consistency")
+            lines.append(f"| {alpha:g} | {fraction:g} | {algorithm} | {len(runs)} | "
+                         f"{final(runs, 'final-test-accuracy')} | {final(runs, 'final-test-loss')} | "
+                         f"{rounds_text} | {down:.3f} / {up:.3f} | "
+                         f"{'–' if math.isnan(dc.mean) else f'{dc.mean:.3f}'} |")
+    return "\n".join(lines)
+
+
+def drift_metrics(rows: list[Row]) -> list[str]:
+    """Per-round series whose name says drift (e.g. FedPAC's preconditioner drift), if any."""
+    names = {k.removeprefix(SERIES_PREFIX) for r in rows for k, v in r.items()
+             if k.startswith(SERIES_PREFIX) and "drift" in k and v}
+    return sorted(names)
+
+
+def plot_grid(name: str, rows: list[Row], path: Path) -> None:
+    """One row of panels per setting: accuracy, loss, direction consistency (+ drift)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [*CURVES, *drift_metrics(rows)]
+    settings = group(rows)
+    fig, axes = plt.subplots(len(settings), len(metrics), squeeze=False,
+                             figsize=(3.2 * len(metrics), 2.6 * len(settings)))
+    for row_axes, ((alpha, fraction), by_algorithm) in zip(axes, settings.items(), strict=True):
+        for ax, metric in zip(row_axes, metrics, strict=True):
+            for algorithm, runs in by_algorithm.items():
+                mean, std = curve(runs, metric)
+                if not mean:
+                    continue
+                rounds = range(1, len(mean) + 1)
+                ax.plot(rounds, mean, label=algorithm, linewidth=1.2)
+                ax.fill_between(rounds, [m - s for m, s in zip(mean, std, strict=True)],
+                                [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2)
+            ax.set_title(f"{metric}\nα={alpha:g}, p={fraction:g}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.set_xlabel("round", fontsize=7)
+        row_axes[0].legend(fontsize=6)
+    fig.suptitle(f"{name}: mean ± std over seeds", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
+def grid_section(grid: Grid, rows: list[Row], plot_dir: Path, page_dir: Path) -> str:
+    """A Markdown section for one grid (the page links the PNG relative to `page_dir`)."""
+    paper = grid.paper
+    title = f"{paper.get('title', grid.name)} (seed {paper['seed']})" if "seed" in paper else grid.name
+    parts = [f"## {title}", ""]
+    if paper.get("claim"):
+        parts += [f"**Claim.** {paper['claim']}", ""]
+    if grid.skipped_algorithms:
+        parts += [f"Not run: {', '.join(grid.skipped_algorithms)} (not in `algorithms/presets.py` "
+                  "when this page was generated; rerun the command once they land).", ""]
+    if not rows:
+        return "\n".join(parts + ["No results yet.", ""])
+    fixed = ", ".join(f"`{k}={v}`" for k, v in grid.fixed.items())
+    seeds = len(grid.seeds)
+    parts += [f"**Setting.** {grid.num_nodes} clients, {fixed}; {seeds} seeds per cell.", "",
+              results_table(rows), ""]
+    check = check_claim(paper, rows)
+    if check is not None:
+        parts += [f"**Does the ordering hold?** {check.verdict}", ""]
+        parts += [f"- α={c.setting[0]:g}, p={c.setting[1]:g}: {c.winner} {c.winner_value} vs "
+                  f"{c.loser} {c.loser_value} ({paper.get('metric', 'final-test-accuracy')}; "
+                  f"gain in the claim's direction {c.gain:+.4f})" for c in check.comparisons]
+        parts.append("")
+    plot = plot_dir / f"{grid.name}.png"
+    plot_grid(grid.name, rows, plot)
+    parts += [f"![{grid.name}]({plot.relative_to(page_dir)})", ""]
+    return "\n".join(parts)
+
+
+def render(grid_paths: list[Path], results_dir: Path, out: Path) -> str:
+    """The whole page body for these grids (also writes the PNGs next to `out`)."""
+    sections = []
+    for path in grid_paths:
+        grid = load_grid(path, set(PRESETS))
+        known = {c.cell_id for c in grid.cells()}
+        rows = [r for r in read_table(results_dir / f"{grid.name}.csv") if r["cell"] in known]
+        sections.append(grid_section(grid, rows, out.parent / "results", out.parent))
+    return "\n".join(sections)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("grids", nargs="+", type=Path)
+    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    args = parser.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("# Results\n\n" + render(args.grids, args.results_dir, args.out.resolve()))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Report generation from a small, fixed results table: the numbers a reader sees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.claims import check_claim
+from harness.grid import parse_grid
+from harness.report import render, results_table
+from harness.stats import group, rounds_to_target
+from harness.table import append_row, read_table
+
+GRID = """
+[sweep]
+name = "fixed"
+num-nodes = 2
+algorithms = ["fedavg", "hafedho"]
+dirichlet-alpha = [0.1]
+fraction-train = [0.2, 1.0]
+seeds = [0, 1]
+[fixed]
+model = "mlp"
+[paper]
+seed = "003"
+title = "HaFedHo"
+claim = "HaFedHo beats FedAvg, most at low participation."
+better = ["hafedho", "fedavg"]
+metric = "final-test-accuracy"
+gap-largest-at = "fraction-train=min"
+"""
+
+# (algorithm, fraction-train, seed) -> accuracy per round; final = last value.
+CURVES = {
+    ("fedavg", 0.2, 0): [0.2, 0.4, 0.5], ("fedavg", 0.2, 1): [0.3, 0.5, 0.7],
+    ("hafedho", 0.2, 0): [0.5, 0.7, 0.8], ("hafedho", 0.2, 1): [0.6, 0.8, 0.8],
+    ("fedavg", 1.0, 0): [0.6, 0.8, 0.9], ("fedavg", 1.0, 1): [0.6, 0.7, 0.9],
+    ("hafedho", 1.0, 0): [0.6, 0.8, 0.92], ("hafedho", 1.0, 1): [0.5, 0.8, 0.9],
+}
+
+
+def write_fixed_table(results_dir: Path) -> None:
+    grid = parse_grid(GRID)
+    for cell in grid.cells():
+        a = cell.axes
+        accuracy = CURVES[(a["algorithm"], a["fraction-train"], a["seed"])]
+        append_row(results_dir / "fixed.csv", {
+            "cell": cell.cell_id, **cell.run_config, "final-test-accuracy": accuracy[-1],
+            "final-test-loss": 1 - accuracy[-1], "series:test-accuracy": accuracy,
+            "series:test-loss": [1 - x for x in accuracy], "series:bytes-down": [1e6, 3e6, 2e6],
+            "series:bytes-up": [1e6] * 3})
+
+
+def test_final_table_values(tmp_path: Path) -> None:
+    write_fixed_table(tmp_path)
+    table = results_table(read_table(tmp_path / "fixed.csv"))
+    lines = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in table.splitlines()[2:]}
+    # fedavg at p=0.2: finals 0.5, 0.7 -> mean 0.6, sample std 0.1414; bytes down mean 2 MB.
+    low_fedavg = lines[("0.1", "0.2", "fedavg")]
+    assert "0.6000 ± 0.1414" in low_fedavg and "2.000 / 1.000" in low_fedavg
+    # Target at p=0.2 = 0.95 x best mean final (hafedho: 0.8) = 0.76: hafedho reaches it in
+    # rounds 3 and 2 (mean 2.5), fedavg never.
+    assert "2.5 (2/2 ≥ 0.760)" in lines[("0.1", "0.2", "hafedho")]
+    assert "– (0/2 ≥ 0.760)" in low_fedavg
+    assert "0.9100 ± 0.0141" in lines[("0.1", "1", "hafedho")]
+
+
+def test_rounds_to_target_counts_from_one() -> None:
+    rows = [{"series:test-accuracy": json.dumps([0.1, 0.5, 0.9])}]
+    summary, reached = rounds_to_target(rows, 0.5)
+    assert (summary.mean, reached) == (2.0, 1)
+
+
+def test_claim_verdict_and_gap_location(tmp_path: Path) -> None:
+    write_fixed_table(tmp_path)
+    rows = read_table(tmp_path / "fixed.csv")
+    check = check_claim(parse_grid(GRID).paper, rows)
+    assert check is not None and check.holds and check.gap_where_claimed is True
+    gains = {c.setting: round(c.gain, 4) for c in check.comparisons}
+    assert gains == {(0.1, 0.2): 0.2, (0.1, 1.0): 0.01}
+    assert check.comparisons[1].within_noise  # 0.01 < std 0.0141
+    reversed_claim = {**parse_grid(GRID).paper, "better": ["fedavg", "hafedho"]}
+    assert "does not hold" in check_claim(reversed_claim, rows).verdict
+    loss_claim = {**parse_grid(GRID).paper, "metric": "final-test-loss"}  # lower is better
+    assert check_claim(loss_claim, rows).holds
+
+
+def test_page_has_the_table_claim_and_plot(tmp_path: Path) -> None:
+    write_fixed_table(tmp_path)
+    (tmp_path / "fixed.toml").write_text(GRID)
+    page = render([tmp_path / "fixed.toml"], tmp_path, tmp_path / "docs" / "results.md")
+    assert "## HaFedHo (seed 003)" in page and "**holds**" in page
+    assert "![fixed](results/fixed.png)" in page
+    png = tmp_path / "docs" / "results" / "fixed.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size < 200_000
+    assert len(group(read_table(tmp_path / "fixed.csv"))) == 2
+
+
+def test_bad_gap_location_is_refused(tmp_path: Path) -> None:
+    write_fixed_table(tmp_path)
+    paper = {**parse_grid(GRID).paper, "gap-largest-at": "rounds=min"}
+    with pytest.raises(ValueError, match="gap-largest-at"):
+        check_claim(paper, read_table(tmp_path / "fixed.csv"))
