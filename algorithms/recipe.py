@@ -48,6 +48,7 @@ class ClientRecipe:
     dyn_alpha: float  # FedDyn's α
     moon_tau: float  # MOON's temperature τ
     client_state_dir: str  # where durable client state is written ("" = system temp dir)
+    run_key: str  # names this job's durable client state; the same across a resume
     classes_per_client: int = 2  # "pathological" partitioning: labels per client
 
     def to_config(self) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def round_lr(lr: float, schedule: str, server_round: int, num_rounds: int) -> fl
     return lr * 0.5 * (1.0 + math.cos(math.pi * (server_round - 1) / num_rounds))
 
 
-def recipe_for_round(cfg: RunConfig, server_round: int) -> ClientRecipe:
+def recipe_for_round(cfg: RunConfig, server_round: int, run_key: str = "") -> ClientRecipe:
     r = resolve(cfg)
     return ClientRecipe(
         server_round=server_round,
@@ -105,5 +106,6 @@ def recipe_for_round(cfg: RunConfig, server_round: int) -> ClientRecipe:
         dyn_alpha=cfg.dyn_alpha,
         moon_tau=cfg.moon_tau,
         client_state_dir=cfg.client_state_dir,
+        run_key=run_key,
         classes_per_client=cfg.classes_per_client,
     )

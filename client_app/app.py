@@ -48,7 +48,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     # Terms the recipe names (FedProx, HaFedHo, SCAFFOLD, …): built at x^r, before any step.
     extra = {name: dict(record.to_torch_state_dict())
              for name, record in msg.content.array_records.items() if name != wire.MODEL}
-    store = ClientStateStore(context, recipe.client_state_dir, recipe.server_round)
+    store = ClientStateStore(context, recipe.client_state_dir, recipe.server_round, recipe.run_key)
     terms = build_terms(recipe.terms, RoundInputs(model, recipe, extra, store, train, indices,
                                                   len(train.labels)))
     result = train_round(model, train, indices, recipe, partition_id,

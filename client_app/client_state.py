@@ -1,7 +1,7 @@
 """Durable per-client state: Flower's `context.state` first, a file on disk second.
 
 `context.state` lives as long as the SuperNode process; a restarted SuperNode starts with an
-empty one. So every save also goes to `<client-state-dir>/run-<run id>/partition-<id>/<name>.pt`
+empty one. So every save also goes to `<client-state-dir>/run-<run key>/partition-<id>/<name>.pt`
 (written atomically). The partition id, not Flower's node id, names the client on disk: a
 SuperNode without a registered key comes back from a restart with a new node id but is started
 with the same `--node-config "partition-id=…"`.
@@ -9,12 +9,14 @@ with the same `--node-config "partition-id=…"`.
 If neither copy exists the caller gets None and behaves as a client that did not take part
 before (HaFedHo: "did not take part last round"; SCAFFOLD, FedDyn: zero variates), and reports
 where its state came from in the `client-state` metric (0 none, 1 memory, 2 disk).
-In round 1 stored state is ignored: nothing of an earlier run with the same run id may leak in.
+The run key comes from the server's state (new per job, kept across a resume, when Flower's
+run id changes); without one, Flower's run id is used. In round 1 stored state is ignored.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from enum import IntEnum
 from pathlib import Path
@@ -40,12 +42,15 @@ def default_state_dir() -> Path:
 class ClientStateStore:
     """Load and save named tensor dicts for one client in one run."""
 
-    def __init__(self, context: Context, directory: str, server_round: int) -> None:
+    def __init__(self, context: Context, directory: str, server_round: int,
+                 run_key: str = "") -> None:
+        if run_key and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_key):
+            raise ValueError(f"run key {run_key!r} is not a plain name; refusing it as a path")
         self.context = context
         self.server_round = server_round
         partition = int(context.node_config[wire.NODE_PARTITION_ID])
         root = Path(directory) if directory else default_state_dir()
-        self.dir = root / f"run-{context.run_id}" / f"partition-{partition}"
+        self.dir = root / f"run-{run_key or context.run_id}" / f"partition-{partition}"
 
     def _key(self, name: str) -> str:
         return f"adaptfl-{name}"

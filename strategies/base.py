@@ -115,7 +115,7 @@ class AdaptiveStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        recipe = recipe_for_round(self.cfg, server_round).to_config()
+        recipe = recipe_for_round(self.cfg, server_round, self.state.run_key).to_config()
         extras = self.payload()
         content = RecordDict({wire.MODEL: arrays, wire.RECIPE: ConfigRecord(recipe)})
         for name, tensors in extras.items():
@@ -123,15 +123,23 @@ class AdaptiveStrategy(Strategy):
         nodes = self.sample_nodes(grid)
         per_message = num_bytes(self.state.model) + sum(num_bytes(t) for t in extras.values())
         self.report = RoundReport(sampled=len(nodes), bytes_down=per_message * len(nodes))
-        return [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
-                for node in nodes]
+        self._sent = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
+                      for node in nodes]
+        return self._sent
+
+    def _sender(self, reply: Message) -> int:
+        """The node a reply answers for: Flower reports a vanished node's error as sent by the
+        SuperLink, so match the instruction by message id (set by the grid on push) first."""
+        node_of = {m.metadata.message_id: m.metadata.dst_node_id
+                   for m in getattr(self, "_sent", []) if m.metadata.message_id}
+        return node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
 
     # --- aggregation -------------------------------------------------------------------------
     def _accept(self, replies: Iterable[Message]) -> list[DecodedReply]:
         accepted = []
         max_bytes = int(self.cfg.max_reply_mb * 2**20)
         for msg in replies:
-            node = msg.metadata.src_node_id
+            node = self._sender(msg)
             try:
                 decoded = decode_reply(msg, self.reply_spec(), max_bytes)
                 self.check_reply(decoded)

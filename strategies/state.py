@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,9 @@ class ServerState:
     extras: dict[str, Tensors] = field(default_factory=dict)  # wire name -> tensors (Δ_G, v̄)
     sampling_rng: torch.Tensor = field(  # torch.Generator state for client sampling
         default_factory=lambda: torch.Generator().manual_seed(0).get_state())
+    # Names this job's durable client state (client_app/client_state.py): new for every run,
+    # kept across a resume (Flower gives the resumed run a new run id, so that can't serve).
+    run_key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def clone(self) -> ServerState:
         return ServerState(
@@ -26,19 +30,22 @@ class ServerState:
             model={k: v.clone() for k, v in self.model.items()},
             extras={name: {k: v.clone() for k, v in t.items()} for name, t in self.extras.items()},
             sampling_rng=self.sampling_rng.clone(),
+            run_key=self.run_key,
         )
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         torch.save({"server_round": self.server_round, "model": self.model,
-                    "extras": self.extras, "sampling_rng": self.sampling_rng}, buffer)
+                    "extras": self.extras, "sampling_rng": self.sampling_rng,
+                    "run_key": self.run_key}, buffer)
         return buffer.getvalue()
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> ServerState:
         raw = torch.load(io.BytesIO(blob), weights_only=True)
         return cls(server_round=int(raw["server_round"]), model=raw["model"],
-                   extras=raw["extras"], sampling_rng=raw["sampling_rng"])
+                   extras=raw["extras"], sampling_rng=raw["sampling_rng"],
+                   run_key=str(raw["run_key"]))
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint intact."""

@@ -23,7 +23,7 @@ def _cfg(**kw) -> RunConfig:
 
 
 def _state() -> ServerState:
-    return ServerState(0, {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0])})
+    return ServerState(0, {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0])}, run_key="t")
 
 
 def _instruction(node: int) -> Message:
