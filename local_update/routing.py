@@ -1,0 +1,36 @@
+"""The one place that decides which parameters Muon updates and which go to AdamW (spec §2).
+
+`hidden` (default, Muon's authors): hidden ≥2-D weights only; the first layer, embeddings, the
+classifier head, biases and norms go to AdamW. `all-2d` (the FedPAC authors' code): every ≥2-D
+weight goes to Muon. Works on names and shapes only, so the server computes the same split to
+know the shapes of Θ. The decision is logged once per distinct model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+ROUTINGS = ("hidden", "all-2d")
+_EMBEDDING_HINTS = ("embed", "wte", "wpe", "tok_emb", "pos_emb", "position")
+_logged: set[tuple[str, ...]] = set()
+
+
+def route_muon(shapes: Sequence[tuple[str, Sequence[int]]], routing: str = "hidden") -> list[str]:
+    """Names of the parameters Muon manages, in model order (the rest use AdamW)."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"invalid muon-routing={routing!r}: choose one of {ROUTINGS}")
+    matrices = [n for n, s in shapes if len(s) >= 2]
+    if routing == "all-2d":
+        chosen = matrices
+    else:
+        edge = {matrices[0], matrices[-1]} if matrices else set()  # first layer, classifier head
+        chosen = [n for n in matrices
+                  if n not in edge and not any(h in n.lower() for h in _EMBEDDING_HINTS)]
+    key = (routing, *[n for n, _ in shapes])
+    if key not in _logged:
+        _logged.add(key)
+        rest = [n for n, _ in shapes if n not in chosen]
+        log.info("muon routing %s: Muon %s; AdamW %s", routing, chosen, rest)
+    return chosen
