@@ -74,7 +74,11 @@ def _gap_where_claimed(where: str, comparisons: list[Comparison]) -> bool | None
 
 def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison]) -> str:
     noisy = sum(c.within_noise for c in comparisons)
-    if holds:
+    if holds and noisy == len(comparisons):
+        text = ("**not resolved**: the claimed order appears in the means of every setting, but no "
+                "gap exceeds one seed standard deviation")
+        noisy = 0  # already said
+    elif holds:
         text = "**holds**: the claimed order appears in every setting"
     elif any(c.gain > 0 for c in comparisons):
         text = "**holds only in part**: the claimed order appears in some settings, not in others"
