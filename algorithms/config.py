@@ -72,6 +72,25 @@ class RunConfig:
     max_reply_mb: float = 1024.0  # replies larger than this are dropped
     resume: bool = False  # continue results-dir/run-name from its last checkpointed round
     resume_from: str = ""  # absolute path of an earlier run's results dir to continue from
+    # --- second-order local optimizers, FedPAC, FedMIX-P (spec §2-4; local_update/second_order.py) ---
+    sophia_rho: float = 0.04  # Sophia's ρ_s in clip(m / max(ρ_s·bs·h, 1e-15))
+    sophia_beta1: float = 0.965
+    sophia_beta2: float = 0.99
+    hessian_interval: int = 10  # Sophia's k_h: GNB Hessian refresh every k_h local steps
+    muon_momentum: float = 0.95  # Muon's β
+    muon_adam_lr: float = 3e-4  # AdamW lr of the parameters Muon does not manage (same schedule)
+    muon_routing: str = "hidden"  # "hidden" (Muon's authors) | "all-2d" (FedPAC's code)
+    trust_on_muon: bool = False  # explicit opt-in for per-coordinate trust on Muon's update
+    soap_beta1: float = 0.95
+    soap_beta2: float = 0.95
+    shampoo_beta: float = 0.95  # EMA of SOAP's Kronecker statistics
+    precondition_frequency: int = 10  # SOAP's f: power iteration + QR every f steps
+    max_precond_dim: int = 10000  # SOAP modes larger than this stay unrotated
+    fedpac_beta: float = 0.5  # FedPAC's β: lr_loc = (1-β)·lr, x -= β·lr·g_G after each step
+    mix_lambda: float = 0.5  # FedMIX-P's λ (λ0 or c of the schedules)
+    lambda_schedule: str = "constant"  # "constant" | "lambda0-sqrt-r" (λ0/√r) | "c-sqrt-R" (c/√R)
+    light: bool = False  # fedpac-light: low-rank / block-mean upload of Θ (FedPAC, FedMIX-P)
+    light_c: float = 0.1  # light rank fraction c (Muon r = ⌊c·m·n/(m+n+1)⌋, SOAP r = ⌈c·d⌉)
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any]) -> RunConfig:
@@ -120,7 +139,7 @@ def _coerce(key: str, value: Any, type_name: Any) -> Any:
 
 _CHOICES = {
     "lr_schedule": {"cosine", "constant"},
-    "preconditioner": {PRESET, "sgd", "adam", "adamw"},
+    "preconditioner": {PRESET, "sgd", "adam", "adamw", "sophia", "muon", "soap"},
     "trust": {PRESET, "none", "act", "cautious", "mgup"},
     "trust_scope": {"global", "per-tensor"},
     "v_sync": {"full", "block", "none"},
@@ -129,6 +148,8 @@ _CHOICES = {
     "server_opt": {PRESET, "none", "avgm", "adam", "yogi", "adagrad", "adamom"},
     "rectify": {"objective", "gradient"},
     "partitioning": {"dirichlet", "iid", "pathological", "natural-id"},
+    "muon_routing": {"hidden", "all-2d"},
+    "lambda_schedule": {"constant", "lambda0-sqrt-r", "c-sqrt-R"},
 }
 
 
@@ -177,5 +198,14 @@ def _validate(cfg: RunConfig) -> None:
     _check(cfg.moon_tau > 0.0, "moon_tau", cfg.moon_tau, "must be > 0")
     _check(0.0 <= cfg.gamma_l <= 1.0, "gamma_l", cfg.gamma_l, "must be in [0, 1]")
     _check(0.0 <= cfg.cm_alpha <= 1.0, "cm_alpha", cfg.cm_alpha, "must be in [0, 1]")
+    _check(cfg.sophia_rho > 0.0, "sophia_rho", cfg.sophia_rho, "must be > 0")
+    for name in ("sophia_beta1", "sophia_beta2", "muon_momentum", "soap_beta1", "soap_beta2",
+                 "shampoo_beta", "fedpac_beta"):
+        _check(0.0 <= getattr(cfg, name) < 1.0, name, getattr(cfg, name), "must be in [0, 1)")
+    for name in ("hessian_interval", "precondition_frequency", "max_precond_dim"):
+        _check(getattr(cfg, name) >= 1, name, getattr(cfg, name), "must be >= 1")
+    _check(cfg.muon_adam_lr > 0.0, "muon_adam_lr", cfg.muon_adam_lr, "must be > 0")
+    _check(0.0 <= cfg.mix_lambda <= 1.0, "mix_lambda", cfg.mix_lambda, "must be in [0, 1]")
+    _check(0.0 < cfg.light_c <= 1.0, "light_c", cfg.light_c, "must be in (0, 1]")
     _check(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
            "device", cfg.device, "choose auto, cpu, cuda or cuda:N")

@@ -28,6 +28,7 @@ class Preset:
     mu: float = 0.0  # default μ of the client terms that use one (HaFedHo, FedProx, MOON)
     terms: str = ""  # client-side terms, comma-separated (client_app/terms.py)
     rho_from: str = "rho"  # which config key gives ρ: "rho" | "gamma-l" (FedLADA) | "cm-alpha" (FedCM)
+    mixing: bool = False  # FedMIX-P: the applied preconditioner mixes Θ^r and the client's own (λ)
 
 
 # lr defaults: SGD 0.1 and wd 1e-3 as FedACT's Table 6; the adaptive family uses 1e-3 (Table 6
@@ -75,6 +76,18 @@ PRESETS: dict[str, Preset] = {
                        "Karimireddy et al. 2021 (MimeLite)", terms="grad-at-x", rho_from="beta1"),
 }
 
+# Second-order local optimizers (spec §2-4): lr / wd are the optimizers' authors' defaults
+# (Sophia's lr for small models: its update is clipped to ±1 per coordinate, like sign descent).
+_SECOND_ORDER_LR = {"sophia": (1e-3, 0.1), "muon": (0.02, 0.01), "soap": (3e-3, 0.01)}
+for _x, (_lr, _wd) in _SECOND_ORDER_LR.items():
+    PRESETS[f"local-{_x}"] = Preset(_x, False, "none", False, "local", _lr, _wd, "fedavg",
+                                    f"local {_x}, FedAvg of models, state never shared")
+    PRESETS[f"fedpac-{_x}"] = Preset(_x, True, "none", False, "local", _lr, _wd, "fedpac",
+                                     "seed 001 (FedPAC)", rho_from="fedpac-beta")
+    PRESETS[f"fedmixp-{_x}"] = Preset(_x, False, "none", False, "local", _lr, _wd, "fedmixp",
+                                      "seed 002 (FedMIX-P)", mixing=True)
+SECOND_ORDER_SERVERS = ("fedpac", "fedmixp")  # strategies that share Θ
+
 
 # Default server learning rate η per server rule (`eta=0`): plain steps for averaging, FedAvgM and
 # FedAdamom (seed 004: η_g = 1); Reddi et al.'s typical best order for the 1/sqrt(v)-scaled rules
@@ -85,7 +98,7 @@ DEFAULT_ETA = {"none": 1.0, "avgm": 1.0, "adam": 0.01, "yogi": 0.01, "adagrad": 
 def preset_rho(cfg: RunConfig, preset: Preset) -> float:
     """ρ of u = (1-ρ)d + ρΔ_G, from the config key the preset names (same math, paper's knob)."""
     return {"rho": cfg.rho, "gamma-l": cfg.gamma_l, "cm-alpha": 1.0 - cfg.cm_alpha,
-            "beta1": cfg.beta1}[preset.rho_from]
+            "beta1": cfg.beta1, "fedpac-beta": cfg.fedpac_beta}[preset.rho_from]
 
 
 def get_preset(name: str) -> Preset:
@@ -111,6 +124,7 @@ class Resolved:
     eta: float = 1.0
     mu: float = 0.0
     terms: str = ""
+    mixing: bool = False  # FedMIX-P's λ mixing (λ of the round: recipe.mix_lambda)
 
 
 def resolve(cfg: RunConfig) -> Resolved:
@@ -123,6 +137,7 @@ def resolve(cfg: RunConfig) -> Resolved:
     if preconditioner == "sgd" and v_sync != "none":
         raise ValueError(f"algorithm {cfg.algorithm!r} with preconditioner='sgd' has no second "
                          "moment to sync; choose an adaptive preconditioner")
+    _check_second_order(cfg, preset, preconditioner, trust, v_sync)
     if v_sync != "none" and bias == "local":
         raise ValueError("bias-correction='local' restarts the v correction every round, which "
                          "contradicts a synced v; use 'paper' or 'single-counter'")
@@ -140,4 +155,22 @@ def resolve(cfg: RunConfig) -> Resolved:
         eta=cfg.eta if cfg.eta > 0.0 else DEFAULT_ETA[server_opt],
         mu=cfg.mu if cfg.mu >= 0.0 else preset.mu,
         terms=preset.terms,
+        mixing=preset.mixing,
     )
+
+
+def _check_second_order(cfg: RunConfig, preset: Preset, preconditioner: str, trust: str,
+                        v_sync: str) -> None:
+    """Refuse combinations of the pieces that make no sense, before round 1."""
+    second = preconditioner in ("sophia", "muon", "soap")
+    if preset.server in SECOND_ORDER_SERVERS and not second:
+        raise ValueError(f"algorithm {cfg.algorithm!r} shares preconditioner state Θ, which "
+                         f"preconditioner={preconditioner!r} does not have; choose sophia, muon or soap")
+    if second and v_sync != "none":
+        raise ValueError(f"preconditioner={preconditioner!r} has no Adam second moment v to sync "
+                         f"(algorithm {cfg.algorithm!r}); set v-sync='none'")
+    if preconditioner == "muon" and trust != "none" and not cfg.trust_on_muon:
+        raise ValueError(f"trust={trust!r} scales single coordinates of Muon's orthogonalised "
+                         "update, which breaks its orthogonality; set trust-on-muon=true to opt in")
+    if cfg.light and preset.server not in SECOND_ORDER_SERVERS:
+        raise ValueError(f"light=true compresses the uploaded Θ, but {cfg.algorithm!r} shares none")

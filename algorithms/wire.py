@@ -11,12 +11,15 @@ RECIPE = "recipe"  # ConfigRecord: what the client runs this round (see algorith
 HAFEDHO_G = "g"  # ArrayRecord: HaFedHo's g^{t-1}, mean of the clients' summed local gradients
 HAFEDHO_F_HAT = "f-hat"  # ArrayRecord {"f-hat": [f̂^{t-1}]}: HaFedHo's mean local loss
 SCAFFOLD_C = "c"  # ArrayRecord: SCAFFOLD's server control variate c
+THETA = "theta"  # ArrayRecord: FedPAC's averaged Θ^r / FedMIX-P's reference P^r ("<param>/<slot>")
+G_G = "g-g"  # ArrayRecord: FedPAC's global direction g_G = -mean Δ_i / (K·lr) (also with correction on)
 # MimeLite sends its server momentum m as DELTA_G: the client mixes u = (1-β)·g + β·m with it.
 
 # --- Records in a TRAIN reply (client -> server) ---
 DELTA = "delta"  # ArrayRecord: Δ_i = x_i^{r,K} - x^r
 V_LOCAL = "v"  # ArrayRecord: terminal second moment v_i
 DELTA_C = "delta-c"  # ArrayRecord: SCAFFOLD's Δc_i = c_i⁺ - c_i
+THETA_LOCAL = "theta-i"  # ArrayRecord: terminal Θ_i / P_i (full, or compressed with light=true)
 GRAD_AT_X = "grad-at-x"  # ArrayRecord: MimeLite's full local gradient ∇f_i(x^r) at the global model
 METRICS = "metrics"  # MetricRecord: see the METRIC_* keys below
 

@@ -53,7 +53,8 @@ def handle_train(msg: Message, context: Context) -> Message:
                                                   len(train.labels)))
     result = train_round(model, train, indices, recipe, partition_id,
                          delta_g=_optional_arrays(msg.content, wire.DELTA_G),
-                         v_bar=_optional_arrays(msg.content, wire.V_BAR), terms=terms)
+                         v_bar=_optional_arrays(msg.content, wire.V_BAR), terms=terms,
+                         theta=_optional_arrays(msg.content, wire.THETA))
     outputs = [term.finish(result.delta, result.train_loss) for term in terms]
     content = RecordDict({
         wire.DELTA: ArrayRecord(result.delta),
@@ -71,6 +72,8 @@ def handle_train(msg: Message, context: Context) -> Message:
             content[name] = ArrayRecord(tensors)
     if result.v is not None:
         content[wire.V_LOCAL] = ArrayRecord(result.v)
+    if result.theta is not None:
+        content[wire.THETA_LOCAL] = ArrayRecord(result.theta)
     log.info("partition %d round %d: loss %.4f on %s", partition_id, recipe.server_round,
              result.train_loss, device)
     return Message(content=content, reply_to=msg)

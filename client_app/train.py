@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms.recipe import ClientRecipe
+from client_app.second_order import build_second_order, gnb_grads, is_second_order, theta_upload
 from client_app.terms import LocalTerm
 from local_update import LocalUpdate, LocalUpdateConfig
 from local_update.preconditioners import AdamHyper
@@ -22,6 +23,7 @@ class TrainResult:
     train_loss: float
     pos_ratio: float
     top_mass: float
+    theta: dict[str, torch.Tensor] | None = None  # terminal Θ_i (FedPAC / FedMIX-P), maybe compressed
 
 
 def round_seed(seed: int, server_round: int, partition_id: int) -> int:
@@ -49,7 +51,8 @@ def train_round(model: torch.nn.Module, data: TaskData, indices: torch.Tensor,
                 recipe: ClientRecipe, partition_id: int,
                 delta_g: Mapping[str, torch.Tensor] | None,
                 v_bar: Mapping[str, torch.Tensor] | None,
-                terms: Sequence[LocalTerm] = ()) -> TrainResult:
+                terms: Sequence[LocalTerm] = (),
+                theta: Mapping[str, torch.Tensor] | None = None) -> TrainResult:
     """K local steps of the recipe's update on this client's partition.
 
     `terms` (client_app/terms.py) add to the loss before backward and correct the gradients
@@ -58,7 +61,9 @@ def train_round(model: torch.nn.Module, data: TaskData, indices: torch.Tensor,
     device = next(model.parameters()).device
     start = {n: t.detach().clone() for n, t in model.state_dict().items()}
     params = dict(model.named_parameters())
-    opt = LocalUpdate(params.items(), update_config(recipe), delta_g=delta_g)
+    second = is_second_order(recipe)  # Sophia / Muon / SOAP: per-tensor shell, Θ = `theta`
+    opt = build_second_order(params, recipe, delta_g, theta) if second else \
+        LocalUpdate(params.items(), update_config(recipe), delta_g=delta_g)
     if v_bar is not None and recipe.v_sync != "none":
         warm = expand_block_v(v_bar, params) if recipe.v_sync == "block" else v_bar
         opt.import_state("exp_avg_sq", warm)
@@ -77,14 +82,18 @@ def train_round(model: torch.nn.Module, data: TaskData, indices: torch.Tensor,
         for term in terms:
             extra = term.loss(x, logits)
             total = total if extra is None else total + extra
+        g_hat = gnb_grads(opt, params, logits, y) if second else None  # Sophia's GNB ĝ
         opt.zero_grad(set_to_none=True)
         total.backward()
         for term in terms:
             term.correct_(params)
-        opt.step()
+        opt.step(g_hat=g_hat) if second else opt.step()
         losses.append(loss.detach())
     end = model.state_dict()
     delta = {n: (end[n].detach() - start[n]).cpu() for n in start}
+    if second:
+        return TrainResult(delta=delta, v=None, train_loss=float(torch.stack(losses).mean()),
+                           pos_ratio=0.0, top_mass=0.0, theta=theta_upload(opt, recipe))
     return TrainResult(delta=delta, v=_upload_v(opt, recipe.v_sync),
                        train_loss=float(torch.stack(losses).mean()),
                        pos_ratio=_mean(opt.pos_ratios), top_mass=_mean(opt.top_masses))

@@ -70,6 +70,7 @@ class AdaptiveStrategy(Strategy):
         self.state = state
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
+        self.round_stats: dict[str, float] = {}  # extra per-round metrics `aggregate` may set
         self.server_opt = ServerOptimizer(self.resolved.server_opt, ServerHyper(
             eta=self.resolved.eta, server_momentum=cfg.server_momentum,
             server_beta1=cfg.server_beta1, server_beta2=cfg.server_beta2,
@@ -173,6 +174,7 @@ class AdaptiveStrategy(Strategy):
             "train-loss": _mean(r.metrics.get(wire.TRAIN_LOSS, 0.0) for r in accepted),
             "pos-ratio": _mean(r.metrics.get(wire.POS_RATIO, 0.0) for r in accepted),
             "top-mass": _mean(r.metrics.get(wire.TOP_MASS, 0.0) for r in accepted),
+            **self.round_stats,
         }
         return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
 
