@@ -168,25 +168,30 @@ class SecondOrderUpdate(torch.optim.Optimizer):
                 loss = closure()
         self.local_step += 1
         cfg, lr = self.cfg, self.cfg.lr
-        active, us, decays = [], [], []
+        active, ds, coefs, decays = [], [], [], []
         for n, p in self.named:
             if p.grad is None:
                 continue
             d, lr_p, lr_wd = self._direction(n, p, p.grad)
             if d is None:  # SOAP's initialising first step: no move
                 continue
-            u = d.mul_((1.0 - cfg.rho) * lr_p / lr)
-            if self.delta_g is not None:
-                u.add_(self.delta_g[n].to(u), alpha=cfg.rho)
             active.append((n, p))
-            us.append(u)
+            ds.append(d)
+            coefs.append((1.0 - cfg.rho) * lr_p)  # x -= lr_loc·d with lr_loc = (1-ρ)·lr_p
             decays.append((1.0 - cfg.rho) * lr_wd * cfg.weight_decay)
-        self._modulate(us, [p.grad for _, p in active])
-        for (_, p), u, decay in zip(active, us, decays, strict=True):
-            if cfg.optimizer == "soap":
-                p.add_(u, alpha=-lr).mul_(1.0 - decay)
+        if self.delta_g is not None or cfg.trust != "none":
+            # u = (1-ρ)·(lr_p/lr)·d + ρ·Δ_G, modulated, then x -= lr·u
+            for (n, _), d, c in zip(active, ds, coefs, strict=True):
+                d.mul_(c / lr)
+                if self.delta_g is not None:
+                    d.add_(self.delta_g[n].to(d), alpha=cfg.rho)
+            self._modulate(ds, [p.grad for _, p in active])
+            coefs = [lr] * len(ds)
+        for (_, p), d, c, decay in zip(active, ds, coefs, decays, strict=True):
+            if cfg.optimizer == "soap":  # decay after the step, as SOAP's authors
+                p.add_(d, alpha=-c).mul_(1.0 - decay)
             else:
-                p.mul_(1.0 - decay).add_(u, alpha=-lr)
+                p.mul_(1.0 - decay).add_(d, alpha=-c)
         if g_hat is not None and cfg.optimizer == "sophia":  # h refreshed AFTER use (spec §4)
             for n, p in self.named:
                 if n in g_hat:
