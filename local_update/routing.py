@@ -33,4 +33,7 @@ def route_muon(shapes: Sequence[tuple[str, Sequence[int]]], routing: str = "hidd
         _logged.add(key)
         rest = [n for n, _ in shapes if n not in chosen]
         log.info("muon routing %s: Muon %s; AdamW %s", routing, chosen, rest)
+        if not chosen:
+            log.warning("muon routing %s left Muon no matrix: everything runs AdamW "
+                        "(muon-routing='all-2d' routes every ≥2-D weight to Muon)", routing)
     return chosen

@@ -65,6 +65,6 @@ class FedPACStrategy(AdaptiveStrategy):
             thetas = [expand(t, full) for t in thetas]
         mean = weighted_mean(thetas, weights)
         new.extras[wire.THETA] = mean
-        self.round_stats = {"preconditioner-drift": drift(thetas, mean),
-                            "theta-compression": spec_bytes(self.theta_upload_spec()) / spec_bytes(full)}
+        ratio = spec_bytes(self.theta_upload_spec()) / max(1, spec_bytes(full))  # |light| / |Θ|
+        self.round_stats = {"preconditioner-drift": drift(thetas, mean), "theta-compression": ratio}
         return new
