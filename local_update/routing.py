@@ -25,8 +25,10 @@ def route_muon(shapes: Sequence[tuple[str, Sequence[int]]], routing: str = "hidd
     if routing == "all-2d":
         chosen = matrices
     else:
-        edge = {matrices[0], matrices[-1]} if matrices else set()  # first layer, classifier head
-        chosen = [n for n in matrices
+        # Learnt tokens and position tables (class_token, pos_embedding) are not layer weights.
+        weights = [n for n in matrices if n.endswith("weight")]
+        edge = {weights[0], weights[-1]} if weights else set()  # first layer, classifier head
+        chosen = [n for n in weights
                   if n not in edge and not any(h in n.lower() for h in _EMBEDDING_HINTS)]
     key = (routing, *[n for n, _ in shapes])
     if key not in _logged:

@@ -230,3 +230,15 @@ def test_sophia_reproduces_the_authors_sophiag_over_20_steps() -> None:
     assert refreshes == 7  # after local steps 1, 4, 7, …, 19
     assert _max_diff(ours, theirs) < 1e-6
     assert float(opt.state[ours[0].weight]["hessian"].abs().sum()) > 0.0  # the refresh ran
+
+
+def test_routing_sends_hidden_matrices_to_muon_and_the_rest_to_adamw() -> None:
+    from local_update.routing import route_muon
+    from workloads import build_model
+    vit = build_model("vit-tiny", 10, 1, 28)
+    chosen = route_muon([(n, p.shape) for n, p in vit.named_parameters()])
+    assert "conv_proj.weight" not in chosen and "heads.head.weight" not in chosen  # first layer, head
+    assert "class_token" not in chosen and "encoder.pos_embedding" not in chosen  # tokens, positions
+    assert all(vit.get_parameter(n).ndim == 2 for n in chosen) and len(chosen) == 4 * 12
+    shapes = [(n, p.shape) for n, p in _cnn().named_parameters()]
+    assert route_muon(shapes, "all-2d") == ["0.weight", "3.weight"]  # FedPAC's code: every ≥2-D weight
