@@ -3,6 +3,8 @@
     better = ["fedact", "fedadamw"]      # claimed best first
     metric = "final-test-loss"           # a table column; "...loss" columns: lower is better
     gap-largest-at = "dirichlet-alpha=min"   # optional: where the claimed gap should be largest
+    pairs = [["fedpac-soap", "local-soap"], ["fedpac-muon", "local-muon"]]  # instead of `better`:
+                                                                            # independent pairs
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ def lower_is_better(metric: str) -> bool:
 
 def check_claim(paper: dict, rows: list[Row]) -> ClaimCheck | None:
     """None when the grid states no claim or the claimed algorithms have no rows yet."""
-    better, metric = paper.get("better"), paper.get("metric", "final-test-accuracy")
-    if not better or len(better) < 2:
+    better, metric = paper.get("better") or [], paper.get("metric", "final-test-accuracy")
+    pairs = paper.get("pairs") or list(zip(better, better[1:], strict=False))
+    if not pairs:
         return None
     sign = -1.0 if lower_is_better(metric) else 1.0
     comparisons = []
     for setting, by_algorithm in sorted(group(rows).items()):
-        for winner, loser in zip(better, better[1:], strict=False):
+        for winner, loser in pairs:
             if winner not in by_algorithm or loser not in by_algorithm:
                 continue
             w, lo = final(by_algorithm[winner], metric), final(by_algorithm[loser], metric)
@@ -79,11 +82,11 @@ def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison]) -> st
                 "gap exceeds one seed standard deviation")
         noisy = 0  # already said
     elif holds:
-        text = "**holds**: the claimed order appears in every setting"
+        text = "**holds**: the claimed order appears in every comparison"
     elif any(c.gain > 0 for c in comparisons):
-        text = "**holds only in part**: the claimed order appears in some settings, not in others"
+        text = "**holds only in part**: the claimed order appears in some comparisons, not in others"
     else:
-        text = "**does not hold** here: the claimed order is reversed in every setting"
+        text = "**does not hold** here: the claimed order is reversed in every comparison"
     if noisy:
         text += f" ({noisy} of {len(comparisons)} gaps are within one seed standard deviation)"
     if gap is not None:

@@ -124,7 +124,7 @@ def render(grid_paths: list[Path], results_dir: Path, out: Path) -> str:
         grid = load_grid(path, set(PRESETS))
         known = {c.cell_id for c in grid.cells()}
         rows = [r for r in read_table(results_dir / f"{grid.name}.csv") if r["cell"] in known]
-        sections.append(grid_section(grid, rows, out.parent / "results", out.parent))
+        sections.append(grid_section(grid, rows, out.parent / "results-data", out.parent))
     return "\n".join(sections)
 
 

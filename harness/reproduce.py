@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in grids:  # the tables behind the page, next to it
         table = results / f"{path.stem}.csv"
         if table.is_file():
-            shutil.copy(table, out.parent / "results" / table.name)
+            shutil.copy(table, out.parent / "results-data" / table.name)
     print(f"wrote {out} ({time.perf_counter() - started:.0f} s)")
 
 

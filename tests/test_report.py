@@ -85,6 +85,8 @@ def test_claim_verdict_and_gap_location(tmp_path: Path) -> None:
     assert "does not hold" in check_claim(reversed_claim, rows).verdict
     loss_claim = {**parse_grid(GRID).paper, "metric": "final-test-loss"}  # lower is better
     assert check_claim(loss_claim, rows).holds
+    paired = {**parse_grid(GRID).paper, "pairs": [["fedavg", "hafedho"]]}  # overrides `better`
+    assert not check_claim(paired, rows).holds
 
 
 def test_page_has_the_table_claim_and_plot(tmp_path: Path) -> None:
@@ -92,8 +94,8 @@ def test_page_has_the_table_claim_and_plot(tmp_path: Path) -> None:
     (tmp_path / "fixed.toml").write_text(GRID)
     page = render([tmp_path / "fixed.toml"], tmp_path, tmp_path / "docs" / "results.md")
     assert "## HaFedHo (seed 003)" in page and "**holds**" in page
-    assert "![fixed](results/fixed.png)" in page
-    png = tmp_path / "docs" / "results" / "fixed.png"
+    assert "![fixed](results-data/fixed.png)" in page
+    png = tmp_path / "docs" / "results-data" / "fixed.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size < 200_000
     assert len(group(read_table(tmp_path / "fixed.csv"))) == 2
 
