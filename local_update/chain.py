@@ -21,6 +21,7 @@ import torch
 
 from local_update.preconditioners import PRECONDITIONERS, AdamHyper, direction_, new_state
 from local_update.trust import TRUST_MODES, modulate_, pos_ratio, top_mass
+from local_update.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class LocalUpdate(torch.optim.Optimizer):
         self.flat_state = new_state(cfg.preconditioner, sum(self.sizes), params[0].detach())
         self.delta_g = self._flatten(delta_g) if delta_g is not None and cfg.rho > 0 else None
         self.local_step = 0
+        self.work = Workspace()  # g, u, s and the selection's masks, reused at every step
         self.pos_ratios: list[float] = []
         self.top_masses: list[float] = []
 
@@ -128,11 +130,13 @@ class LocalUpdate(torch.optim.Optimizer):
         self.local_step += 1
         k, t = self.local_step, self.cfg.step_offset + self.local_step
         cfg = self.cfg
-        g = torch.cat([p.grad.reshape(-1) for p in active])
+        like, n = active[0].detach(), sum(p.numel() for p in active)
+        g = torch.cat([p.grad.reshape(-1) for p in active], out=self.work.get("g", n, like))
         if cfg.preconditioner == "adam" and cfg.weight_decay:  # coupled L2, as torch.optim.Adam
-            g.add_(torch.cat([p.reshape(-1) for p in active]), alpha=cfg.weight_decay)
+            x = torch.cat([p.reshape(-1) for p in active], out=self.work.get("u", n, like))
+            g.add_(x, alpha=cfg.weight_decay)
         state = {s: (v if sel is None else v[sel]) for s, v in self.flat_state.items()}
-        u = direction_(cfg.preconditioner, state, g, cfg.adam, k, t)
+        u = direction_(cfg.preconditioner, state, g, cfg.adam, k, t, out=self.work.get("u", n, like))
         if sel is not None:
             for s, v in state.items():
                 self.flat_state[s][sel] = v
@@ -150,9 +154,11 @@ class LocalUpdate(torch.optim.Optimizer):
 
     def _modulate(self, u: torch.Tensor, g: torch.Tensor, sizes: list[int]) -> None:
         cfg = self.cfg
-        scores = u * g if (cfg.trust != "none" or cfg.diagnostics) else None
-        if cfg.diagnostics and scores is not None:
-            self.pos_ratios.append(pos_ratio(scores))
-            self.top_masses.append(top_mass(scores))
+        if cfg.trust == "none" and not cfg.diagnostics:
+            return
+        scores = g.mul_(u)  # s = u ⊙ g, in place: g is not needed after this (g ⊙ u ≡ u ⊙ g)
+        if cfg.diagnostics:
+            self.pos_ratios.append(pos_ratio(scores, self.work))
+            self.top_masses.append(top_mass(scores, ws=self.work))
         modulate_(u, g, cfg.trust, cfg.tau, cfg.alpha, cfg.gamma, sizes,
-                  per_tensor=cfg.trust_scope == "per-tensor", scores=scores)
+                  per_tensor=cfg.trust_scope == "per-tensor", scores=scores, ws=self.work)

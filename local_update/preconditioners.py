@@ -46,15 +46,18 @@ def bias_steps(mode: str, k: int, t: int) -> tuple[int, int]:
 
 
 def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Tensor,
-                    hp: AdamHyper, k: int, t: int) -> torch.Tensor:
-    """m = β1 m + (1-β1) g; v = β2 v + (1-β2) g²; d = m̂ / (sqrt(v̂) + ε)  (seed 000, Eq. 4-5)."""
+                    hp: AdamHyper, k: int, t: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """m = β1 m + (1-β1) g; v = β2 v + (1-β2) g²; d = m̂ / (sqrt(v̂) + ε)  (seed 000, Eq. 4-5).
+
+    d is written to `out` (a fresh tensor if None), which also holds the denominator first.
+    """
     exp_avg.lerp_(g, 1.0 - hp.beta1)
     exp_avg_sq.mul_(hp.beta2).addcmul_(g, g, value=1.0 - hp.beta2)
     n_m, n_v = bias_steps(hp.bias_correction, k, t)
     bc1 = 1.0 - hp.beta1**n_m if n_m else 1.0
     bc2 = 1.0 - hp.beta2**n_v if n_v else 1.0
-    denom = exp_avg_sq.sqrt().div_(math.sqrt(bc2)).add_(hp.eps)
-    return torch.div(exp_avg, denom).div_(bc1)
+    denom = torch.sqrt(exp_avg_sq, out=out).div_(math.sqrt(bc2)).add_(hp.eps)
+    return torch.div(exp_avg, denom, out=denom).div_(bc1)
 
 
 def new_state(preconditioner: str, numel: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -67,8 +70,11 @@ def new_state(preconditioner: str, numel: int, like: torch.Tensor) -> dict[str, 
 
 
 def direction_(preconditioner: str, state: dict[str, torch.Tensor], g: torch.Tensor,
-               hp: AdamHyper, k: int, t: int) -> torch.Tensor:
-    """d for this step; updates `state` in place. sgd returns a copy of g (u is modified later)."""
+               hp: AdamHyper, k: int, t: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """d for this step, in `out` if given; updates `state` in place.
+
+    sgd returns a copy of g (u is modified later).
+    """
     if preconditioner == "sgd":
-        return g.clone()
-    return adam_direction_(state["exp_avg"], state["exp_avg_sq"], g, hp, k, t)
+        return g.clone() if out is None else out.copy_(g)
+    return adam_direction_(state["exp_avg"], state["exp_avg_sq"], g, hp, k, t, out)

@@ -13,49 +13,55 @@ from collections.abc import Sequence
 
 import torch
 
-from local_update.topk import topk_mask, topk_sum_positive
+from local_update.topk import topk_indicator_, topk_sum_positive
+from local_update.workspace import Workspace, scratch
 
 TRUST_MODES = ("none", "act", "mgup", "cautious")
 
 
-def act_mask(scores: torch.Tensor, tau: float, segments: Sequence[int] | None) -> torch.Tensor:
-    """Top-⌊τ·D⌋ mask of the flat score vector; per segment when `segments` (sizes) is given."""
-    if segments is None:
-        return topk_mask(scores, math.floor(tau * scores.numel()))
-    parts = [topk_mask(s, math.floor(tau * s.numel())) for s in scores.split(list(segments))]
-    return torch.cat(parts)
+def act_phi_(scores: torch.Tensor, tau: float, alpha: float, gamma: float,
+             segments: Sequence[int] | None, ws: Workspace | None = None) -> torch.Tensor:
+    """φ of `act` written over `scores`: α on the top ⌊τ·D⌋ (per segment if given), γ elsewhere."""
+    parts = [scores] if segments is None else scores.split(list(segments))
+    for s in parts:
+        topk_indicator_(s, math.floor(tau * s.numel()), ws)
+    # 1·α = α and max(0·α, γ) = γ exactly (α ≥ γ > 0), in two vectorised passes; torch.where
+    # with scalars is an unvectorised loop on CPU, several times slower.
+    return scores.mul_(alpha).clamp_(min=gamma)
 
 
 def modulate_(u: torch.Tensor, g: torch.Tensor, mode: str, tau: float, alpha: float,
               gamma: float, tensor_sizes: Sequence[int], per_tensor: bool,
-              scores: torch.Tensor | None = None) -> torch.Tensor:
+              scores: torch.Tensor | None = None, ws: Workspace | None = None) -> torch.Tensor:
     """Scale the corrected direction `u` in place by the trust coefficients φ; returns `u`.
 
     `tensor_sizes` split the flat vectors into the model's tensors (per-tensor scope, `mgup`).
+    `scores` (s = u ⊙ g, if the caller has it) is used as scratch and overwritten.
     """
     if mode == "none":
         return u
     s = u * g if scores is None else scores
     if mode == "cautious":
-        keep = s > 0
-        return u.mul_(keep.to(u.dtype)).mul_(u.numel() / (int(torch.count_nonzero(keep)) + 1))
+        keep = torch.gt(s, 0, out=scratch(ws).get("trust.mask", s.numel(), s, torch.bool))
+        nnz = int(torch.count_nonzero(keep))
+        return u.mul_(torch.gt(s, 0, out=s)).mul_(u.numel() / (nnz + 1))  # s -> 1.0 / 0.0
     if mode not in ("act", "mgup"):
         raise ValueError(f"unknown trust mode {mode!r}; known: {TRUST_MODES}")
     per_tensor = per_tensor or mode == "mgup"
-    mask = act_mask(s, tau, tensor_sizes if per_tensor else None)
-    phi = torch.where(mask, torch.tensor(alpha, dtype=u.dtype, device=u.device),
-                      torch.tensor(gamma, dtype=u.dtype, device=u.device))
-    return u.mul_(phi)
+    return u.mul_(act_phi_(s, tau, alpha, gamma, tensor_sizes if per_tensor else None, ws))
 
 
-def pos_ratio(scores: torch.Tensor) -> float:
+def pos_ratio(scores: torch.Tensor, ws: Workspace | None = None) -> float:
     """PosRatio: the share of coordinates with a positive trust score (seed 000, App. A)."""
-    return int(torch.count_nonzero(scores > 0)) / max(scores.numel(), 1)
+    n = scores.numel()
+    positive = torch.gt(scores, 0, out=scratch(ws).get("trust.mask", n, scores, torch.bool))
+    return int(torch.count_nonzero(positive)) / max(n, 1)
 
 
-def top_mass(scores: torch.Tensor, p: float = 0.01) -> float:
+def top_mass(scores: torch.Tensor, p: float = 0.01, ws: Workspace | None = None) -> float:
     """TopMass_p: share of the positive score mass in the top ⌈p·D⌉ scores (0 if none)."""
-    positive = float(scores.clamp(min=0).sum())
+    n = scores.numel()
+    positive = float(torch.clamp(scores, min=0, out=scratch(ws).get("trust.tmp", n, scores)).sum())
     if positive <= 0.0:
         return 0.0
-    return float(topk_sum_positive(scores, math.ceil(p * scores.numel()))) / positive
+    return float(topk_sum_positive(scores, math.ceil(p * n), ws)) / positive

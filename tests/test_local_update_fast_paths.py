@@ -1,0 +1,122 @@
+"""The fast paths of local_update (reused buffers, band selection) against plain references.
+
+The references are written the obvious way (a stable sort for the top-k, fresh tensors for every
+temporary); the fast paths must agree bit for bit (TopMass: to float rounding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import local_update.topk as topk
+from local_update import LocalUpdate, LocalUpdateConfig
+from local_update.preconditioners import AdamHyper
+from local_update.trust import pos_ratio, top_mass
+
+
+def _reference_mask(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest entries, ties to the lower index (a stable sort keeps index order)."""
+    mask = torch.zeros(x.numel(), dtype=torch.bool)
+    mask[torch.sort(x, descending=True, stable=True).indices[:k]] = True
+    return mask
+
+
+def _vectors() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    n = 300_000  # above topk._SMALL: the sampled band path
+    return {
+        "gaussian": torch.randn(n, generator=gen),
+        "heavy ties": torch.randint(-5, 5, (n,), generator=gen).float(),
+        "mostly zero": torch.where(torch.rand(n, generator=gen) < 0.9, 0.0,
+                                   torch.randn(n, generator=gen)),
+        "small": torch.randn(1000, generator=gen),
+    }
+
+
+@pytest.mark.parametrize("name", list(_vectors()))
+@pytest.mark.parametrize("frac", [0.0, 0.01, 0.5, 0.97, 1.0])
+def test_topk_mask_and_indicator_match_a_stable_sort(name: str, frac: float) -> None:
+    x = _vectors()[name]
+    k = math.floor(frac * x.numel())
+    expected = _reference_mask(x, k)
+    assert torch.equal(topk.topk_mask(x, k), expected)
+    ind = topk.topk_indicator_(x.clone(), k)
+    assert torch.equal(ind, expected.to(ind.dtype))
+
+
+def test_indicator_is_exact_when_the_band_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topk, "_Z", 0.0)  # a zero-width band misses almost surely
+    for x in _vectors().values():
+        k = x.numel() // 3
+        assert torch.equal(topk.topk_indicator_(x.clone(), k), _reference_mask(x, k).float())
+
+
+@pytest.mark.parametrize("name", list(_vectors()))
+def test_topk_sum_positive_and_diagnostics(name: str) -> None:
+    x = _vectors()[name].double()  # float64: the reference sums in another order
+    for k in (1, math.ceil(0.01 * x.numel()), x.numel() // 2):
+        ref = torch.sort(x, descending=True).values[:k].clamp(min=0).sum()
+        assert float(topk.topk_sum_positive(x, k)) == pytest.approx(float(ref), rel=1e-12)
+    positive = float(x.clamp(min=0).sum())
+    ref_mass = float(torch.sort(x, descending=True).values[:math.ceil(0.01 * x.numel())]
+                     .clamp(min=0).sum()) / positive if positive > 0 else 0.0
+    assert top_mass(x) == pytest.approx(ref_mass, rel=1e-12)
+    assert pos_ratio(x) == int((x > 0).sum()) / x.numel()
+
+
+def _params(gen: torch.Generator) -> dict[str, torch.nn.Parameter]:
+    shapes = {"w1": (300, 400), "b1": (300,), "w2": (10, 300), "b2": (10,)}
+    shapes["w0"] = (256, 256)  # D = 188,846 > topk._SMALL: the sampled band path
+    return {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in shapes.items()}
+
+
+def _reference_step(x: list[torch.Tensor], grads: list[torch.Tensor], state: dict,
+                    dg: torch.Tensor, cfg: LocalUpdateConfig, k_step: int) -> list[float]:
+    """FedACT's local step written plainly, in the same order of float operations."""
+    hp = cfg.adam
+    g = torch.cat([t.reshape(-1) for t in grads])
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    m.lerp_(g, 1 - hp.beta1)
+    v.mul_(hp.beta2).addcmul_(g, g, value=1 - hp.beta2)
+    bc1, bc2 = 1 - hp.beta1**k_step, 1 - hp.beta2**k_step
+    d = torch.div(m, v.sqrt().div_(math.sqrt(bc2)).add_(hp.eps)).div_(bc1)
+    u = d.mul_(1 - cfg.rho).add_(dg, alpha=cfg.rho)
+    s = u * g
+    phi = torch.where(_reference_mask(s, math.floor(cfg.tau * s.numel())), cfg.alpha, cfg.gamma)
+    u = u * phi.to(u.dtype)
+    for t, step in zip(x, u.split([t.numel() for t in x]), strict=True):
+        t.mul_(1 - cfg.lr * cfg.weight_decay).add_(step.view_as(t), alpha=-cfg.lr)
+    positive = float(s.clamp(min=0).sum())
+    top = torch.sort(s, descending=True).values[:math.ceil(0.01 * s.numel())].clamp(min=0).sum()
+    return [int((s > 0).sum()) / s.numel(), float(top) / positive]
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.1])
+def test_fedact_step_is_bitwise_the_plain_formula(tau: float) -> None:
+    gen = torch.Generator().manual_seed(7)
+    params = _params(gen)
+    twins = [p.detach().clone() for p in params.values()]
+    dg = {n: 0.01 * torch.randn(p.shape, generator=gen) for n, p in params.items()}
+    cfg = LocalUpdateConfig(preconditioner="adamw", lr=1e-2, weight_decay=0.01, rho=0.5,
+                            trust="act", tau=tau, alpha=2.5, gamma=0.4, diagnostics=True,
+                            adam=AdamHyper(bias_correction="local"))
+    opt = LocalUpdate(params.items(), cfg, delta_g=dg)
+    n = sum(p.numel() for p in params.values())
+    state = {"exp_avg": torch.zeros(n), "exp_avg_sq": torch.zeros(n)}
+    flat_dg = torch.cat([t.reshape(-1) for t in dg.values()])
+    for step in range(1, 5):
+        grads = [torch.randn(p.shape, generator=gen) * 10.0 ** -step for p in params.values()]
+        if step == 1:  # exact zeros: many tied scores at step 1
+            grads[0].zero_()
+        for p, g in zip(params.values(), grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+        diag = _reference_step(twins, grads, state, flat_dg, cfg, step)
+        for p, t in zip(params.values(), twins, strict=True):
+            assert torch.equal(p.detach(), t)
+        assert torch.equal(opt.flat_state["exp_avg_sq"], state["exp_avg_sq"])
+        assert opt.pos_ratios[-1] == diag[0]
+        assert opt.top_masses[-1] == pytest.approx(diag[1], rel=1e-5)
