@@ -140,9 +140,10 @@ class LocalUpdate(torch.optim.Optimizer):
         if sel is not None:
             for s, v in state.items():
                 self.flat_state[s][sel] = v
-        if self.delta_g is not None:  # u = (1-ρ)·d + ρ·Δ_G
-            dg = self.delta_g if sel is None else self.delta_g[sel]
-            u.mul_(1.0 - cfg.rho).add_(dg, alpha=cfg.rho)
+        if cfg.rho > 0.0:  # u = (1-ρ)·d + ρ·Δ_G, with Δ_G = 0 before the first aggregation (Alg. 1)
+            u.mul_(1.0 - cfg.rho)
+            if self.delta_g is not None:
+                u.add_(self.delta_g if sel is None else self.delta_g[sel], alpha=cfg.rho)
         self._modulate(u, g, [p.numel() for p in active])
         decay = 0.0 if cfg.preconditioner == "adam" else cfg.lr * cfg.weight_decay
         if decay:

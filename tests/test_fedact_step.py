@@ -128,3 +128,11 @@ def test_top_mass_by_hand() -> None:
     s = torch.tensor([4.0, -1.0, 1.0, 0.0] + [0.0] * 96)  # ⌈0.01·100⌉ = 1 top score
     assert top_mass(s, 0.01) == pytest.approx(4.0 / 5.0)
     assert top_mass(-s.abs(), 0.01) == 0.0
+
+
+def test_round_one_without_delta_g_scales_d_by_one_minus_rho() -> None:
+    # Algorithm 1 starts from Δ_G^0 = 0: the first round's u is (1-ρ)·d, not d.
+    x, g = {"w": [1.0, -1.0]}, {"w": [0.5, 2.0]}
+    cfg = LocalUpdateConfig(preconditioner="sgd", lr=0.1, rho=0.25)
+    got = _one_step(x, g, cfg, delta_g=None)["w"]
+    assert got == pytest.approx([1.0 - 0.1 * 0.75 * 0.5, -1.0 - 0.1 * 0.75 * 2.0], rel=1e-12)
