@@ -3,14 +3,13 @@ with its extra records on the wire counted in bytes down / up."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from algorithms.config import RunConfig
 from engine.inprocess import InProcessGrid
 from server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
+from tests.run_outputs import metric_rows
 
 SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=16, model="mlp", run_name="t")
 MLP_PARAMS = 784 * 64 + 64 + 64 * 10 + 10  # floats in the tiny MLP
@@ -33,7 +32,7 @@ def test_runs_two_rounds_and_accounts_its_bytes(algorithm: str, tmp_path) -> Non
     cfg = RunConfig(algorithm=algorithm, results_dir=str(tmp_path / "out"),
                     client_state_dir=str(tmp_path / "state"), **SMALL)
     out = run_federated(InProcessGrid(NODES, cfg.to_flower()), cfg)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out)
     assert [r["replies-accepted"] for r in rows] == [NODES, NODES], rows[-1]["rejected"]
     assert rows[-1]["test-accuracy"] > 0.15  # learnt something in 6 steps per client
     down, up = WIRE[algorithm]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ from client_app.device import select_device
 from engine.inprocess import InProcessGrid
 from server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
+from tests.run_outputs import metric_rows
 
 
 def _pretend_gpus(monkeypatch, count: int) -> None:
@@ -53,6 +52,6 @@ def test_a_node_config_device_overrides_the_run_config(tmp_path) -> None:
     grid = InProcessGrid(2, cfg.to_flower())
     grid.contexts[1].node_config["device"] = "cpu"
     out = run_federated(grid, cfg)
-    (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    (row,) = metric_rows(out)
     assert row["replies-accepted"] == 1 and list(row["rejected"]) == ["2"]
     assert "device='cuda' requested but this node has no CUDA device" in row["rejected"]["2"]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import csv
 import json
 
-import torch
-
 from algorithms.config import RunConfig
 from client_app.app import handle_train
 from engine.inprocess import InProcessGrid
 from server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
+from tests.run_outputs import final_model, metric_rows
 from workloads import build_model
 
 SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t")
@@ -21,7 +20,7 @@ SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t")
 def test_fedact_run_writes_metrics_plot_and_model(tmp_path) -> None:
     cfg = RunConfig(results_dir=str(tmp_path), **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out)
     assert [r["round"] for r in rows] == [1, 2]
     for key in ("test-accuracy", "test-loss", "train-loss", "direction-consistency",
                 "pos-ratio", "top-mass", "bytes-down", "bytes-up", "replies-accepted",
@@ -35,7 +34,7 @@ def test_fedact_run_writes_metrics_plot_and_model(tmp_path) -> None:
     with (out / "metrics.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 2
     assert (out / "plot.png").stat().st_size > 1000
-    state = torch.load(out / "model.pt", weights_only=True)
+    state = final_model(out)
     build_model("cnn", 10, 1, 28).load_state_dict(state)
     assert json.loads((out / "config.json").read_text())["algorithm"] == "fedact"
 
@@ -49,7 +48,7 @@ def test_a_raising_client_is_recorded_and_the_round_goes_on(tmp_path) -> None:
 
     cfg = RunConfig(results_dir=str(tmp_path), algorithm="localadamw", **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower(), handler=flaky), cfg)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out)
     assert [r["replies-accepted"] for r in rows] == [2, 2]
     assert "disk full on partition 1" in rows[0]["rejected"]["2"]
     assert rows[-1]["test-accuracy"] > 0.2

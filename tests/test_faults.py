@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
@@ -13,6 +12,7 @@ from client_app.app import handle_train
 from engine.inprocess import InProcessGrid
 from server_app.loop import build_strategy, run_federated, unanswered_nodes
 from tests.conftest import needs_fashion_mnist
+from tests.run_outputs import final_model, metric_rows
 
 TIMEOUT = 1.5
 SMALL = dict(model="mlp", num_server_rounds=2, local_steps=3, batch_size=32, run_name="t",
@@ -30,16 +30,12 @@ def faulty(msg, context):
     return reply
 
 
-def _rows(out):
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 @needs_fashion_mnist
 def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path) -> None:
     cfg = RunConfig(results_dir=str(tmp_path), min_replies=2, **SMALL)
     initial = build_strategy(cfg)[0].state.model
     out = run_federated(InProcessGrid(4, cfg.to_flower(), handler=faulty), cfg)
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert [r["round"] for r in rows] == [1, 2]
     for row in rows:
         assert (row["replies-sampled"], row["replies-accepted"]) == (4, 2)
@@ -48,7 +44,7 @@ def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path)
         assert list(row["rejected"]) == ["2"]  # node 2 holds partition 1, the raising one
         assert "CUDA out of memory on partition 1" in row["rejected"]["2"]
         assert row["skipped"] is False
-    final = torch.load(out / "model.pt", weights_only=True)
+    final = final_model(out)
     assert any(not torch.equal(final[n], initial[n]) for n in initial)
     # The two accepted replies per round still train the model: twice chance, and improving.
     assert rows[-1]["test-accuracy"] > 0.2 and rows[-1]["test-loss"] < rows[0]["test-loss"]
@@ -59,10 +55,10 @@ def test_below_min_replies_every_round_is_skipped_and_the_model_unchanged(tmp_pa
     cfg = RunConfig(results_dir=str(tmp_path), min_replies=3, **SMALL)
     initial = build_strategy(cfg)[0].state.model
     out = run_federated(InProcessGrid(4, cfg.to_flower(), handler=faulty), cfg)
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert [(r["round"], r["skipped"], r["replies-accepted"]) for r in rows] == [(1, True, 2),
                                                                                 (2, True, 2)]
-    final = torch.load(out / "model.pt", weights_only=True)
+    final = final_model(out)
     for name in initial:
         assert torch.equal(final[name], initial[name]), name
 

@@ -18,6 +18,7 @@ from server_app.checkpoint import STATE_FILE, load_checkpoint, resume_source
 from strategies.state import ServerState
 from tests.conftest import needs_fashion_mnist
 from tests.flower_processes import PROJECT
+from tests.run_outputs import assert_same_model, final_model, metric_rows
 
 SETTINGS = {"model": "mlp", "num-server-rounds": 4, "local-steps": 20, "batch-size": 32,
             "num-threads": 1, "seed": 7}
@@ -75,13 +76,11 @@ def test_killed_after_round_2_of_4_then_resumed_equals_uninterrupted(tmp_path) -
     cfg = RunConfig.from_flower({**RunConfig().to_flower(), **SETTINGS,
                                  "results-dir": str(results), "run-name": "whole"})
     whole_dir = run_inprocess(cfg, num_nodes=3)
-    resumed = torch.load(run_dir / "model.pt", weights_only=True)
-    whole = torch.load(whole_dir / "model.pt", weights_only=True)
-    assert resumed.keys() == whole.keys()
-    for name in whole:
-        assert torch.equal(resumed[name], whole[name]), name
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    whole_rows = [json.loads(x) for x in (whole_dir / "metrics.jsonl").read_text().splitlines()]
+    resumed = final_model(run_dir)
+    whole = final_model(whole_dir)
+    assert_same_model(resumed, whole)
+    rows = metric_rows(run_dir)
+    whole_rows = metric_rows(whole_dir)
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
     assert [r["test-accuracy"] for r in rows] == [r["test-accuracy"] for r in whole_rows]
 

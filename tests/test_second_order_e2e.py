@@ -3,8 +3,6 @@ steps), writes drift and byte metrics; nonsense combinations are refused before 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from algorithms.config import RunConfig
@@ -12,6 +10,7 @@ from algorithms.presets import resolve
 from engine.inprocess import InProcessGrid
 from server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
+from tests.run_outputs import metric_rows
 
 NAMES = [f"{a}-{x}" for a in ("local", "fedpac", "fedmixp") for x in ("sophia", "muon", "soap")]
 CASES = [(n, {}) for n in NAMES] + [
@@ -32,7 +31,7 @@ def test_runs_two_rounds_with_drift_and_bytes(algorithm: str, extra: dict, tmp_p
                 muon_routing="all-2d")  # the MLP has no hidden matrix: Muon takes both
     cfg = RunConfig.from_flower({**RunConfig(**base).to_flower(), **extra})
     out = run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out)
     assert [r["replies-accepted"] for r in rows] == [2, 2], rows[-1]["rejected"]
     assert rows[-1]["test-accuracy"] > 0.12
     if algorithm.startswith("local"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -12,6 +11,7 @@ from algorithms.config import RunConfig
 from engine.inprocess import run_inprocess
 from tests.conftest import needs_fashion_mnist
 from tests.flower_processes import flwr_run_simulation, stop_local_superlink
+from tests.run_outputs import assert_same_model, final_model, metric_rows
 
 SETTINGS = {"num-server-rounds": 2, "local-steps": 3, "batch-size": 32, "num-threads": 1,
             "dirichlet-alpha": 0.3, "seed": 7}
@@ -37,11 +37,9 @@ def test_two_rounds_of_fedact_match_between_simulation_and_in_process(tmp_path) 
     torch.set_num_threads(1)
     inproc_dir = run_inprocess(cfg, num_nodes=3)
 
-    sim_model = torch.load(sim_dir / "model.pt", weights_only=True)
-    inproc_model = torch.load(inproc_dir / "model.pt", weights_only=True)
-    assert sim_model.keys() == inproc_model.keys()
-    for name in sim_model:
-        assert torch.equal(sim_model[name], inproc_model[name]), name
-    sim_rows = [json.loads(line) for line in (sim_dir / "metrics.jsonl").read_text().splitlines()]
+    sim_model = final_model(sim_dir)
+    inproc_model = final_model(inproc_dir)
+    assert_same_model(sim_model, inproc_model)
+    sim_rows = metric_rows(sim_dir)
     assert [r["replies-accepted"] for r in sim_rows] == [3, 3]
     assert sim_rows[-1]["test-accuracy"] > 0.3
