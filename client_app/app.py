@@ -30,6 +30,15 @@ def _optional_arrays(content: RecordDict, key: str) -> dict[str, torch.Tensor] |
     return dict(content.array_records[key].to_torch_state_dict())
 
 
+def _global_direction(content: RecordDict) -> dict[str, torch.Tensor] | None:
+    """Δ_G of the FedACT family / MimeLite (`delta-g`) or FedPAC's g_G (`g-g`): the same slot of
+    the chain, u = (1-ρ)·d + ρ·Δ_G. A message never carries both."""
+    found = [k for k in (wire.DELTA_G, wire.G_G) if k in content.array_records]
+    if len(found) > 1:
+        raise ValueError(f"message carries both {found}: only one global direction can apply")
+    return _optional_arrays(content, found[0]) if found else None
+
+
 def handle_train(msg: Message, context: Context) -> Message:
     """Run one round of local training as the message's recipe says."""
     recipe = ClientRecipe.from_config(msg.content.config_records[wire.RECIPE])
@@ -52,7 +61,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     terms = build_terms(recipe.terms, RoundInputs(model, recipe, extra, store, train, indices,
                                                   len(train.labels)))
     result = train_round(model, train, indices, recipe, partition_id,
-                         delta_g=_optional_arrays(msg.content, wire.DELTA_G),
+                         delta_g=_global_direction(msg.content),
                          v_bar=_optional_arrays(msg.content, wire.V_BAR), terms=terms,
                          theta=_optional_arrays(msg.content, wire.THETA))
     outputs = [term.finish(result.delta, result.train_loss) for term in terms]
