@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from algorithms.config import PRESET, RunConfig
+from adaptfl.algorithms.config import PRESET, RunConfig
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from algorithms.config import RunConfig
-from algorithms.presets import resolve
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import resolve
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, uninstalled
 
-import local_update.topk as topk  # noqa: E402
-from local_update import LocalUpdate, LocalUpdateConfig  # noqa: E402
-from workloads import build_model  # noqa: E402
+import adaptfl.local_update.topk as topk  # noqa: E402
+from adaptfl.local_update import LocalUpdate, LocalUpdateConfig  # noqa: E402
+from adaptfl.workloads import build_model  # noqa: E402
 
 GOAL_UPDATE = 2.0  # (a) FedACT update / AdamW update
 GOAL_STEP = 1.05  # (b) FedACT local step / AdamW local step

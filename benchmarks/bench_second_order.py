@@ -14,10 +14,9 @@ import argparse
 import time
 
 import torch
-
-from local_update.second_order import SecondOrderConfig, SecondOrderUpdate
-from local_update.theta import light_spec, theta_spec
-from workloads import build_model
+from adaptfl.local_update.second_order import SecondOrderConfig, SecondOrderUpdate
+from adaptfl.local_update.theta import light_spec, theta_spec
+from adaptfl.workloads import build_model
 
 
 def _oracle(name: str, model: torch.nn.Module, muon: set[str]) -> list[torch.optim.Optimizer]:

@@ -9,16 +9,15 @@ from __future__ import annotations
 import logging
 
 import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.recipe import ClientRecipe
+from adaptfl.client_app.client_state import ClientStateStore
+from adaptfl.client_app.device import select_device
+from adaptfl.client_app.terms import RoundInputs, build_terms
+from adaptfl.client_app.train import train_round
+from adaptfl.workloads import build_task_model, load_task, partition_indices
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-
-from algorithms import wire
-from algorithms.recipe import ClientRecipe
-from client_app.client_state import ClientStateStore
-from client_app.device import select_device
-from client_app.terms import RoundInputs, build_terms
-from client_app.train import train_round
-from workloads import build_task_model, load_task, partition_indices
 
 log = logging.getLogger(__name__)
 app = ClientApp()

@@ -22,9 +22,8 @@ from enum import IntEnum
 from pathlib import Path
 
 import torch
+from adaptfl.algorithms import wire
 from flwr.app import ArrayRecord, Context
-
-from algorithms import wire
 
 Tensors = dict[str, torch.Tensor]
 

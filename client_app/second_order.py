@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-
-from algorithms.recipe import ClientRecipe
-from local_update.second_order import SecondOrderConfig, SecondOrderUpdate
-from local_update.sophia import gnb_loss
-from local_update.theta import SECOND_ORDER, compress
-from workloads import task_loss
+from adaptfl.algorithms.recipe import ClientRecipe
+from adaptfl.local_update.second_order import SecondOrderConfig, SecondOrderUpdate
+from adaptfl.local_update.sophia import gnb_loss
+from adaptfl.local_update.theta import SECOND_ORDER, compress
+from adaptfl.workloads import task_loss
 
 
 def is_second_order(recipe: ClientRecipe) -> bool:

@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-
-from algorithms import wire
-from client_app.terms import LocalTerm, RoundInputs, TermOutput, add_to_grads_
+from adaptfl.algorithms import wire
+from adaptfl.client_app.terms import LocalTerm, RoundInputs, TermOutput, add_to_grads_
 
 STATE = "hafedho"
 RECTIFY_MODES = ("objective", "gradient")

@@ -16,9 +16,8 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
-
-from algorithms import wire
-from client_app.terms import LocalTerm, RoundInputs, TermOutput
+from adaptfl.algorithms import wire
+from adaptfl.client_app.terms import LocalTerm, RoundInputs, TermOutput
 
 CHUNK = 512  # examples per forward pass of the full-batch gradient
 

@@ -9,8 +9,7 @@ towards the round's global model.
 from __future__ import annotations
 
 import torch
-
-from client_app.terms import LocalTerm, RoundInputs
+from adaptfl.client_app.terms import LocalTerm, RoundInputs
 
 
 class ProxTerm(LocalTerm):

@@ -13,10 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-
-from algorithms.recipe import ClientRecipe
-from client_app.client_state import ClientStateStore
-from workloads import ImageData
+from adaptfl.algorithms.recipe import ClientRecipe
+from adaptfl.client_app.client_state import ClientStateStore
+from adaptfl.workloads import ImageData
 
 Tensors = dict[str, torch.Tensor]
 
@@ -84,12 +83,12 @@ def term_names(spec: str) -> list[str]:
 
 def build_terms(spec: str, inputs: RoundInputs) -> Sequence[LocalTerm]:
     """The terms named in the recipe, in order; an unknown name is an error, not a no-op."""
-    from client_app.term_feddyn import FedDynTerm
-    from client_app.term_hafedho import HaFedHoTerm
-    from client_app.term_mime import GradAtXTerm
-    from client_app.term_moon import MoonTerm
-    from client_app.term_prox import ProxTerm
-    from client_app.term_scaffold import ScaffoldTerm
+    from adaptfl.client_app.term_feddyn import FedDynTerm
+    from adaptfl.client_app.term_hafedho import HaFedHoTerm
+    from adaptfl.client_app.term_mime import GradAtXTerm
+    from adaptfl.client_app.term_moon import MoonTerm
+    from adaptfl.client_app.term_prox import ProxTerm
+    from adaptfl.client_app.term_scaffold import ScaffoldTerm
 
     registry: dict[str, type] = {"prox": ProxTerm, "hafedho": HaFedHoTerm, "scaffold": ScaffoldTerm,
                                  "feddyn": FedDynTerm, "moon": MoonTerm, "grad-at-x": GradAtXTerm}

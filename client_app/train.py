@@ -7,13 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-
-from algorithms.recipe import ClientRecipe
-from client_app.second_order import build_second_order, gnb_grads, is_second_order, theta_upload
-from client_app.terms import LocalTerm
-from local_update import LocalUpdate, LocalUpdateConfig
-from local_update.preconditioners import AdamHyper
-from workloads import TaskData, sample_batches, task_loss
+from adaptfl.algorithms.recipe import ClientRecipe
+from adaptfl.client_app.second_order import build_second_order, gnb_grads, is_second_order, theta_upload
+from adaptfl.client_app.terms import LocalTerm
+from adaptfl.local_update import LocalUpdate, LocalUpdateConfig
+from adaptfl.local_update.preconditioners import AdamHyper
+from adaptfl.workloads import TaskData, sample_batches, task_loss
 
 
 @dataclass

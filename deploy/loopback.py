@@ -1,6 +1,6 @@
 """A real Flower deployment on this machine: TLS, SuperNode authentication, process isolation.
 
-    python -m deploy.loopback --num-nodes 2 --run-config "num-server-rounds=2 model='mlp'"
+    python -m adaptfl.deploy.loopback --num-nodes 2 --run-config "num-server-rounds=2 model='mlp'"
 
 Runs the very commands of the compose demo (deploy/commands.py) on 127.0.0.1 with free ports:
 certificates and node keys from deploy/generate-certs.sh, one SuperLink (+ SuperExec for the
@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy import commands
-from deploy.processes import ProcessGroup, free_port, wait_for_port
+from adaptfl.deploy import commands
+from adaptfl.deploy.processes import ProcessGroup, free_port, wait_for_port
 
 PROJECT = Path(__file__).resolve().parent.parent
 CONNECTION = "loopback"  # the name of the SuperLink connection in $FLWR_HOME/config.toml

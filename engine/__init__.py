@@ -1,5 +1,5 @@
 """Run the same ServerApp and ClientApp code in one process, without Flower's runtime."""
 
-from engine.inprocess import InProcessGrid, run_inprocess
+from adaptfl.engine.inprocess import InProcessGrid, run_inprocess
 
 __all__ = ["InProcessGrid", "run_inprocess"]

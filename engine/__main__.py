@@ -1,4 +1,4 @@
-"""`python -m engine --num-nodes 10 algorithm=fedadamw local-steps=20`: a run without Flower."""
+"""`python -m adaptfl.engine --num-nodes 10 algorithm=fedadamw local-steps=20`: a run without Flower."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 import tomllib
 from pathlib import Path
 
-from algorithms.config import RunConfig
-from engine.inprocess import run_inprocess
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import run_inprocess
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, object]:

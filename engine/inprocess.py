@@ -13,15 +13,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.client_app.app import handle_train
+from adaptfl.server_app.loop import run_federated
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
-
-from algorithms import wire
-from algorithms.config import RunConfig
-from client_app.app import handle_train
-from server_app.loop import run_federated
 
 log = logging.getLogger(__name__)
 ClientHandler = Callable[[Message, Context], Message]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.stats import Row, Setting, Summary, final, group
+from adaptfl.harness.stats import Row, Setting, Summary, final, group
 
 AXIS_INDEX = {"dirichlet-alpha": 0, "fraction-train": 1}
 

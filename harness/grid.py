@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from algorithms.config import RunConfig
+from adaptfl.algorithms.config import RunConfig
 
 GRID_AXES = ("algorithm", "dirichlet-alpha", "fraction-train", "seed")
 

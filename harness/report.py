@@ -1,4 +1,4 @@
-"""`python -m harness.report grid.toml ... --out docs/results.md`: tables and PNG plots from the
+"""`python -m adaptfl.harness.report grid.toml ... --out docs/results.md`: tables and PNG plots from the
 results tables of sweeps (harness/sweep.py), one section per grid.
 
 Per grid: final accuracy / loss (mean ± std over seeds), rounds to a target accuracy, bytes per
@@ -12,12 +12,12 @@ import argparse
 import math
 from pathlib import Path
 
-from algorithms.presets import PRESETS
-from harness.claims import check_claim
-from harness.grid import Grid, load_grid
-from harness.stats import Row, curve, final, group, last_round, mean_per_round, rounds_to_target
-from harness.sweep import DEFAULT_RESULTS_DIR
-from harness.table import SERIES_PREFIX, read_table
+from adaptfl.algorithms.presets import PRESETS
+from adaptfl.harness.claims import check_claim
+from adaptfl.harness.grid import Grid, load_grid
+from adaptfl.harness.stats import Row, curve, final, group, last_round, mean_per_round, rounds_to_target
+from adaptfl.harness.sweep import DEFAULT_RESULTS_DIR
+from adaptfl.harness.table import SERIES_PREFIX, read_table
 
 TARGET_SHARE = 0.95  # default target: 95% of the best mean final accuracy within the setting
 CURVES = ("test-accuracy", "test-loss", "direction-consistency")

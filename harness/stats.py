@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from harness.table import series
+from adaptfl.harness.table import series
 
 Row = dict[str, str]
 Setting = tuple[float, float]  # (dirichlet-alpha, fraction-train)

@@ -1,4 +1,4 @@
-"""`python -m harness.sweep grid.toml [--jobs N]`: run a grid on the in-process engine.
+"""`python -m adaptfl.harness.sweep grid.toml [--jobs N]`: run a grid on the in-process engine.
 
 Each cell is one federated run; its finished row is appended to `<results-dir>/<name>.csv`.
 Rerunning skips the cells already in the table, so an interrupted sweep resumes where it
@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from algorithms.config import RunConfig
-from algorithms.presets import PRESETS
-from harness.grid import Cell, Grid, load_grid
-from harness.table import SERIES_PREFIX, append_row, finished_cells
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import PRESETS
+from adaptfl.harness.grid import Cell, Grid, load_grid
+from adaptfl.harness.table import SERIES_PREFIX, append_row, finished_cells
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent.parent / "results" / "sweeps"
 CellRunner = Callable[[Cell, Path], dict[str, Any]]
@@ -29,8 +29,7 @@ CellRunner = Callable[[Cell, Path], dict[str, Any]]
 def run_cell(cell: Cell, results_dir: Path) -> dict[str, Any]:
     """Run one cell (continuing its checkpoint if an earlier attempt was cut off); its row."""
     import torch
-
-    from engine.inprocess import run_inprocess
+    from adaptfl.engine.inprocess import run_inprocess
 
     torch.set_num_threads(1)  # parallel jobs share the cores: one thread each
     run_dir = results_dir / "runs"

@@ -1,7 +1,7 @@
 """Systems figures: `flwr run` simulation vs the in-process engine on one job, bytes per round
 per algorithm against the spec's wire table, and the peak memory of a 100-client run.
 
-`python -m harness.systems --out results/sweeps/systems.json` (about 3-5 minutes on 2 cores).
+`python -m adaptfl.harness.systems --out results/sweeps/systems.json` (about 3-5 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from algorithms.config import RunConfig
-from algorithms.presets import PRESETS
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import PRESETS
 
 PROJECT = Path(__file__).resolve().parent.parent
 # Spec §8: what crosses the wire per sampled client and round, in model-sized arrays
@@ -137,7 +137,7 @@ def flwr_run(num_nodes: int, run_config: dict[str, Any], timeout: float = 900) -
 def engine_vs_flwr(results: Path, num_nodes: int = 4, rounds: int = 4) -> dict[str, Any]:
     """The same job (FedACT, MLP, 5 local steps) through both; seconds per round from each
     run's own metrics (round 1 includes start-up; the steady state is rounds 2..R)."""
-    from engine.inprocess import run_inprocess
+    from adaptfl.engine.inprocess import run_inprocess
 
     job = {"algorithm": "fedact", "num-server-rounds": rounds, "results-dir": str(results)}
     started = time.perf_counter()
@@ -154,8 +154,8 @@ def engine_vs_flwr(results: Path, num_nodes: int = 4, rounds: int = 4) -> dict[s
 
 def bytes_per_algorithm(results: Path, num_nodes: int = 2) -> list[dict[str, Any]]:
     """Bytes per sampled client in round 3 (the steady state), in units of the model's bytes."""
-    from engine.inprocess import run_inprocess
-    from workloads import build_task_model, load_task
+    from adaptfl.engine.inprocess import run_inprocess
+    from adaptfl.workloads import build_task_model, load_task
 
     _, test = load_task("fashion-mnist", "")
     model_bytes = sum(t.numel() * t.element_size()
@@ -178,8 +178,8 @@ def bytes_per_algorithm(results: Path, num_nodes: int = 2) -> list[dict[str, Any
 
 
 def peak_memory_inprocess(num_nodes: int = 100) -> dict[str, Any]:
-    """Peak RSS of `python -m engine` with `num_nodes` clients (GNU time's maximum RSS)."""
-    command = ["/usr/bin/time", "-v", sys.executable, "-m", "engine", "--num-nodes", str(num_nodes),
+    """Peak RSS of `python -m adaptfl.engine` with `num_nodes` clients (GNU time's maximum RSS)."""
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "adaptfl.engine", "--num-nodes", str(num_nodes),
                "model=mlp", "num-server-rounds=1", "local-steps=2", "num-threads=1",
                f"results-dir={tempfile.mkdtemp(prefix='adaptfl-mem-')}"]
     started = time.perf_counter()

@@ -1,5 +1,5 @@
 """The local update as composable pieces: precondition -> (mix) -> correct -> modulate -> step."""
 
-from local_update.chain import LocalUpdate, LocalUpdateConfig
+from adaptfl.local_update.chain import LocalUpdate, LocalUpdateConfig
 
 __all__ = ["LocalUpdate", "LocalUpdateConfig"]

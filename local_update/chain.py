@@ -18,10 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-
-from local_update.preconditioners import PRECONDITIONERS, AdamHyper, direction_, new_state
-from local_update.trust import TRUST_MODES, modulate_, pos_ratio, top_mass
-from local_update.workspace import Workspace
+from adaptfl.local_update.preconditioners import PRECONDITIONERS, AdamHyper, direction_, new_state
+from adaptfl.local_update.trust import TRUST_MODES, modulate_, pos_ratio, top_mass
+from adaptfl.local_update.workspace import Workspace
 
 
 @dataclass(frozen=True)

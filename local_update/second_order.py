@@ -21,11 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
-
-from local_update.muon import muon_direction, shape_scale
-from local_update.preconditioners import AdamHyper, adam_direction_
-from local_update.routing import route_muon
-from local_update.soap import (
+from adaptfl.local_update.muon import muon_direction, shape_scale
+from adaptfl.local_update.preconditioners import AdamHyper, adam_direction_
+from adaptfl.local_update.routing import route_muon
+from adaptfl.local_update.soap import (
     eigenbasis,
     mixed_factors,
     new_factors,
@@ -33,9 +32,9 @@ from local_update.soap import (
     soap_direction,
     update_factors_,
 )
-from local_update.sophia import hessian_update_, sophia_direction, sophia_refresh_due
-from local_update.theta import SECOND_ORDER
-from local_update.trust import TRUST_MODES, modulate_
+from adaptfl.local_update.sophia import hessian_update_, sophia_direction, sophia_refresh_due
+from adaptfl.local_update.theta import SECOND_ORDER
+from adaptfl.local_update.trust import TRUST_MODES, modulate_
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import torch
-
-from local_update.routing import route_muon
+from adaptfl.local_update.routing import route_muon
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 Tensors = dict[str, torch.Tensor]

@@ -17,8 +17,7 @@ import math
 from typing import NamedTuple
 
 import torch
-
-from local_update.workspace import Workspace, scratch
+from adaptfl.local_update.workspace import Workspace, scratch
 
 _SAMPLE = 1 << 15  # sample size for the threshold estimate
 _SMALL = 1 << 17  # below this many coordinates a direct kthvalue is cheapest

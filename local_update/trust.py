@@ -12,9 +12,8 @@ import math
 from collections.abc import Sequence
 
 import torch
-
-from local_update.topk import topk_indicator_, topk_sum_positive
-from local_update.workspace import Workspace, scratch
+from adaptfl.local_update.topk import topk_indicator_, topk_sum_positive
+from adaptfl.local_update.workspace import Workspace, scratch
 
 TRUST_MODES = ("none", "act", "mgup", "cautious")
 

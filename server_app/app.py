@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.server_app.loop import run_federated
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-
-from algorithms.config import RunConfig
-from server_app.loop import run_federated
 
 app = ServerApp()
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithms.config import RunConfig
-from strategies.state import ServerState
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.strategies.state import ServerState
 
 log = logging.getLogger(__name__)
 

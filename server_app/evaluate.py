@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from workloads import TaskData, count_correct, task_loss
+from adaptfl.workloads import TaskData, count_correct, task_loss
 
 
 @torch.no_grad()

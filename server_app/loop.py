@@ -7,17 +7,16 @@ import time
 from pathlib import Path
 
 import torch
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import resolve
+from adaptfl.server_app.checkpoint import load_checkpoint, resume_source, save_checkpoint
+from adaptfl.server_app.evaluate import evaluate
+from adaptfl.server_app.outputs import RunOutputs, results_root
+from adaptfl.strategies import STRATEGIES, AdaptiveStrategy, ModelSpec
+from adaptfl.strategies.state import ServerState
+from adaptfl.workloads import build_task_model, load_task
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-
-from algorithms.config import RunConfig
-from algorithms.presets import resolve
-from server_app.checkpoint import load_checkpoint, resume_source, save_checkpoint
-from server_app.evaluate import evaluate
-from server_app.outputs import RunOutputs, results_root
-from strategies import STRATEGIES, AdaptiveStrategy, ModelSpec
-from strategies.state import ServerState
-from workloads import build_task_model, load_task
 
 log = logging.getLogger(__name__)
 

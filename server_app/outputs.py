@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from algorithms.config import RunConfig
+from adaptfl.algorithms.config import RunConfig
 
 log = logging.getLogger(__name__)
 

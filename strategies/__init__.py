@@ -1,14 +1,14 @@
 """Server strategies on Flower's message-API `Strategy`, one per file."""
 
-from strategies.base import AdaptiveStrategy, ModelSpec
-from strategies.fedact import FedACTStrategy
-from strategies.fedavg import FedAvgStrategy
-from strategies.feddyn import FedDynStrategy
-from strategies.fedmixp import FedMIXPStrategy
-from strategies.fedpac import FedPACStrategy
-from strategies.hafedho import HaFedHoStrategy
-from strategies.mimelite import MimeLiteStrategy
-from strategies.scaffold import ScaffoldStrategy
+from adaptfl.strategies.base import AdaptiveStrategy, ModelSpec
+from adaptfl.strategies.fedact import FedACTStrategy
+from adaptfl.strategies.fedavg import FedAvgStrategy
+from adaptfl.strategies.feddyn import FedDynStrategy
+from adaptfl.strategies.fedmixp import FedMIXPStrategy
+from adaptfl.strategies.fedpac import FedPACStrategy
+from adaptfl.strategies.hafedho import HaFedHoStrategy
+from adaptfl.strategies.mimelite import MimeLiteStrategy
+from adaptfl.strategies.scaffold import ScaffoldStrategy
 
 STRATEGIES: dict[str, type[AdaptiveStrategy]] = {
     "fedavg": FedAvgStrategy,

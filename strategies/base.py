@@ -13,18 +13,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import Resolved, resolve
+from adaptfl.algorithms.recipe import recipe_for_round
+from adaptfl.strategies.aggregate import direction_consistency, num_bytes, weighted_mean
+from adaptfl.strategies.server_opt import ServerHyper, ServerOptimizer
+from adaptfl.strategies.state import ServerState, Tensors
+from adaptfl.strategies.validation import ArraySpec, DecodedReply, ReplyRejected, decode_reply
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
-
-from algorithms import wire
-from algorithms.config import RunConfig
-from algorithms.presets import Resolved, resolve
-from algorithms.recipe import recipe_for_round
-from strategies.aggregate import direction_consistency, num_bytes, weighted_mean
-from strategies.server_opt import ServerHyper, ServerOptimizer
-from strategies.state import ServerState, Tensors
-from strategies.validation import ArraySpec, DecodedReply, ReplyRejected, decode_reply
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,12 @@
 
 from __future__ import annotations
 
-from algorithms import wire
-from algorithms.recipe import recipe_for_round
-from strategies.aggregate import weighted_mean
-from strategies.base import AdaptiveStrategy
-from strategies.state import ServerState, Tensors
-from strategies.validation import ArraySpec, DecodedReply
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.recipe import recipe_for_round
+from adaptfl.strategies.aggregate import weighted_mean
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.state import ServerState, Tensors
+from adaptfl.strategies.validation import ArraySpec, DecodedReply
 
 
 class FedACTStrategy(AdaptiveStrategy):

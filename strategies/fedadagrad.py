@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from strategies.server_opt import ServerHyper, zeros_like
-from strategies.state import Tensors
+from adaptfl.strategies.server_opt import ServerHyper, zeros_like
+from adaptfl.strategies.state import Tensors
 
 
 def fedadagrad_rule(x: Tensors, delta: Tensors, moments: dict[str, Tensors], server_round: int,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from strategies.server_opt import ServerHyper, zeros_like
-from strategies.state import Tensors
+from adaptfl.strategies.server_opt import ServerHyper, zeros_like
+from adaptfl.strategies.state import Tensors
 
 
 def first_moment(delta: Tensors, moments: dict[str, Tensors], beta1: float) -> Tensors:

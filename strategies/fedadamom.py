@@ -13,9 +13,8 @@ memory; a quiet one keeps its momentum (seed 004, §"自适应动量参数").
 from __future__ import annotations
 
 import torch
-
-from strategies.server_opt import ServerHyper, zeros_like
-from strategies.state import Tensors
+from adaptfl.strategies.server_opt import ServerHyper, zeros_like
+from adaptfl.strategies.state import Tensors
 
 
 def fedadamom_rule(x: Tensors, delta: Tensors, moments: dict[str, Tensors], server_round: int,

@@ -6,7 +6,7 @@ hooks are exactly this rule.
 
 from __future__ import annotations
 
-from strategies.base import AdaptiveStrategy
+from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class FedAvgStrategy(AdaptiveStrategy):

@@ -10,8 +10,8 @@ Flower's `FedAvgM(server_learning_rate=η, server_momentum=β)` computes exactly
 
 from __future__ import annotations
 
-from strategies.server_opt import ServerHyper, zeros_like
-from strategies.state import Tensors
+from adaptfl.strategies.server_opt import ServerHyper, zeros_like
+from adaptfl.strategies.state import Tensors
 
 
 def fedavgm_rule(x: Tensors, delta: Tensors, moments: dict[str, Tensors], server_round: int,

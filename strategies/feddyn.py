@@ -9,10 +9,9 @@ h (parameters only, zero at the start) is server state; nothing but the model cr
 from __future__ import annotations
 
 import torch
-
-from strategies.base import AdaptiveStrategy
-from strategies.state import ServerState, Tensors
-from strategies.validation import DecodedReply
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.state import ServerState, Tensors
+from adaptfl.strategies.validation import DecodedReply
 
 H = "feddyn-h"  # extras slot of h (server only)
 

@@ -10,7 +10,7 @@ turns it on (ρ > 0), e.g. to combine FedMIX-P with FedPAC's correction.
 
 from __future__ import annotations
 
-from strategies.fedpac import FedPACStrategy
+from adaptfl.strategies.fedpac import FedPACStrategy
 
 
 class FedMIXPStrategy(FedPACStrategy):

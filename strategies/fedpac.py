@@ -13,14 +13,13 @@ compression ratio |Θ_i light| / |Θ_i full|.
 from __future__ import annotations
 
 import torch
-
-from algorithms import wire
-from algorithms.recipe import recipe_for_round
-from local_update.theta import Spec, drift, expand, light_spec, theta_spec
-from strategies.aggregate import weighted_mean
-from strategies.base import AdaptiveStrategy
-from strategies.state import ServerState, Tensors
-from strategies.validation import ArraySpec, DecodedReply
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.recipe import recipe_for_round
+from adaptfl.local_update.theta import Spec, drift, expand, light_spec, theta_spec
+from adaptfl.strategies.aggregate import weighted_mean
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.state import ServerState, Tensors
+from adaptfl.strategies.validation import ArraySpec, DecodedReply
 
 
 def spec_bytes(spec: Spec) -> int:

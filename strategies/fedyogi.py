@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-from strategies.fedadam import first_moment
-from strategies.server_opt import ServerHyper, zeros_like
-from strategies.state import Tensors
+from adaptfl.strategies.fedadam import first_moment
+from adaptfl.strategies.server_opt import ServerHyper, zeros_like
+from adaptfl.strategies.state import Tensors
 
 
 def fedyogi_rule(x: Tensors, delta: Tensors, moments: dict[str, Tensors], server_round: int,

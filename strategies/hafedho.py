@@ -11,12 +11,11 @@ themselves (client_app/term_hafedho.py); a reply without `f-hat` is dropped.
 from __future__ import annotations
 
 import torch
-
-from algorithms import wire
-from algorithms.recipe import recipe_for_round
-from strategies.base import AdaptiveStrategy
-from strategies.state import ServerState, Tensors
-from strategies.validation import DecodedReply, ReplyRejected
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.recipe import recipe_for_round
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.state import ServerState, Tensors
+from adaptfl.strategies.validation import DecodedReply, ReplyRejected
 
 
 class HaFedHoStrategy(AdaptiveStrategy):

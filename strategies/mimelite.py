@@ -10,12 +10,11 @@ the paper's initial state m = 0 implies); clients mix u = (1-β)·g + β·m with
 from __future__ import annotations
 
 import torch
-
-from algorithms import wire
-from strategies.aggregate import weighted_mean
-from strategies.base import AdaptiveStrategy
-from strategies.state import ServerState, Tensors
-from strategies.validation import ArraySpec, DecodedReply
+from adaptfl.algorithms import wire
+from adaptfl.strategies.aggregate import weighted_mean
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.state import ServerState, Tensors
+from adaptfl.strategies.validation import ArraySpec, DecodedReply
 
 M = "mime-m"  # extras slot of the server momentum m
 

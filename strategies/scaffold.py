@@ -9,12 +9,11 @@ c (zero until the first aggregation) goes down with the model; Δy_i and Δc_i c
 from __future__ import annotations
 
 import torch
-
-from algorithms import wire
-from strategies.aggregate import weighted_mean
-from strategies.base import AdaptiveStrategy
-from strategies.state import ServerState, Tensors
-from strategies.validation import ArraySpec, DecodedReply
+from adaptfl.algorithms import wire
+from adaptfl.strategies.aggregate import weighted_mean
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.state import ServerState, Tensors
+from adaptfl.strategies.validation import ArraySpec, DecodedReply
 
 
 class ScaffoldStrategy(AdaptiveStrategy):

@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
-
-from strategies.state import Tensors
+from adaptfl.strategies.state import Tensors
 
 SLOT_PREFIX = "server-opt/"  # extras key of a moment slot: "server-opt/m", "server-opt/v"
 
@@ -61,11 +60,11 @@ def average_rule(x: Tensors, delta: Tensors, moments: dict[str, Tensors], server
 
 
 def _rules() -> dict[str, Rule]:
-    from strategies.fedadagrad import fedadagrad_rule
-    from strategies.fedadam import fedadam_rule
-    from strategies.fedadamom import fedadamom_rule
-    from strategies.fedavgm import fedavgm_rule
-    from strategies.fedyogi import fedyogi_rule
+    from adaptfl.strategies.fedadagrad import fedadagrad_rule
+    from adaptfl.strategies.fedadam import fedadam_rule
+    from adaptfl.strategies.fedadamom import fedadamom_rule
+    from adaptfl.strategies.fedavgm import fedavgm_rule
+    from adaptfl.strategies.fedyogi import fedyogi_rule
 
     return {"none": average_rule, "avgm": fedavgm_rule, "adam": fedadam_rule,
             "yogi": fedyogi_rule, "adagrad": fedadagrad_rule, "adamom": fedadamom_rule}

@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+from adaptfl.algorithms import wire
 from flwr.app import Message
-
-from algorithms import wire
 
 # name -> (shape, torch dtype) for every array a record must hold
 ArraySpec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]

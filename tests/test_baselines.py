@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.recipe import recipe_for_round
+from adaptfl.client_app.client_state import ClientStateStore
+from adaptfl.client_app.term_feddyn import FedDynTerm
+from adaptfl.client_app.term_moon import contrastive_loss
+from adaptfl.client_app.term_prox import ProxTerm
+from adaptfl.client_app.terms import RoundInputs, build_terms
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.local_update import LocalUpdate, LocalUpdateConfig
+from adaptfl.strategies import STRATEGIES, ModelSpec
+from adaptfl.strategies.state import ServerState
+from adaptfl.workloads import ImageData
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-
-from algorithms import wire
-from algorithms.config import RunConfig
-from algorithms.recipe import recipe_for_round
-from client_app.client_state import ClientStateStore
-from client_app.term_feddyn import FedDynTerm
-from client_app.term_moon import contrastive_loss
-from client_app.term_prox import ProxTerm
-from client_app.terms import RoundInputs, build_terms
-from engine.inprocess import InProcessGrid
-from local_update import LocalUpdate, LocalUpdateConfig
-from strategies import STRATEGIES, ModelSpec
-from strategies.state import ServerState
-from workloads import ImageData
 
 A = [torch.tensor([2.0, 0.2]), torch.tensor([0.2, 2.0])]  # diagonal Hessians
 OPT = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])]  # local optima

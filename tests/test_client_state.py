@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adaptfl.client_app.client_state import ClientStateStore, StateSource
+from adaptfl.strategies.state import ServerState
 from flwr.app import Context, RecordDict
-
-from client_app.client_state import ClientStateStore, StateSource
-from strategies.state import ServerState
 
 
 def _context(run_id: int) -> Context:

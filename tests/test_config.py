@@ -5,12 +5,12 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import PRESETS, resolve
+from adaptfl.algorithms.recipe import recipe_for_round, round_lr
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import run_federated
 
-from algorithms.config import RunConfig
-from algorithms.presets import PRESETS, resolve
-from algorithms.recipe import recipe_for_round, round_lr
-from engine.inprocess import InProcessGrid
-from server_app.loop import run_federated
 from tests.conftest import FASHION_MNIST_DIR
 from tests.flower_processes import PROJECT
 

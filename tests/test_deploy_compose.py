@@ -12,8 +12,7 @@ from pathlib import Path
 
 import flwr
 import pytest
-
-from deploy import commands
+from adaptfl.deploy import commands
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is a test dependency: pip install -e '.[test]'")
 

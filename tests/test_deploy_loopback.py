@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 import torch
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.deploy.loopback import LoopbackResult, run_loopback
+from adaptfl.engine.inprocess import run_inprocess
 
-from algorithms.config import RunConfig
-from deploy.loopback import LoopbackResult, run_loopback
-from engine.inprocess import run_inprocess
 from tests.conftest import needs_fashion_mnist
 
 BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import json
 
-from algorithms.config import RunConfig
-from client_app.app import handle_train
-from engine.inprocess import InProcessGrid
-from server_app.loop import run_federated
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.client_app.app import handle_train
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import run_federated
+from adaptfl.workloads import build_model
+
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import final_model, metric_rows
-from workloads import build_model
 
 SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 
 import torch
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.client_app.app import handle_train
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import build_strategy, run_federated, unanswered_nodes
 from flwr.app import Message, RecordDict
 
-from algorithms.config import RunConfig
-from client_app.app import handle_train
-from engine.inprocess import InProcessGrid
-from server_app.loop import build_strategy, run_federated, unanswered_nodes
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import final_model, metric_rows
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
+import adaptfl.local_update.topk as topk
 import pytest
 import torch
-
-import local_update.topk as topk
-from local_update import LocalUpdate, LocalUpdateConfig
-from local_update.preconditioners import AdamHyper
-from local_update.trust import top_mass
+from adaptfl.local_update import LocalUpdate, LocalUpdateConfig
+from adaptfl.local_update.preconditioners import AdamHyper
+from adaptfl.local_update.trust import top_mass
 
 
 def _one_step(values: dict[str, list[float]], grads: dict[str, list[float]],

@@ -7,12 +7,12 @@ import copy
 
 import pytest
 import torch
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.recipe import recipe_for_round, round_lambda
+from adaptfl.client_app.second_order import second_order_config
+from adaptfl.local_update.second_order import SecondOrderConfig, SecondOrderUpdate
 from torch import nn
 
-from algorithms.config import RunConfig
-from algorithms.recipe import recipe_for_round, round_lambda
-from client_app.second_order import second_order_config
-from local_update.second_order import SecondOrderConfig, SecondOrderUpdate
 from tests.test_second_order import _max_diff, _mlp, _train
 
 

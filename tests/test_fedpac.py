@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.local_update.theta import compress, drift, expand, light_spec, theta_spec
+from adaptfl.strategies import FedMIXPStrategy, FedPACStrategy, ModelSpec
+from adaptfl.strategies.state import ServerState
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
-
-from algorithms import wire
-from algorithms.config import RunConfig
-from engine.inprocess import InProcessGrid
-from local_update.theta import compress, drift, expand, light_spec, theta_spec
-from strategies import FedMIXPStrategy, FedPACStrategy, ModelSpec
-from strategies.state import ServerState
 
 F32 = torch.float32
 SHAPES = {"conv.weight": (3, 2, 2, 2), "conv.bias": (3,), "fc.weight": (4, 12), "fc.bias": (4,)}

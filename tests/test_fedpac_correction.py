@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.client_app.app import handle_train
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import build_strategy
 from flwr.app import ArrayRecord, Context, RecordDict
 
-from algorithms import wire
-from algorithms.config import RunConfig
-from client_app.app import handle_train
-from engine.inprocess import InProcessGrid
-from server_app.loop import build_strategy
 from tests.conftest import needs_fashion_mnist
 
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.recipe import recipe_for_round
+from adaptfl.client_app.client_state import ClientStateStore, StateSource
+from adaptfl.client_app.term_hafedho import HaFedHoTerm, rectification
+from adaptfl.client_app.terms import RoundInputs
+from adaptfl.client_app.train import train_round
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.strategies import HaFedHoStrategy, ModelSpec
+from adaptfl.strategies.state import ServerState
+from adaptfl.workloads import ImageData
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
-
-from algorithms import wire
-from algorithms.config import RunConfig
-from algorithms.recipe import recipe_for_round
-from client_app.client_state import ClientStateStore, StateSource
-from client_app.term_hafedho import HaFedHoTerm, rectification
-from client_app.terms import RoundInputs
-from client_app.train import train_round
-from engine.inprocess import InProcessGrid
-from strategies import HaFedHoStrategy, ModelSpec
-from strategies.state import ServerState
-from workloads import ImageData
 
 MU, LR = 0.5, 0.25
 # 4 examples of 1x1x2 "images" (x = pixel/255), 2 classes; the client holds 2 of 6 examples.

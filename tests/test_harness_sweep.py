@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from harness.grid import Cell, parse_grid
-from harness.sweep import run_cell, run_sweep
-from harness.table import read_table, series
+from adaptfl.harness.grid import Cell, parse_grid
+from adaptfl.harness.sweep import run_cell, run_sweep
+from adaptfl.harness.table import read_table, series
 
 TINY_GRID = """
 [sweep]

@@ -6,9 +6,8 @@ import copy
 
 import pytest
 import torch
-
-from local_update import LocalUpdate, LocalUpdateConfig
-from local_update.preconditioners import AdamHyper
+from adaptfl.local_update import LocalUpdate, LocalUpdateConfig
+from adaptfl.local_update.preconditioners import AdamHyper
 
 VARIANTS = {
     "sgd": LocalUpdateConfig(preconditioner="sgd", lr=0.02),

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from harness.claims import check_claim
-from harness.grid import parse_grid
-from harness.report import render, results_table
-from harness.stats import group, rounds_to_target
-from harness.table import append_row, read_table
+from adaptfl.harness.claims import check_claim
+from adaptfl.harness.grid import parse_grid
+from adaptfl.harness.report import render, results_table
+from adaptfl.harness.stats import group, rounds_to_target
+from adaptfl.harness.table import append_row, read_table
 
 GRID = """
 [sweep]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import run_inprocess
+from adaptfl.server_app.checkpoint import STATE_FILE, load_checkpoint, resume_source
+from adaptfl.strategies.state import ServerState
 
-from algorithms.config import RunConfig
-from engine.inprocess import run_inprocess
-from server_app.checkpoint import STATE_FILE, load_checkpoint, resume_source
-from strategies.state import ServerState
 from tests.conftest import needs_fashion_mnist
 from tests.flower_processes import PROJECT
 from tests.run_outputs import assert_same_model, final_model, metric_rows
@@ -28,7 +28,7 @@ def _engine_command(results: Path, run_name: str, resume: bool) -> list[str]:
     pairs = [f"{k}={json.dumps(v)}" for k, v in SETTINGS.items()]
     pairs += [f"results-dir={json.dumps(str(results))}", f"run-name={json.dumps(run_name)}",
               f"resume={'true' if resume else 'false'}"]
-    return [sys.executable, "-m", "engine", "--num-nodes", "3", *pairs]
+    return [sys.executable, "-m", "adaptfl.engine", "--num-nodes", "3", *pairs]
 
 
 def _completed_round(run_dir: Path) -> int:

@@ -21,11 +21,10 @@ import copy
 
 import pytest
 import torch
+from adaptfl.local_update.second_order import SecondOrderConfig, SecondOrderUpdate
+from adaptfl.local_update.sophia import gnb_loss
 from torch import nn
 from torch.nn import functional as F
-
-from local_update.second_order import SecondOrderConfig, SecondOrderUpdate
-from local_update.sophia import gnb_loss
 
 VARIANTS = {
     "sophia": SecondOrderConfig("sophia", lr=0.01, beta1=0.9, beta2=0.99, hessian_interval=2),
@@ -233,8 +232,8 @@ def test_sophia_reproduces_the_authors_sophiag_over_20_steps() -> None:
 
 
 def test_routing_sends_hidden_matrices_to_muon_and_the_rest_to_adamw() -> None:
-    from local_update.routing import route_muon
-    from workloads import build_model
+    from adaptfl.local_update.routing import route_muon
+    from adaptfl.workloads import build_model
     vit = build_model("vit-tiny", 10, 1, 28)
     chosen = route_muon([(n, p.shape) for n, p in vit.named_parameters()])
     assert "conv_proj.weight" not in chosen and "heads.head.weight" not in chosen  # first layer, head

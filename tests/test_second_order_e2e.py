@@ -4,11 +4,11 @@ steps), writes drift and byte metrics; nonsense combinations are refused before 
 from __future__ import annotations
 
 import pytest
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import resolve
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import run_federated
 
-from algorithms.config import RunConfig
-from algorithms.presets import resolve
-from engine.inprocess import InProcessGrid
-from server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import metric_rows
 

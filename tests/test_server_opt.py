@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.presets import resolve
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.strategies import FedAvgStrategy, ModelSpec
+from adaptfl.strategies.fedadamom import fedadamom_rule
+from adaptfl.strategies.server_opt import ServerHyper
+from adaptfl.strategies.state import ServerState
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
-
-from algorithms import wire
-from algorithms.config import RunConfig
-from algorithms.presets import resolve
-from engine.inprocess import InProcessGrid
-from strategies import FedAvgStrategy, ModelSpec
-from strategies.fedadamom import fedadamom_rule
-from strategies.server_opt import ServerHyper
-from strategies.state import ServerState
 
 F32 = torch.float32
 SPEC = ModelSpec({"w": ((2, 2), F32), "b": ((3,), F32)}, ("w", "b"))

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.strategies import FedACTStrategy, FedAvgStrategy, ModelSpec
+from adaptfl.strategies.state import ServerState
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-
-from algorithms import wire
-from algorithms.config import RunConfig
-from engine.inprocess import InProcessGrid
-from strategies import FedACTStrategy, FedAvgStrategy, ModelSpec
-from strategies.state import ServerState
 
 F32 = torch.float32
 SPEC = ModelSpec({"w": ((2,), F32), "b": ((1,), F32)}, ("w", "b"))

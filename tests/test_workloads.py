@@ -10,12 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import adaptfl.workloads as workloads
 import numpy as np
 import pytest
 import torch
-
-import workloads
-from workloads import (
+from adaptfl.workloads import (
     ImageData,
     build_model,
     load_cifar,
@@ -26,7 +25,7 @@ from workloads import (
     read_idx_file,
     sample_batches,
 )
-from workloads.fashion_mnist import FASHION_MNIST_FILES, SYSTEM_FASHION_MNIST_DIR
+from adaptfl.workloads.fashion_mnist import FASHION_MNIST_FILES, SYSTEM_FASHION_MNIST_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

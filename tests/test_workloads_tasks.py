@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from workloads import (
+from adaptfl.workloads import (
     ImageData,
     TextData,
     build_task_model,
@@ -21,8 +20,8 @@ from workloads import (
     partition_indices,
     task_loss,
 )
-from workloads.llama import apply_rotary, rotary_angles
-from workloads.text_data import BOS_ID, decode_bytes, token_windows
+from adaptfl.workloads.llama import apply_rotary, rotary_angles
+from adaptfl.workloads.text_data import BOS_ID, decode_bytes, token_windows
 
 
 def test_task_loss_flattens_tokens_like_images() -> None:
@@ -175,8 +174,8 @@ def test_llama_is_causal_and_rotary_is_relative() -> None:
 def test_language_model_runs_through_client_and_server(tmp_path: Path) -> None:
     """The LM task goes through the same ClientApp and evaluation: per-token loss, one client
     per language (natural-id)."""
-    from algorithms.config import RunConfig
-    from engine.inprocess import run_inprocess
+    from adaptfl.algorithms.config import RunConfig
+    from adaptfl.engine.inprocess import run_inprocess
 
     cfg = RunConfig(task="fortunes", model="llama-tiny", partitioning="natural-id",
                     num_server_rounds=1, local_steps=3, batch_size=8, num_threads=1,
