@@ -1,19 +1,20 @@
-"""Every record name and config key that crosses the wire, in one place.
+"""Every record name and metric key that crosses the wire, in one place.
 
-Kebab-case, as Flower does. A reader who sees `"delta-g"` in a message finds here what it is.
+Kebab-case, as Flower does. A reader who sees `"delta-g"` in a message finds here what it is;
+which algorithm sends which record is declared by its components (algorithms/contract.py).
 """
 
 # --- Records in a TRAIN instruction (server -> client) ---
-MODEL = "model"  # ArrayRecord: the global model x (state_dict names)
+ARRAYS = "arrays"  # ArrayRecord: the global model x (state_dict names; Flower's own key)
+RECIPE = "recipe"  # ConfigRecord: what the client runs this round (algorithms/recipe.py)
+CONFIG = "config"  # ConfigRecord: the `train_config` of Strategy.start, plus "server-round"
 DELTA_G = "delta-g"  # ArrayRecord: global direction Δ_G of the previous round (FedACT family)
 V_BAR = "v-bar"  # ArrayRecord: server-averaged second moment v̄ (full or one value per tensor)
-RECIPE = "recipe"  # ConfigRecord: what the client runs this round (see algorithms/recipe.py)
 HAFEDHO_G = "g"  # ArrayRecord: HaFedHo's g^{t-1}, mean of the clients' summed local gradients
 HAFEDHO_F_HAT = "f-hat"  # ArrayRecord {"f-hat": [f̂^{t-1}]}: HaFedHo's mean local loss
 SCAFFOLD_C = "c"  # ArrayRecord: SCAFFOLD's server control variate c
 THETA = "theta"  # ArrayRecord: FedPAC's averaged Θ^r / FedMIX-P's reference P^r ("<param>/<slot>")
-G_G = "g-g"  # ArrayRecord: FedPAC's global direction g_G = -mean Δ_i / (K·lr) (also with correction on)
-# MimeLite sends its server momentum m as DELTA_G: the client mixes u = (1-β)·g + β·m with it.
+G_G = "g-g"  # ArrayRecord: FedPAC's global direction g_G = -mean Δ_i / (K·lr)
 
 # --- Records in a TRAIN reply (client -> server) ---
 DELTA = "delta"  # ArrayRecord: Δ_i = x_i^{r,K} - x^r
@@ -21,22 +22,20 @@ V_LOCAL = "v"  # ArrayRecord: terminal second moment v_i
 DELTA_C = "delta-c"  # ArrayRecord: SCAFFOLD's Δc_i = c_i⁺ - c_i
 THETA_LOCAL = "theta-i"  # ArrayRecord: terminal Θ_i / P_i (full, or compressed with light=true)
 GRAD_AT_X = "grad-at-x"  # ArrayRecord: MimeLite's full local gradient ∇f_i(x^r) at the global model
-METRICS = "metrics"  # MetricRecord: see the METRIC_* keys below
+METRICS = "metrics"  # MetricRecord: the keys below, plus any numeric metric the client adds
 
 # --- MetricRecord keys of a reply ---
-NUM_EXAMPLES = "num-examples"  # int, the client's partition size (aggregation weight)
-PARTITION_ID = "partition-id"  # int, orders replies so aggregation is order-independent
+NUM_EXAMPLES = "num-examples"  # int, the client's data size (aggregation weight); required
+PARTITION_ID = "partition-id"  # int, informational (replies are ordered by node id)
 TRAIN_LOSS = "train-loss"  # float, mean loss over the K local steps
-POS_RATIO = "pos-ratio"  # float, PosRatio of the trust scores (mean over local steps)
-TOP_MASS = "top-mass"  # float, TopMass_0.01 of the trust scores (mean over local steps)
+POS_RATIO = "pos-ratio"  # float, PosRatio of the trust scores (mean over the steps measured)
+TOP_MASS = "top-mass"  # float, TopMass_0.01 of the trust scores (same steps)
 F_HAT = "f-hat"  # float, HaFedHo's f̂_i: mean local loss f_i over the local steps
 CLIENT_STATE = "client-state"  # int, where durable client state came from: 0 none, 1 memory, 2 disk
 TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as the client applied it
-
-REPLY_METRIC_KEYS = frozenset({NUM_EXAMPLES, PARTITION_ID, TRAIN_LOSS, POS_RATIO, TOP_MASS,
-                               F_HAT, CLIENT_STATE, TOOK_PART})
 
 # --- Node config keys (set by simulation or `flower-supernode --node-config`) ---
 NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DEVICE = "device"  # optional per-node override: "cpu", "cuda", "cuda:1", "auto"
+NODE_DATA_DIR = "data-dir"  # optional: this node's own data (then it trains on all of it)

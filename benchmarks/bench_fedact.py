@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import os
 import statistics
 import sys
@@ -27,15 +26,20 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, uninstalled
 
 import adaptfl.local_update.topk as topk  # noqa: E402
-from adaptfl.local_update import LocalUpdate, LocalUpdateConfig  # noqa: E402
+from adaptfl.local_update import LocalUpdate  # noqa: E402
 from adaptfl.workloads import build_model  # noqa: E402
 
 GOAL_UPDATE = 2.0  # (a) FedACT update / AdamW update
 GOAL_STEP = 1.05  # (b) FedACT local step / AdamW local step
 BATCH = 50
 WD = 0.01  # torch AdamW's default and FedACT's preset
-FEDACT = LocalUpdateConfig(preconditioner="adamw", lr=1e-3, weight_decay=WD, rho=0.5,
-                           trust="act", tau=0.5)
+FEDACT = dict(preconditioner="adamw", lr=1e-3, weight_decay=WD, rho=0.5, trust="act", tau=0.5)
+
+
+def fedact(model: torch.nn.Module, dg: dict[str, torch.Tensor], diagnostics: bool = False) -> LocalUpdate:
+    opt = LocalUpdate(model.named_parameters(), **FEDACT, diagnostics_every=int(diagnostics))
+    opt.set_global_direction(dg)
+    return opt
 
 
 def vit_with_dense_grads() -> torch.nn.Module:
@@ -91,8 +95,7 @@ def optimizers(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, torch
         if kind == "adamw":
             opt = torch.optim.AdamW(twin.parameters(), lr=1e-3, weight_decay=WD, foreach=True)
         else:
-            cfg = dataclasses.replace(FEDACT, diagnostics=kind == "diag")
-            opt = LocalUpdate(twin.named_parameters(), cfg, delta_g=dg)
+            opt = fedact(twin, dg, diagnostics=kind == "diag")
         out[name] = (twin, opt, kind == "naive")
     return out
 
@@ -101,8 +104,7 @@ def check_naive_matches(model: torch.nn.Module) -> None:
     """The sampled threshold must select exactly what the naive one does: same parameters."""
     a, b = twin_with_grads(model), twin_with_grads(model)
     dg = delta_g_for(model)
-    opt_a = LocalUpdate(a.named_parameters(), FEDACT, delta_g=dg)
-    opt_b = LocalUpdate(b.named_parameters(), FEDACT, delta_g=dg)
+    opt_a, opt_b = fedact(a, dg), fedact(b, dg)
     opt_a.step()
     naive_threshold(opt_b.step)()
     same = all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))

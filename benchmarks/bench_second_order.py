@@ -14,7 +14,7 @@ import argparse
 import time
 
 import torch
-from adaptfl.local_update.second_order import SecondOrderConfig, SecondOrderUpdate
+from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.theta import light_spec, theta_spec
 from adaptfl.workloads import build_model
 
@@ -35,11 +35,10 @@ def _oracle(name: str, model: torch.nn.Module, muon: set[str]) -> list[torch.opt
 def _time_pair(name: str, steps: int) -> tuple[float, float]:
     torch.manual_seed(0)
     ours_m, theirs_m = build_model("vit-tiny", 10, 1, 28), build_model("vit-tiny", 10, 1, 28)
-    cfg = SecondOrderConfig(name, lr={"muon": 0.02, "soap": 3e-3, "sophia": 1e-3}[name],
-                            weight_decay=0.01, beta1=0.95 if name != "sophia" else 0.965,
-                            beta2=0.95 if name == "soap" else 0.99)
-    ours = [SecondOrderUpdate(ours_m.named_parameters(), cfg)]
-    theirs = _oracle(name, theirs_m, ours[0].muon)
+    ours = [LocalUpdate(ours_m.named_parameters(), preconditioner=name, weight_decay=0.01,
+                        lr={"muon": 0.02, "soap": 3e-3, "sophia": 1e-3}[name])]
+    muon = set(ours[0].param_groups[0]["param_names"]) if name == "muon" else set()
+    theirs = _oracle(name, theirs_m, muon)
     gen = torch.Generator().manual_seed(1)
     times = {"ours": 0.0, "theirs": 0.0}
     for k in range(steps + 2):  # 2 warm-up steps (SOAP's first step only initialises)

@@ -1,7 +1,10 @@
-"""The ClientApp: decode the server's message, run the recipe, encode the reply.
+"""adaptfl's ClientApp: load this node's data and the model, run the recipe, reply.
 
-No per-algorithm branches: everything the client does is decided by the `recipe` ConfigRecord
-and by which optional records (`delta-g`, `v-bar`) the message carries.
+No per-algorithm branches: the session (session.py) builds everything from the `recipe` record.
+A node trains on its partition of the run's data set (node config `partition-id`,
+`num-partitions`), or on data of its own when its node config sets `data-dir` (all of it).
+Errors a user can fix (a bad setting, a message this client cannot run) come back to the server
+as one-line error replies.
 """
 
 from __future__ import annotations
@@ -10,83 +13,69 @@ import logging
 
 import torch
 from adaptfl.algorithms import wire
-from adaptfl.algorithms.recipe import ClientRecipe
-from adaptfl.client_app.client_state import ClientStateStore
+from adaptfl.algorithms.recipe import settings_from_recipe
+from adaptfl.algorithms.settings import Data
+from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.device import select_device
-from adaptfl.client_app.terms import RoundInputs, build_terms
-from adaptfl.client_app.train import train_round
+from adaptfl.client_app.session import ClientSession
+from adaptfl.client_app.train import run_local_steps
 from adaptfl.workloads import build_task_model, load_task, partition_indices
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 log = logging.getLogger(__name__)
 app = ClientApp()
 
 
-def _optional_arrays(content: RecordDict, key: str) -> dict[str, torch.Tensor] | None:
-    if key not in content.array_records:
-        return None
-    return dict(content.array_records[key].to_torch_state_dict())
-
-
-def _global_direction(content: RecordDict) -> dict[str, torch.Tensor] | None:
-    """Δ_G of the FedACT family / MimeLite (`delta-g`) or FedPAC's g_G (`g-g`): the same slot of
-    the chain, u = (1-ρ)·d + ρ·Δ_G. A message never carries both."""
-    found = [k for k in (wire.DELTA_G, wire.G_G) if k in content.array_records]
-    if len(found) > 1:
-        raise ValueError(f"message carries both {found}: only one global direction can apply")
-    return _optional_arrays(content, found[0]) if found else None
+def _partition(context: Context, data: Data, seed: int, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(this node's rows, a stable client id for its seeds)."""
+    node = context.node_config
+    if wire.NODE_DATA_DIR in node:  # the node's own data: all of it
+        return torch.arange(len(labels)), int(node.get(wire.NODE_PARTITION_ID, context.node_id))
+    if wire.NODE_PARTITION_ID not in node or wire.NODE_NUM_PARTITIONS not in node:
+        raise ValueError("node config sets neither data-dir (own data) nor partition-id and "
+                         "num-partitions (a share of the run's data set)")
+    pid, count = int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS])
+    indices = partition_indices(labels, count, pid, data.partitioning, data.dirichlet_alpha, seed,
+                                data.classes_per_client)
+    return torch.as_tensor(indices.copy()), pid
 
 
 def handle_train(msg: Message, context: Context) -> Message:
-    """Run one round of local training as the message's recipe says."""
-    recipe = ClientRecipe.from_config(msg.content.config_records[wire.RECIPE])
-    partition_id = int(context.node_config[wire.NODE_PARTITION_ID])
-    num_partitions = int(context.node_config[wire.NODE_NUM_PARTITIONS])
-    if recipe.num_threads > 0:
-        torch.set_num_threads(recipe.num_threads)
-    device = select_device(str(context.node_config.get(wire.NODE_DEVICE, recipe.device)))
-    train, _ = load_task(recipe.task, recipe.data_dir)
-    indices = torch.as_tensor(partition_indices(
-        train.labels, num_partitions, partition_id, recipe.partitioning,
-        recipe.dirichlet_alpha, recipe.seed, recipe.classes_per_client))
-    model = build_task_model(recipe.model, train)
-    model.load_state_dict(msg.content.array_records[wire.MODEL].to_torch_state_dict())
-    model.to(device)
-    # Terms the recipe names (FedProx, HaFedHo, SCAFFOLD, …): built at x^r, before any step.
-    extra = {name: dict(record.to_torch_state_dict())
-             for name, record in msg.content.array_records.items() if name != wire.MODEL}
-    store = ClientStateStore(context, recipe.client_state_dir, recipe.server_round, recipe.run_key)
-    terms = build_terms(recipe.terms, RoundInputs(model, recipe, extra, store, train, indices,
-                                                  len(train.labels)))
-    result = train_round(model, train, indices, recipe, partition_id,
-                         delta_g=_global_direction(msg.content),
-                         v_bar=_optional_arrays(msg.content, wire.V_BAR), terms=terms,
-                         theta=_optional_arrays(msg.content, wire.THETA))
-    outputs = [term.finish(result.delta, result.train_loss) for term in terms]
-    content = RecordDict({
-        wire.DELTA: ArrayRecord(result.delta),
-        wire.METRICS: MetricRecord({
-            wire.NUM_EXAMPLES: len(indices),
-            wire.PARTITION_ID: partition_id,
-            wire.TRAIN_LOSS: result.train_loss,
-            wire.POS_RATIO: result.pos_ratio,
-            wire.TOP_MASS: result.top_mass,
-            **{k: v for out in outputs for k, v in out.metrics.items()},
-        }),
-    })
-    for out in outputs:
-        for name, tensors in out.records.items():
-            content[name] = ArrayRecord(tensors)
-    if result.v is not None:
-        content[wire.V_LOCAL] = ArrayRecord(result.v)
-    if result.theta is not None:
-        content[wire.THETA_LOCAL] = ArrayRecord(result.theta)
-    log.info("partition %d round %d: loss %.4f on %s", partition_id, recipe.server_round,
-             result.train_loss, device)
-    return Message(content=content, reply_to=msg)
+    """One round of local training as the message's recipe says."""
+    recipe = msg.content.config_records.get(wire.RECIPE)
+    if recipe is None:
+        raise ValueError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
+    data, runtime = settings_from_recipe(recipe)
+    node = context.node_config
+    if runtime.num_threads > 0:
+        torch.set_num_threads(runtime.num_threads)
+    device = select_device(str(node.get(wire.NODE_DEVICE, runtime.device)))
+    task = load_task(data.task, str(node.get(wire.NODE_DATA_DIR, data.data_dir)))
+    seed = int(recipe["round.seed"])  # algorithms/recipe.py
+    indices, client_id = _partition(context, data, seed, task.labels)
+    model = build_task_model(data.model, task)
+    split = task.train
+    batches = lambda: [split.batch(chunk) for chunk in indices.split(512)]  # noqa: E731
+    client_data = ClientData(num_examples=len(indices), dataset_size=len(task.labels),
+                             full_batches=batches, loss=task.loss)
+    session = ClientSession(msg, model, context=context, data=client_data, device=device)
+    run_local_steps(session, split, task.loss, indices, client_id)
+    log.info("client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
+             session.train_loss(), device)
+    return session.reply(num_examples=len(indices), metrics={wire.PARTITION_ID: client_id})
+
+
+def train_or_refuse(msg: Message, context: Context) -> Message:
+    """`handle_train`, with a setting or message this client cannot run answered in one line."""
+    try:
+        return handle_train(msg, context)
+    except ValueError as err:
+        log.error("round refused: %s", err)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return handle_train(msg, context)
+    return train_or_refuse(msg, context)

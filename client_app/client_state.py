@@ -1,23 +1,31 @@
 """Durable per-client state: Flower's `context.state` first, a file on disk second.
 
 `context.state` lives as long as the SuperNode process; a restarted SuperNode starts with an
-empty one. So every save also goes to `<client-state-dir>/run-<run key>/partition-<id>/<name>.pt`
-(written atomically). The partition id, not Flower's node id, names the client on disk: a
-SuperNode without a registered key comes back from a restart with a new node id but is started
-with the same `--node-config "partition-id=…"`.
+empty one. So every save also goes to `<client-state-dir>/run-<run key>/<client>/<name>.r<round>.pt`
+(written atomically, fsynced, folders 0700 and files 0600: MOON's file is a whole model). The
+partition id names the client on disk (a SuperNode without a registered key comes back from a
+restart with a new node id but the same `--node-config "partition-id=…"`); a node on its own
+data is named by its node id.
 
-If neither copy exists the caller gets None and behaves as a client that did not take part
-before (HaFedHo: "did not take part last round"; SCAFFOLD, FedDyn: zero variates), and reports
-where its state came from in the `client-state` metric (0 none, 1 memory, 2 disk).
-The run key comes from the server's state (new per job, kept across a resume, when Flower's
-run id changes); without one, Flower's run id is used. In round 1 stored state is ignored.
+State is versioned by the round that wrote it, and round r loads the newest version written
+before round r: a round that is re-run after a crash (the server resumed from its checkpoint)
+starts from the same client state as the first time. The last two versions are kept.
+
+If no copy exists, or a file is unreadable or holds the wrong keys or shapes, the caller gets
+None and behaves as a client that did not take part before (HaFedHo: "did not take part last
+round"; SCAFFOLD, FedDyn: zero variates), and reports where its state came from in the
+`client-state` metric (0 none, 1 memory, 2 disk). The run key comes from the server's state
+(new per job, kept across a resume, when Flower's run id changes); without one, Flower's run id
+is used. In round 1 stored state is ignored.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from enum import IntEnum
 from pathlib import Path
 
@@ -25,7 +33,9 @@ import torch
 from adaptfl.algorithms import wire
 from flwr.app import ArrayRecord, Context
 
+log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
+KEEP = 2  # versions kept per name
 
 
 class StateSource(IntEnum):
@@ -38,6 +48,12 @@ def default_state_dir() -> Path:
     return Path(tempfile.gettempdir()) / "adaptfl-client-state"
 
 
+def _shapes_match(tensors: Mapping[str, torch.Tensor], expect: Mapping[str, tuple[int, ...]] | None) -> bool:
+    if expect is None:
+        return True
+    return set(tensors) == set(expect) and all(tuple(tensors[k].shape) == tuple(s) for k, s in expect.items())
+
+
 class ClientStateStore:
     """Load and save named tensor dicts for one client in one run."""
 
@@ -47,31 +63,86 @@ class ClientStateStore:
             raise ValueError(f"run key {run_key!r} is not a plain name; refusing it as a path")
         self.context = context
         self.server_round = server_round
-        partition = int(context.node_config[wire.NODE_PARTITION_ID])
+        partition = context.node_config.get(wire.NODE_PARTITION_ID)
+        who = f"partition-{int(partition)}" if partition is not None else f"node-{context.node_id}"
         root = Path(directory) if directory else default_state_dir()
-        self.dir = root / f"run-{run_key or context.run_id}" / f"partition-{partition}"
+        self.dir = root / f"run-{run_key or context.run_id}" / who
 
-    def _key(self, name: str) -> str:
-        return f"adaptfl-{name}"
+    # --- memory: one record per (name, round) ------------------------------------------------
+    def _memory(self, name: str) -> dict[int, str]:
+        """{round: context.state key} of the versions of `name` held in memory."""
+        prefix = f"adaptfl-{name}.r"
+        return {int(k[len(prefix):]): k for k in self.context.state.array_records
+                if k.startswith(prefix) and k[len(prefix):].isdigit()}
 
-    def load(self, name: str) -> tuple[Tensors | None, StateSource]:
+    def _disk(self, name: str) -> dict[int, Path]:
+        if not self.dir.is_dir():
+            return {}
+        found = {}
+        for path in self.dir.glob(f"{name}.r*.pt"):
+            version = path.name[len(name) + 2:-3]
+            if version.isdigit():
+                found[int(version)] = path
+        return found
+
+    def load(self, name: str, expect: Mapping[str, tuple[int, ...]] | None = None
+             ) -> tuple[Tensors | None, StateSource]:
+        """The newest version written before this round, checked against `expect` (keys and
+        shapes); a missing, unreadable or mis-shaped one counts as lost."""
         if self.server_round <= 1:
             return None, StateSource.NONE
-        key = self._key(name)
-        if key in self.context.state.array_records:
-            return dict(self.context.state.array_records[key].to_torch_state_dict()), StateSource.MEMORY
-        path = self.dir / f"{name}.pt"
-        if path.exists():
-            tensors = torch.load(path, weights_only=True)
-            self.context.state[key] = ArrayRecord(tensors)
-            return tensors, StateSource.DISK
+        memory = {r: k for r, k in self._memory(name).items() if r < self.server_round}
+        if memory:
+            tensors = dict(self.context.state.array_records[memory[max(memory)]].to_torch_state_dict())
+            if _shapes_match(tensors, expect):
+                return tensors, StateSource.MEMORY
+        disk = {r: p for r, p in self._disk(name).items() if r < self.server_round}
+        if disk:
+            path = disk[max(disk)]
+            try:
+                tensors = torch.load(path, weights_only=True)
+            except Exception as err:  # noqa: BLE001 - a truncated or foreign file is lost state
+                log.warning("client state %s unreadable (%s): starting without it", path, err)
+                return None, StateSource.NONE
+            if isinstance(tensors, dict) and _shapes_match(tensors, expect):
+                return tensors, StateSource.DISK
+            log.warning("client state %s does not fit this model: starting without it", path)
         return None, StateSource.NONE
 
     def save(self, name: str, tensors: Tensors) -> None:
         cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        self.context.state[self._key(name)] = ArrayRecord(cpu)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / f"{name}.pt"
+        self.context.state[f"adaptfl-{name}.r{self.server_round}"] = ArrayRecord(cpu)
+        for old in sorted(self._memory(name))[:-KEEP]:
+            del self.context.state[self._memory(name)[old]]
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)
+        path = self.dir / f"{name}.r{self.server_round}.pt"
         tmp = path.with_suffix(".tmp")
-        torch.save(cpu, tmp)
-        os.replace(tmp, path)  # a crash mid-write leaves the previous file intact
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(cpu, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)  # a crash mid-write leaves the previous versions intact
+        dir_fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a power cut
+        finally:
+            os.close(dir_fd)
+        for old in sorted(self._disk(name))[:-KEEP]:
+            self._disk(name)[old].unlink(missing_ok=True)
+
+
+class MemoryStore:
+    """No durable state: every load finds nothing (a preflight run, or a ClientApp without a
+    Flower context). Saves are kept in memory only."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, Tensors] = {}
+
+    def load(self, name: str, expect: Mapping[str, tuple[int, ...]] | None = None
+             ) -> tuple[Tensors | None, StateSource]:
+        return None, StateSource.NONE
+
+    def save(self, name: str, tensors: Tensors) -> None:
+        self.saved[name] = tensors

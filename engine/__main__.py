@@ -31,8 +31,11 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="run-config key=value pairs")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = {**RunConfig().to_flower(), **parse_overrides(args.overrides)}
-    out: Path = run_inprocess(RunConfig.from_flower(config), args.num_nodes)
+    try:
+        cfg = RunConfig.from_flower(parse_overrides(args.overrides))
+    except ValueError as err:  # one line naming the key, no traceback
+        raise SystemExit(f"config error: {err}") from None
+    out: Path = run_inprocess(cfg, args.num_nodes)
     print(f"results: {out}")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.client_app.app import handle_train
+from adaptfl.client_app.app import train_or_refuse
 from adaptfl.server_app.loop import run_federated
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
@@ -31,7 +31,7 @@ class InProcessGrid(Grid):
     """Nodes 1..N with partition-id 0..N-1; each keeps its own `context.state`."""
 
     def __init__(self, num_nodes: int, run_config: dict[str, Any],
-                 handler: ClientHandler = handle_train, run_id: int = 1) -> None:
+                 handler: ClientHandler = train_or_refuse, run_id: int = 1) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes={num_nodes} must be >= 1")
         self.handler = handler

@@ -59,7 +59,7 @@ class Grid:
     seeds: list[int]
     fixed: dict[str, Any]
     paper: dict[str, Any] = field(default_factory=dict)
-    skipped_algorithms: list[str] = field(default_factory=list)  # not in presets (yet)
+    skipped_algorithms: list[str] = field(default_factory=list)  # not in the catalog (yet)
 
     def cells(self) -> list[Cell]:
         return [Cell({"algorithm": algorithm, "dirichlet-alpha": alpha, "fraction-train": fraction,
@@ -104,9 +104,8 @@ def parse_grid(text: str, known_algorithms: set[str] | None = None) -> Grid:
                 skipped_algorithms=[a for a in algorithms if a not in known])
     if grid.num_nodes < 1:
         raise ValueError(f"[sweep] num-nodes must be >= 1, got {grid.num_nodes}")
-    defaults = RunConfig().to_flower()
-    for cell in grid.cells():
-        RunConfig.from_flower({**defaults, **cell.run_config})  # raises naming the bad key
+    for cell in grid.cells():  # raises naming a bad key; fixed keys apply where an algorithm reads them
+        RunConfig.from_flower(cell.run_config, drop_unused=True)
     return grid
 
 

@@ -12,7 +12,7 @@ import argparse
 import math
 from pathlib import Path
 
-from adaptfl.algorithms.presets import PRESETS
+from adaptfl.algorithms.catalog import catalog
 from adaptfl.harness.claims import check_claim
 from adaptfl.harness.grid import Grid, load_grid
 from adaptfl.harness.stats import Row, curve, final, group, last_round, mean_per_round, rounds_to_target
@@ -96,7 +96,7 @@ def grid_section(grid: Grid, rows: list[Row], plot_dir: Path, page_dir: Path) ->
     if paper.get("claim"):
         parts += [f"**Claim.** {paper['claim']}", ""]
     if grid.skipped_algorithms:
-        parts += [f"Not run: {', '.join(grid.skipped_algorithms)} (not in `algorithms/presets.py` "
+        parts += [f"Not run: {', '.join(grid.skipped_algorithms)} (not in `algorithms/catalog.py` "
                   "when this page was generated; rerun the command once they land).", ""]
     if not rows:
         return "\n".join(parts + ["No results yet.", ""])
@@ -121,7 +121,7 @@ def render(grid_paths: list[Path], results_dir: Path, out: Path) -> str:
     """The whole page body for these grids (also writes the PNGs next to `out`)."""
     sections = []
     for path in grid_paths:
-        grid = load_grid(path, set(PRESETS))
+        grid = load_grid(path, set(catalog()))
         known = {c.cell_id for c in grid.cells()}
         rows = [r for r in read_table(results_dir / f"{grid.name}.csv") if r["cell"] in known]
         sections.append(grid_section(grid, rows, out.parent / "results-data", out.parent))

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from adaptfl.algorithms.presets import PRESETS
+from adaptfl.algorithms.catalog import catalog
 from adaptfl.harness.claims import check_claim
 from adaptfl.harness.grid import load_grid
 from adaptfl.harness.report import render
@@ -77,7 +77,7 @@ def systems_section(figures: dict[str, Any]) -> str:
 def closing_note(grid_paths: list[Path], results_dir: Path) -> str:
     lines = ["## Which claims held", ""]
     for path in grid_paths:
-        grid = load_grid(path, set(PRESETS))
+        grid = load_grid(path, set(catalog()))
         title = f"{grid.paper.get('title', grid.name)} (seed {grid.paper.get('seed', '?')})"
         known = {c.cell_id for c in grid.cells()}
         rows = [r for r in read_table(results_dir / f"{grid.name}.csv") if r["cell"] in known]
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     grids = [GRIDS_DIR / f"{name}.toml" for name in GRID_ORDER]
     started = time.perf_counter()
     for path in grids:
-        run_sweep(load_grid(path, set(PRESETS)), results, args.jobs)
+        run_sweep(load_grid(path, set(catalog())), results, args.jobs)
     systems = results / "systems.json"
     if not (args.reuse_systems and systems.is_file()):
         systems_main(["--out", str(systems)])

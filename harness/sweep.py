@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.presets import PRESETS
 from adaptfl.harness.grid import Cell, Grid, load_grid
 from adaptfl.harness.table import SERIES_PREFIX, append_row, finished_cells
 
@@ -33,11 +33,11 @@ def run_cell(cell: Cell, results_dir: Path) -> dict[str, Any]:
 
     torch.set_num_threads(1)  # parallel jobs share the cores: one thread each
     run_dir = results_dir / "runs"
-    config = {**RunConfig().to_flower(), **cell.run_config, "results-dir": str(run_dir),
+    config = {**cell.run_config, "results-dir": str(run_dir),
               "run-name": cell.cell_id, "resume": True, "num-threads": 1,
               "client-state-dir": str(run_dir / cell.cell_id / "client-state")}
     started = time.perf_counter()
-    out = run_inprocess(RunConfig.from_flower(config), cell.num_nodes)
+    out = run_inprocess(RunConfig.from_flower(config, drop_unused=True), cell.num_nodes)
     return summarise(cell, out, time.perf_counter() - started)
 
 
@@ -101,7 +101,7 @@ def run_sweep(grid: Grid, results_dir: Path, jobs: int = 1, runner: CellRunner =
     cells = grid.cells()
     todo = [c for c in cells if c.cell_id not in done]
     if grid.skipped_algorithms:
-        print(f"{grid.name}: skipping algorithms not in presets: {grid.skipped_algorithms}", file=out)
+        print(f"{grid.name}: skipping algorithms not in the catalog: {grid.skipped_algorithms}", file=out)
     print(f"{grid.name}: {len(cells)} cells, {len(cells) - len(todo)} already in {table}, "
           f"{len(todo)} to run with {jobs} job(s)", file=out)
     started, finished = time.perf_counter(), 0
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     for path in args.grids:
-        run_sweep(load_grid(path, set(PRESETS)), args.results_dir.resolve(), args.jobs)
+        run_sweep(load_grid(path, set(catalog())), args.results_dir.resolve(), args.jobs)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.presets import PRESETS
 
 PROJECT = Path(__file__).resolve().parent.parent
 # Spec §8: what crosses the wire per sampled client and round, in model-sized arrays
@@ -40,7 +40,7 @@ SMALL_JOB = {"model": "mlp", "local-steps": 5, "batch-size": 32, "num-threads": 
 
 
 def _config(**overrides: Any) -> RunConfig:
-    return RunConfig.from_flower({**RunConfig().to_flower(), **SMALL_JOB, **overrides})
+    return RunConfig.from_flower({**SMALL_JOB, **overrides}, drop_unused=True)
 
 
 def _seconds(run_dir: Path) -> list[float]:
@@ -157,11 +157,10 @@ def bytes_per_algorithm(results: Path, num_nodes: int = 2) -> list[dict[str, Any
     from adaptfl.engine.inprocess import run_inprocess
     from adaptfl.workloads import build_task_model, load_task
 
-    _, test = load_task("fashion-mnist", "")
     model_bytes = sum(t.numel() * t.element_size()
-                      for t in build_task_model("mlp", test).state_dict().values())
+                      for t in build_task_model("mlp", load_task("fashion-mnist", "")).state_dict().values())
     rows = []
-    for algorithm in [a for a in SPEC_WIRE if a in PRESETS]:
+    for algorithm in [a for a in SPEC_WIRE if a in catalog()]:
         run_dir = run_inprocess(_config(**{"algorithm": algorithm, "num-server-rounds": 3,
                                            "local-steps": 1, "results-dir": str(results),
                                            "run-name": f"bytes-{algorithm}",

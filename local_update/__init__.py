@@ -1,5 +1,6 @@
-"""The local update as composable pieces: precondition -> (mix) -> correct -> modulate -> step."""
+"""The local update: one torch optimizer shell (shell.py) over the preconditioner rules
+(rules/), the trust modulation (modulation.py, trust.py, topk.py) and Θ on the wire (theta.py)."""
 
-from adaptfl.local_update.chain import LocalUpdate, LocalUpdateConfig
+from adaptfl.local_update.shell import LocalUpdate
 
-__all__ = ["LocalUpdate", "LocalUpdateConfig"]
+__all__ = ["LocalUpdate"]

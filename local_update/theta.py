@@ -15,25 +15,17 @@ import math
 from collections.abc import Mapping, Sequence
 
 import torch
-from adaptfl.local_update.routing import route_muon
+from adaptfl.local_update.rules import Preconditioner
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 Tensors = dict[str, torch.Tensor]
-SECOND_ORDER = ("sophia", "muon", "soap")
 
 
-def theta_spec(optimizer: str, params: Sequence[tuple[str, Sequence[int]]], routing: str,
-               max_precond_dim: int, dtype: torch.dtype = torch.float32) -> Spec:
+def theta_spec(rule: Preconditioner, params: Sequence[tuple[str, Sequence[int]]],
+               dtype: torch.dtype = torch.float32) -> Spec:
     """Names, shapes and dtypes of the full Θ of a model's parameters `(name, shape)`."""
-    if optimizer == "sophia":
-        return {f"{n}/hessian": (tuple(s), dtype) for n, s in params}
-    if optimizer == "muon":
-        muon = set(route_muon(params, routing))
-        return {f"{n}/momentum_buffer": (tuple(s), dtype) for n, s in params if n in muon}
-    if optimizer == "soap":
-        return {f"{n}/gg{i}": ((d, d), dtype) for n, s in params if len(s) >= 2
-                for i, d in enumerate(s) if d <= max_precond_dim}
-    raise ValueError(f"no shareable preconditioner state for {optimizer!r}; known: {SECOND_ORDER}")
+    shapes = rule.theta_spec([(n, tuple(s)) for n, s in params])
+    return {k: (shape, dtype) for k, shape in shapes.items()}
 
 
 def muon_rank(shape: Sequence[int], c: float) -> int:

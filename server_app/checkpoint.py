@@ -47,17 +47,17 @@ def save_checkpoint(run_dir: Path, state: ServerState) -> None:
 
 def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:
     """The results directory to continue from, or None for a fresh run."""
-    if cfg.resume_from:
-        source = Path(cfg.resume_from).expanduser()
+    if cfg.output.resume_from:
+        source = Path(cfg.output.resume_from).expanduser()
         if not source.is_absolute():
-            raise ValueError(f"resume-from={cfg.resume_from!r} must be an absolute path: the "
+            raise ValueError(f"resume-from={cfg.output.resume_from!r} must be an absolute path: the "
                              "ServerApp runs in the SuperLink's working directory")
         if not (source / STATE_FILE).is_file():
-            raise ValueError(f"resume-from={cfg.resume_from!r} holds no {STATE_FILE} checkpoint")
+            raise ValueError(f"resume-from={cfg.output.resume_from!r} holds no {STATE_FILE} checkpoint")
         return source
-    if not cfg.resume:
+    if not cfg.output.resume:
         return None
-    if run_dir is None or not cfg.run_name:
+    if run_dir is None or not cfg.output.run_name:
         raise ValueError("resume=true needs run-name (the run to continue) or resume-from")
     if not (run_dir / STATE_FILE).is_file():
         log.warning("resume=true but %s has no checkpoint yet: starting at round 1", run_dir)
@@ -93,9 +93,9 @@ def load_checkpoint(cfg: RunConfig, source: Path) -> Checkpoint:
     """The state and metrics of the last complete round; refuses another job's checkpoint."""
     _check_same_job(cfg, source)
     state = ServerState.load(source / STATE_FILE)
-    if state.server_round >= cfg.num_server_rounds:
+    if state.server_round >= cfg.federation.num_server_rounds:
         log.warning("checkpoint %s is already at round %d of %d: nothing left to run",
-                    source, state.server_round, cfg.num_server_rounds)
+                    source, state.server_round, cfg.federation.num_server_rounds)
     rows = _rows_up_to(source / METRICS_FILE, state.server_round)
     log.info("resuming from %s after round %d", source, state.server_round)
     return Checkpoint(state=state, rows=rows, source=source)

@@ -1,40 +1,72 @@
-"""The round loop shared by Flower (a real Grid) and the in-process engine (engine/)."""
+"""The round loop shared by Flower (a real Grid) and the in-process engine (engine/).
+
+Unlike Flower's `Strategy.start`, it checkpoints after every round and resumes, evaluates
+centrally, and writes the run's outputs. Everything that can reject the run happens in
+`build_run`, before round 1: the config, the task and model, and a preflight of the very client
+pipeline a node will run (one local step on the server, its reply checked against the contract).
+"""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from pathlib import Path
 
 import torch
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.presets import resolve
+from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.algorithms.stage import ClientData
+from adaptfl.client_app.client_state import MemoryStore
+from adaptfl.client_app.session import ClientSession
+from adaptfl.client_app.train import run_local_steps
 from adaptfl.server_app.checkpoint import load_checkpoint, resume_source, save_checkpoint
 from adaptfl.server_app.evaluate import evaluate
 from adaptfl.server_app.outputs import RunOutputs, results_root
-from adaptfl.strategies import STRATEGIES, AdaptiveStrategy, ModelSpec
-from adaptfl.strategies.state import ServerState
-from adaptfl.workloads import build_task_model, load_task
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.validation import ReplyRejected, decode_content
+from adaptfl.workloads import Task, build_task_model, load_task
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
+PREFLIGHT_ROWS = 4  # examples of the test split one preflight step trains on
 
 
-def initial_state(cfg: RunConfig, model: torch.nn.Module) -> ServerState:
-    return ServerState(server_round=0,
-                       model={n: t.detach().clone() for n, t in model.state_dict().items()},
-                       sampling_rng=torch.Generator().manual_seed(cfg.seed).get_state())
+def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
+    """Strategy, model and task; refuses anything that would fail a client, before round 1."""
+    task = load_task(cfg.data.task, cfg.data.data_dir)
+    torch.manual_seed(cfg.federation.seed)
+    model = build_task_model(cfg.data.model, task)
+    strategy = AdaptiveStrategy(cfg)
+    strategy.initialize(model.state_dict(), ModelSpec.of(model))
+    preflight(strategy, model, task)
+    return strategy, model, task
 
 
-def build_strategy(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module]:
-    """Everything that can reject the config happens here, before round 1."""
-    resolved = resolve(cfg)
-    _, test = load_task(cfg.task, cfg.data_dir)
-    torch.manual_seed(cfg.seed)
-    model = build_task_model(cfg.model, test)
-    strategy = STRATEGIES[resolved.server](cfg, ModelSpec.of(model), initial_state(cfg, model))
-    return strategy, model
+def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) -> None:
+    """Run round 1's client pipeline for one step on a copy of the model, and validate its reply
+    as the server will: a setting no client can run fails here, with the client's message."""
+    content = strategy.instruction(1, ConfigRecord())
+    rows = torch.arange(min(PREFLIGHT_ROWS, len(task.test)))
+    data = ClientData(num_examples=len(rows), dataset_size=len(rows),
+                      full_batches=lambda: [task.test.batch(rows)], loss=task.loss)
+    with torch.random.fork_rng():
+        session = ClientSession(content, copy.deepcopy(model), data=data, store=MemoryStore())
+        run_local_steps(session, task.test, task.loss, rows, client_id=0, steps=1)
+        reply = session.reply_content(len(rows))
+    contract = strategy.contract()
+    assert strategy.spec is not None
+    try:
+        decode_content(reply, contract.reply_spec(strategy.spec),
+                       max_bytes=int(strategy.cfg.federation.max_reply_mb * 2**20),
+                       required_metrics=contract.up_metrics)
+    except ReplyRejected as why:
+        raise ValueError(f"{cfg_name(strategy)}: a client's reply would be refused ({why})") from None
+
+
+def cfg_name(strategy: AdaptiveStrategy) -> str:
+    return f"algorithm {strategy.cfg.algorithm.name!r}"
 
 
 def unanswered_nodes(messages: list[Message], replies: list[Message]) -> list[int]:
@@ -50,7 +82,7 @@ def unanswered_nodes(messages: list[Message], replies: list[Message]) -> list[in
 
 def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
     """Open the results dir; with resume, put the last checkpoint's state and rows back."""
-    run_dir = results_root(cfg) / cfg.run_name if cfg.run_name else None
+    run_dir = results_root(cfg) / cfg.output.run_name if cfg.output.run_name else None
     source = resume_source(cfg, run_dir)
     checkpoint = load_checkpoint(cfg, source) if source is not None else None  # before config.json
     outputs = RunOutputs(cfg)
@@ -66,12 +98,13 @@ def run_federated(grid: Grid, cfg: RunConfig) -> Path:
     After every round the metrics row, then the whole server state, go to the results dir,
     so `resume=true` can continue from the last complete round (server_app/checkpoint.py).
     """
-    strategy, model = build_strategy(cfg)
-    _, test = load_task(cfg.task, cfg.data_dir)
+    strategy, model, task = build_run(cfg)
     outputs = restore_or_start(cfg, strategy)
     strategy.summary()
-    timeout = cfg.round_timeout or None
-    for server_round in range(strategy.state.server_round + 1, cfg.num_server_rounds + 1):
+    fed = cfg.federation
+    timeout = fed.round_timeout or None
+    assert strategy.state is not None
+    for server_round in range(strategy.state.server_round + 1, fed.num_server_rounds + 1):
         started = time.perf_counter()
         messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
                                                  ConfigRecord(), grid))
@@ -81,15 +114,14 @@ def run_federated(grid: Grid, cfg: RunConfig) -> Path:
         missing = unanswered_nodes(messages, replies)
         if missing:
             log.warning("round %d: no reply from nodes %s within round-timeout=%s s",
-                        server_round, missing, cfg.round_timeout or "none")
+                        server_round, missing, fed.round_timeout or "none")
         model.load_state_dict(strategy.state.model)
-        accuracy, loss = evaluate(model, test)
+        accuracy, loss = evaluate(model, task)
         report = strategy.report
         row = {"round": server_round, "test-accuracy": accuracy, "test-loss": loss,
                **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
                "seconds": time.perf_counter() - started,
-               "rejected": {str(k): v for k, v in report.rejected.items()},
-               "missing": [int(n) for n in missing]}
+               "rejected": dict(report.rejected), "missing": [int(n) for n in missing]}
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
         log.info("round %d: test accuracy %.4f, loss %.4f, %d/%d replies accepted",

@@ -30,10 +30,10 @@ def project_dir() -> Path | None:
 
 
 def results_root(cfg: RunConfig) -> Path:
-    if cfg.results_dir:
-        root = Path(cfg.results_dir).expanduser()
+    if cfg.output.results_dir:
+        root = Path(cfg.output.results_dir).expanduser()
         if not root.is_absolute():
-            raise ValueError(f"results-dir={cfg.results_dir!r} must be an absolute path: the "
+            raise ValueError(f"results-dir={cfg.output.results_dir!r} must be an absolute path: the "
                              "ServerApp runs in the SuperLink's working directory")
         return root
     project = project_dir()
@@ -44,7 +44,7 @@ class RunOutputs:
     """One run's results directory."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        name = cfg.run_name or f"{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cfg.output.run_name or f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.dir = results_root(cfg) / name
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(cfg.to_flower(), indent=2))

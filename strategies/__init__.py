@@ -1,26 +1,25 @@
-"""Server strategies on Flower's message-API `Strategy`, one per file."""
+"""Flower strategies, one per file; `AdaptiveStrategy(config)` serves every other algorithm of
+the catalog. Server optimizers are in server_opt/, aggregators in aggregators/.
 
-from adaptfl.strategies.base import AdaptiveStrategy, ModelSpec
-from adaptfl.strategies.fedact import FedACTStrategy
-from adaptfl.strategies.fedavg import FedAvgStrategy
-from adaptfl.strategies.feddyn import FedDynStrategy
-from adaptfl.strategies.fedmixp import FedMIXPStrategy
-from adaptfl.strategies.fedpac import FedPACStrategy
-from adaptfl.strategies.hafedho import HaFedHoStrategy
-from adaptfl.strategies.mimelite import MimeLiteStrategy
-from adaptfl.strategies.scaffold import ScaffoldStrategy
+Imported lazily: the component registry imports server_opt/ and aggregators/ while the run
+config is being built, before the strategies (which need the run config) can be.
+"""
 
-STRATEGIES: dict[str, type[AdaptiveStrategy]] = {
-    "fedavg": FedAvgStrategy,
-    "fedact": FedACTStrategy,
-    "hafedho": HaFedHoStrategy,
-    "scaffold": ScaffoldStrategy,
-    "feddyn": FedDynStrategy,
-    "mimelite": MimeLiteStrategy,
-    "fedpac": FedPACStrategy,
-    "fedmixp": FedMIXPStrategy,
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AdaptiveStrategy": "base", "RoundReport": "base", "FedACT": "fedact", "FedAdamW": "fedadamw",
+    "FedAdamom": "fedadamom", "FedAvg": "fedavg", "FedDyn": "feddyn", "FedMIXP": "fedmixp",
+    "FedPAC": "fedpac", "FedProx": "fedprox", "HaFedHo": "hafedho", "MimeLite": "mimelite",
+    "Moon": "moon", "Scaffold": "scaffold",
 }
+__all__ = sorted(_EXPORTS)
 
-__all__ = ["STRATEGIES", "AdaptiveStrategy", "FedACTStrategy", "FedAvgStrategy", "FedDynStrategy",
-           "FedMIXPStrategy", "FedPACStrategy",
-           "HaFedHoStrategy", "MimeLiteStrategy", "ModelSpec", "ScaffoldStrategy"]
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'adaptfl.strategies' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"adaptfl.strategies.{_EXPORTS[name]}"), name)

@@ -1,8 +1,17 @@
-"""The strategy base: Flower's message-API `Strategy` with validated replies and one state.
+"""`AdaptiveStrategy`: a Flower message-API `Strategy` for any algorithm of the catalog.
 
-Subclasses override three hooks: `reply_spec` (what a valid reply holds), `payload` (extra
-ArrayRecords sent next to the model) and `aggregate` (new server state from accepted replies).
-Everything else — sampling, messages, validation, weighting, metrics — lives here once.
+Construct it the Flower way, with keywords and the paper's defaults
+(`FedACT(fraction_train=0.5, tau=0.3)`), or from a run config (`AdaptiveStrategy(cfg)`); use it in
+your own ServerApp with `strategy.start(grid=..., initial_arrays=..., num_rounds=...)` or in
+adaptfl's resumable round loop (server_app/loop.py).
+
+A round: sample nodes (seeded, the RNG in the state), send each the model (`arrays`), the
+`recipe`, the `config` (Flower's train_config + "server-round") and the records the algorithm's
+components send; validate every reply against the algorithm's contract (records, shapes,
+dtypes, finite values, size, one reply per sampled node) and drop a bad one with its reason;
+then mean Δ -> server optimizer -> each component's aggregation -> the new `ServerState`, which
+replaces the old one only when everything succeeded. Extra numeric reply metrics are averaged
+and recorded.
 """
 
 from __future__ import annotations
@@ -11,39 +20,22 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.presets import Resolved, resolve
-from adaptfl.algorithms.recipe import recipe_for_round
-from adaptfl.strategies.aggregate import direction_consistency, num_bytes, weighted_mean
-from adaptfl.strategies.server_opt import ServerHyper, ServerOptimizer
+from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.algorithms.recipe import to_recipe
+from adaptfl.algorithms.stage import Aggregation
+from adaptfl.strategies.aggregate import direction_consistency, num_bytes
 from adaptfl.strategies.state import ServerState, Tensors
-from adaptfl.strategies.validation import ArraySpec, DecodedReply, ReplyRejected, decode_reply
+from adaptfl.strategies.validation import DecodedReply, ReplyRejected, decode_reply
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Names, shapes and dtypes of the model: what valid arrays must look like."""
-
-    entries: dict[str, tuple[tuple[int, ...], torch.dtype]]  # every state_dict entry
-    parameters: tuple[str, ...]  # the trainable ones (optimizer state exists for these)
-
-    @classmethod
-    def of(cls, model: torch.nn.Module) -> ModelSpec:
-        entries = {n: (tuple(t.shape), t.dtype) for n, t in model.state_dict().items()}
-        return cls(entries, tuple(n for n, _ in model.named_parameters()))
-
-    def params_spec(self, shape_of: str = "full") -> ArraySpec:
-        if shape_of == "block":
-            return {n: ((1,), self.entries[n][1]) for n in self.parameters}
-        return {n: self.entries[n] for n in self.parameters}
 
 
 @dataclass
@@ -52,130 +44,205 @@ class RoundReport:
 
     sampled: int = 0
     accepted: int = 0
-    rejected: dict[int, str] = field(default_factory=dict)  # node id -> reason
+    rejected: dict[str, str] = field(default_factory=dict)  # node id (or "unknown") -> reason
     skipped: bool = False
     bytes_down: int = 0
     bytes_up: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class AdaptiveStrategy(Strategy):
-    """Base for adaptfl's strategies; `state` is the only thing aggregation changes."""
+def _summation_order(replies: Mapping[int, DecodedReply]) -> Any:
+    """A fixed order of the replies, so float sums depend neither on arrival order nor on the
+    transport: the clients' partition ids where every reply has a distinct one (they are the
+    same in simulation, deployment and the in-process engine; a liar changes only the rounding
+    order), else the node ids."""
+    pids = [r.metrics.get(wire.PARTITION_ID) for r in replies.values()]
+    if all(isinstance(p, int) and p >= 0 for p in pids) and len(set(pids)) == len(pids):
+        return lambda item: item[1].metrics[wire.PARTITION_ID]
+    return lambda item: item[0]
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec, state: ServerState) -> None:
-        self.cfg = cfg
-        self.resolved: Resolved = resolve(cfg)
-        self.spec = spec
-        self.state = state
+
+class AdaptiveStrategy(Strategy):
+    """The strategy of every adaptfl algorithm; named subclasses only pick `algorithm`."""
+
+    algorithm: str = "fedavg"
+
+    def __init__(self, config: RunConfig | None = None, *, model: torch.nn.Module | None = None,
+                 **hyperparameters: Any) -> None:
+        """`config`: a full run config; else keyword hyperparameters (snake_case run-config
+        keys: fraction_train, rho, tau, …) over this algorithm's defaults. `model` tells which
+        state_dict entries are trainable (else every floating entry counts as trainable)."""
+        if config is None:
+            config = RunConfig.of(algorithm=self.algorithm, **hyperparameters)
+        elif hyperparameters:
+            config = config.replace(**hyperparameters)
+        self.cfg = config
+        self.spec: ModelSpec | None = ModelSpec.of(model) if model is not None else None
+        self.state: ServerState | None = None
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
-        self.round_stats: dict[str, float] = {}  # extra per-round metrics `aggregate` may set
-        self.server_opt = ServerOptimizer(self.resolved.server_opt, ServerHyper(
-            eta=self.resolved.eta, server_momentum=cfg.server_momentum,
-            server_beta1=cfg.server_beta1, server_beta2=cfg.server_beta2,
-            server_tau=cfg.server_tau, b2=cfg.b2, adamom_eps=cfg.adamom_eps))
+        self._sent: dict[str, int] = {}  # message id -> node, this round
 
-    # --- hooks ---------------------------------------------------------------------------
-    def reply_spec(self) -> dict[str, ArraySpec]:
-        return {wire.DELTA: self.spec.entries}
+    # --- state ----------------------------------------------------------------------------------
+    def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
+        """Start from these weights (round 0)."""
+        self.spec = spec or self.spec or ModelSpec.of_arrays(arrays)
+        self.state = ServerState(
+            server_round=0, model={n: t.detach().clone() for n, t in arrays.items()},
+            sampling_rng=torch.Generator().manual_seed(self.cfg.federation.seed).get_state())
 
-    def payload(self) -> dict[str, Tensors]:
-        """Extra ArrayRecords sent next to the model this round (none for FedAvg)."""
-        return {}
+    def contract(self) -> Contract:
+        assert self.spec is not None, "initialize() first"
+        return self.cfg.algorithm.contract(self.spec)
 
-    def check_reply(self, reply: DecodedReply) -> None:
-        """Raise ReplyRejected for a reply that passed decoding but lacks what this rule needs."""
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
+        """Flower's `Strategy.start`; the lr schedule runs over `num_rounds`."""
+        if num_rounds != self.cfg.federation.num_server_rounds:
+            self.cfg = self.cfg.replace(num_server_rounds=num_rounds)
+        self.initialize(initial_arrays.to_torch_state_dict())
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
 
-    def aggregate(self, server_round: int, replies: list[DecodedReply], weights: list[float],
-                  mean_delta: Tensors) -> ServerState:
-        """New state from the accepted replies; must not modify `self.state` in place.
-
-        The model moves by the server optimizer's rule on the mean Δ (`none`: x + mean Δ).
-        """
-        new = self.state.clone()
-        new.model, moments = self.server_opt.step(self.state.model, mean_delta, self.state.extras,
-                                                  server_round)
-        new.extras.update(moments)
-        return new
-
-    # --- sampling and messages -------------------------------------------------------------
+    # --- sampling and messages --------------------------------------------------------------------
     def sample_nodes(self, grid: Grid) -> list[int]:
+        assert self.state is not None
+        fed = self.cfg.federation
         nodes = sorted(grid.get_node_ids())
-        while len(nodes) < self.cfg.min_replies:
-            log.info("waiting for nodes: %d connected, %d needed", len(nodes), self.cfg.min_replies)
+        while len(nodes) < fed.min_replies:
+            log.info("waiting for nodes: %d connected, %d needed", len(nodes), fed.min_replies)
             time.sleep(1.0)
             nodes = sorted(grid.get_node_ids())
         self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
-        count = max(1, round(self.cfg.fraction_train * len(nodes)))
+        count = max(1, round(fed.fraction_train * len(nodes)))
         gen = torch.Generator()
         gen.set_state(self.state.sampling_rng)
         order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
         self.state.sampling_rng = gen.get_state()
         return [nodes[i] for i in sorted(order)]
 
+    def payload(self) -> dict[str, Tensors]:
+        """The records the algorithm's components send this round (all in its contract)."""
+        assert self.state is not None and self.spec is not None
+        algorithm, out = self.cfg.algorithm, {}
+        for stage in algorithm.stages():
+            out.update(stage.payload(self.state.extras, self.spec, algorithm))
+        undeclared = sorted(set(out) - set(self.contract().down))
+        if undeclared:  # a component sending what it did not declare is a bug, not a choice
+            raise RuntimeError(f"records {undeclared} are sent but not in {algorithm.name}'s contract")
+        return out
+
+    def instruction(self, server_round: int, config: ConfigRecord | None = None) -> RecordDict:
+        """The round's message content, the same for every sampled node."""
+        assert self.state is not None
+        cfg = self.cfg
+        info = cfg.round_info(server_round, self.state.run_key)
+        recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir)
+        train_config = ConfigRecord(dict(config or {}))
+        train_config["server-round"] = server_round  # as Flower's FedAvg does
+        content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
+                              wire.CONFIG: train_config})
+        for name, tensors in self.payload().items():
+            content[name] = ArrayRecord(tensors)
+        return content
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        recipe = recipe_for_round(self.cfg, server_round, self.state.run_key).to_config()
-        extras = self.payload()
-        content = RecordDict({wire.MODEL: arrays, wire.RECIPE: ConfigRecord(recipe)})
-        for name, tensors in extras.items():
-            content[name] = ArrayRecord(tensors)
+        if self.state is None:
+            self.initialize(arrays.to_torch_state_dict())
+        content = self.instruction(server_round, config)
         nodes = self.sample_nodes(grid)
-        per_message = num_bytes(self.state.model) + sum(num_bytes(t) for t in extras.values())
+        assert self.state is not None
+        per_message = num_bytes(self.state.model) + sum(num_bytes(t) for t in self.payload().values())
         self.report = RoundReport(sampled=len(nodes), bytes_down=per_message * len(nodes))
-        self._sent = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
-                      for node in nodes]
-        return self._sent
+        messages = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
+                    for node in nodes]
+        self._messages = messages
+        return messages
 
-    def _sender(self, reply: Message) -> int:
-        """The node a reply answers for: Flower reports a vanished node's error as sent by the
-        SuperLink, so match the instruction by message id (set by the grid on push) first."""
-        node_of = {m.metadata.message_id: m.metadata.dst_node_id
-                   for m in getattr(self, "_sent", []) if m.metadata.message_id}
-        return node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+    def _sender(self, reply: Message) -> int | None:
+        """The sampled node a reply answers for, by the id of the instruction it replies to (Flower
+        shows a vanished node's error as sent by the SuperLink); None: not an instruction of ours."""
+        sent = {m.metadata.message_id: m.metadata.dst_node_id
+                for m in getattr(self, "_messages", []) if m.metadata.message_id}
+        if not sent:  # transports that set no ids: trust the sender, if it was sampled
+            sampled = {m.metadata.dst_node_id for m in getattr(self, "_messages", [])}
+            return reply.metadata.src_node_id if reply.metadata.src_node_id in sampled else None
+        return sent.get(reply.metadata.reply_to_message_id)
 
-    # --- aggregation -------------------------------------------------------------------------
-    def _accept(self, replies: Iterable[Message]) -> list[DecodedReply]:
-        accepted = []
-        max_bytes = int(self.cfg.max_reply_mb * 2**20)
+    # --- aggregation -------------------------------------------------------------------------------
+    def _accept(self, replies: Iterable[Message]) -> list[tuple[int, DecodedReply]]:
+        contract = self.contract()
+        assert self.spec is not None
+        expected = contract.reply_spec(self.spec)
+        max_bytes = int(self.cfg.federation.max_reply_mb * 2**20)
+        by_node: dict[int | None, list[Message]] = {}
         for msg in replies:
-            node = self._sender(msg)
+            by_node.setdefault(self._sender(msg), []).append(msg)
+        accepted: dict[int, DecodedReply] = {}
+        for node, msgs in by_node.items():
             try:
-                decoded = decode_reply(msg, self.reply_spec(), max_bytes)
-                self.check_reply(decoded)
+                if node is None:
+                    raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
+                                        "instruction of this round")
+                if len(msgs) > 1:  # one sampled node, one reply: a second one is not trusted
+                    raise ReplyRejected(f"{len(msgs)} replies from one node")
+                decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics)
             except ReplyRejected as why:
-                self.report.rejected[node] = str(why)
+                self.report.rejected["unknown" if node is None else str(node)] = str(why)
                 log.warning("round reply from node %s dropped: %s", node, why)
                 continue
             self.report.bytes_up += decoded.num_bytes
-            accepted.append(decoded)
-        # Order by partition id so the float sums do not depend on arrival order.
-        return sorted(accepted, key=lambda r: int(r.metrics[wire.PARTITION_ID]))
+            accepted[node] = decoded
+        return sorted(accepted.items(), key=_summation_order(accepted))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        accepted = self._accept(replies)
+        assert self.state is not None and self.spec is not None
+        accepted = [r for _, r in self._accept(replies)]
         self.report.accepted = len(accepted)
-        if len(accepted) < self.cfg.min_replies:
+        fed, algorithm = self.cfg.federation, self.cfg.algorithm
+        if len(accepted) < fed.min_replies:
             self.report.skipped = True
             log.warning("round %d skipped: %d accepted replies < min-replies=%d; state unchanged",
-                        server_round, len(accepted), self.cfg.min_replies)
+                        server_round, len(accepted), fed.min_replies)
             return None, MetricRecord(self._metrics({}))
-        weights = [float(r.metrics[wire.NUM_EXAMPLES]) if self.cfg.weighting == "examples"
-                   else 1.0 for r in accepted]
+        weights = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
+                   for r in accepted]
+
+        def mean(items: Any) -> Tensors:
+            return algorithm.aggregator.combine(items, weights)
+
         deltas = [r.arrays[wire.DELTA] for r in accepted]
-        mean_delta = weighted_mean(deltas, weights)
-        new_state = self.aggregate(server_round, accepted, weights, mean_delta)
-        new_state.server_round = server_round
-        self.state = new_state  # the only assignment: a failure above leaves state untouched
-        stats = {
-            "direction-consistency": direction_consistency(deltas, mean_delta),
-            "train-loss": _mean(r.metrics.get(wire.TRAIN_LOSS, 0.0) for r in accepted),
-            "pos-ratio": _mean(r.metrics.get(wire.POS_RATIO, 0.0) for r in accepted),
-            "top-mass": _mean(r.metrics.get(wire.TOP_MASS, 0.0) for r in accepted),
-            **self.round_stats,
-        }
+        mean_delta = mean(deltas)
+        model, moments = algorithm.server_opt.step(self.state.model, mean_delta, self.state.extras,
+                                                   server_round)
+        agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
+                          self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
+                          model, self.num_nodes, mean)
+        for stage in algorithm.stages():
+            stage.aggregate(agg)
+        new = self.state.clone()
+        new.server_round, new.model = server_round, agg.model
+        new.extras.update({**moments, **agg.new_extras})
+        self.state = new  # the only assignment: a failure above leaves the state untouched
+        stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
+                 **self._client_metrics(accepted, weights), **agg.stats}
         return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
+
+    @staticmethod
+    def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:
+        """Weighted means of the clients' numeric metrics over the replies that report each
+        (a metric no client reports is absent, never a fake 0)."""
+        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE}
+        keys = sorted({k for r in replies for k in r.metrics} - skip)
+        out = {}
+        for key in keys:
+            pairs = [(float(r.metrics[key]), w) for r, w in zip(replies, weights, strict=True)
+                     if key in r.metrics]
+            out[key] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+        return out
 
     def _metrics(self, stats: Mapping[str, float]) -> dict[str, float]:
         self.report.metrics = {
@@ -188,19 +255,13 @@ class AdaptiveStrategy(Strategy):
         }
         return dict(self.report.metrics)
 
-    # --- evaluation happens centrally on the server (server_app/evaluate.py) ----------------
+    # --- evaluation happens centrally (server_app/evaluate.py or Flower's evaluate_fn) -----------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         return []
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
 
     def summary(self) -> None:
-        log.info("%s: %s", type(self).__name__, self.resolved)
-
-
-def _mean(values: Iterable[float]) -> float:
-    items = [float(v) for v in values]
-    return sum(items) / len(items) if items else 0.0
+        log.info("%s: %s", type(self).__name__, self.cfg.algorithm.describe())

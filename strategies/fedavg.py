@@ -1,13 +1,14 @@
-"""FedAvg over any local optimizer (fedavg, localadam, localadamw): x <- x + mean Δ_i.
+"""FedAvg (McMahan et al. 2017): x <- x + mean Δ_i over local SGD.
 
-McMahan et al. 2017. Local optimizer state never leaves the client; the base class's default
-hooks are exactly this rule.
-"""
+The same replies give the same model as Flower's own `FedAvg`; adaptfl's version adds reply
+validation, seeded sampling, checkpointable state and the composable server optimizer."""
 
 from __future__ import annotations
 
 from adaptfl.strategies.base import AdaptiveStrategy
 
 
-class FedAvgStrategy(AdaptiveStrategy):
-    """Sample-count weighted averaging of the model changes."""
+class FedAvg(AdaptiveStrategy):
+    """`FedAvg(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+
+    algorithm = "fedavg"

@@ -1,9 +1,9 @@
 """Validate a client's reply before anything of it reaches the server state.
 
 A reply passes only if it carries exactly the expected records, every array has the expected
-name, shape and dtype and finite values, the metrics are the known keys with a positive
-example count, and the whole reply is within the size bound. Otherwise the reason is returned
-and the caller drops the reply.
+name, shape and dtype and finite values, the metrics are finite numbers with a positive example
+count (and the algorithm's required keys), and the whole reply is within the size bound.
+Otherwise the reason is returned and the caller drops the reply.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from adaptfl.algorithms import wire
-from flwr.app import Message
-
-# name -> (shape, torch dtype) for every array a record must hold
-ArraySpec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+from adaptfl.algorithms.contract import ArraySpec
+from flwr.app import Message, RecordDict
 
 
 @dataclass
@@ -49,15 +47,15 @@ def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: A
             raise ReplyRejected(f"{record_name}[{name}]: non-finite values (NaN or Inf)")
 
 
-def _check_metrics(metrics: Mapping[str, object]) -> dict[str, float | int]:
-    unknown = sorted(set(metrics) - wire.REPLY_METRIC_KEYS)
-    if unknown:
-        raise ReplyRejected(f"{wire.METRICS}: unknown keys {unknown}")
-    missing = sorted({wire.NUM_EXAMPLES, wire.PARTITION_ID} - set(metrics))
+def _check_metrics(metrics: Mapping[str, object], required: frozenset[str]) -> dict[str, float | int]:
+    """Required keys present; every value a finite number (lists of numbers are kept apart)."""
+    missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
     if missing:
         raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
     out: dict[str, float | int] = {}
     for key, value in metrics.items():
+        if isinstance(value, list):  # allowed by Flower; recorded by nobody, refused by nobody
+            continue
         if not isinstance(value, int | float) or not math.isfinite(float(value)):
             raise ReplyRejected(f"{wire.METRICS}[{key}]={value!r} is not a finite number")
         out[key] = value
@@ -66,11 +64,17 @@ def _check_metrics(metrics: Mapping[str, object]) -> dict[str, float | int]:
     return out
 
 
-def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int) -> DecodedReply:
+def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int,
+                 required_metrics: frozenset[str] = frozenset()) -> DecodedReply:
     """Decode and validate one reply; raises ReplyRejected with the reason."""
     if msg.has_error():
         raise ReplyRejected(f"client error {msg.error.code}: {msg.error.reason}")
-    content = msg.content
+    return decode_content(msg.content, expected, max_bytes, required_metrics)
+
+
+def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_bytes: int,
+                   required_metrics: frozenset[str] = frozenset()) -> DecodedReply:
+    """Validate a reply's content (also used on the server's own preflight reply)."""
     names = set(content.array_records)
     if names != set(expected):
         raise ReplyRejected(f"array records {sorted(names)}, expected {sorted(expected)}")
@@ -91,5 +95,5 @@ def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int
             raise ReplyRejected(f"{record_name}: cannot decode arrays ({err})") from err
         _check_arrays(record_name, tensors, spec)
         arrays[record_name] = tensors
-    metrics = _check_metrics(dict(content.metric_records[wire.METRICS]))
+    metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics)
     return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)

@@ -21,3 +21,51 @@ needs_fashion_mnist = pytest.mark.skipif(
 def _deterministic_threads():
     torch.set_num_threads(1)  # float results must not depend on the thread count
     yield
+
+
+FORTUNES_DIR = "/usr/share/games/fortunes"
+TINY_FASHION_MNIST = (600, 200)  # train, test images
+TINY_FORTUNE_BYTES = 12_000  # per language: ~180 windows of 65 bytes, a couple held out
+
+
+def _write_idx(path, array) -> None:  # noqa: ANN001
+    import gzip
+    import struct
+
+    import numpy as np
+
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Small real subsets for end-to-end tests: the first images of Fashion-MNIST, and the first
+    bytes of one fortune file per language (Debian's layout). {task: data-dir}."""
+    import pathlib
+
+    from adaptfl.workloads.idx import read_idx_file
+
+    if not os.path.isdir(FASHION_MNIST_DIR) or not os.path.isdir(os.path.join(FORTUNES_DIR, "es")):
+        pytest.skip("needs dataset-fashion-mnist and fortunes-de/-es/-it (apt-get install ...)")
+    root = tmp_path_factory.mktemp("tiny-data")
+    fm = root / "fashion-mnist"
+    fm.mkdir()
+    sizes = {"train": TINY_FASHION_MNIST[0], "t10k": TINY_FASHION_MNIST[1]}
+    for split, count in sizes.items():
+        for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+            name = f"{split}-{kind}"
+            full = read_idx_file(pathlib.Path(FASHION_MNIST_DIR) / f"{name}.gz")
+            _write_idx(fm / f"{name}.gz", full[:count])
+    fo = root / "fortunes"
+    for language, topic in (("", "fortunes"), ("de", "zitate"), ("es", "refranes"), ("it", "italia")):
+        folder = fo / language
+        folder.mkdir(parents=True, exist_ok=True)
+        source = pathlib.Path(FORTUNES_DIR) / language / topic
+        if not source.is_file():  # any topic file of that language
+            source = next(p for p in sorted(source.parent.iterdir())
+                          if p.is_file() and not p.is_symlink() and p.suffix not in (".dat", ".u8"))
+        text = source.read_bytes()[:TINY_FORTUNE_BYTES]
+        (folder / source.name).write_bytes(text[: text.rfind(b"\n%\n") + 1])
+    return {"fashion-mnist": str(fm), "fortunes": str(fo)}

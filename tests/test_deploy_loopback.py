@@ -56,7 +56,7 @@ def test_two_rounds_of_fedact_over_tls_with_node_auth(deployment, tmp_path) -> N
     assert [(r["round"], r["replies-sampled"], r["replies-accepted"]) for r in rows] == [(1, 2, 2),
                                                                                         (2, 2, 2)]
     # The deployed run computes exactly what the in-process engine computes.
-    cfg = RunConfig.from_flower({**RunConfig().to_flower(), **SETTINGS,
+    cfg = RunConfig.from_flower({**SETTINGS,
                                  "results-dir": str(tmp_path), "run-name": "inproc"})
     expected = torch.load(run_inprocess(cfg, num_nodes=2) / "model.pt", weights_only=True)
     deployed = torch.load(deployment.log_dir.parent / "results" / "deploy" / "model.pt",

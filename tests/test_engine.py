@@ -6,7 +6,7 @@ import csv
 import json
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.client_app.app import handle_train
+from adaptfl.client_app.app import train_or_refuse as handle_train
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from adaptfl.workloads import build_model
@@ -19,7 +19,7 @@ SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t")
 
 @needs_fashion_mnist
 def test_fedact_run_writes_metrics_plot_and_model(tmp_path) -> None:
-    cfg = RunConfig(results_dir=str(tmp_path), **SMALL)
+    cfg = RunConfig.of(results_dir=str(tmp_path), **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)
     rows = metric_rows(out)
     assert [r["round"] for r in rows] == [1, 2]
@@ -47,7 +47,7 @@ def test_a_raising_client_is_recorded_and_the_round_goes_on(tmp_path) -> None:
             raise RuntimeError("disk full on partition 1")
         return handle_train(msg, context)
 
-    cfg = RunConfig(results_dir=str(tmp_path), algorithm="localadamw", **SMALL)
+    cfg = RunConfig.of(results_dir=str(tmp_path), algorithm="localadamw", **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower(), handler=flaky), cfg)
     rows = metric_rows(out)
     assert [r["replies-accepted"] for r in rows] == [2, 2]

@@ -8,7 +8,7 @@ import torch
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import handle_train
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.server_app.loop import build_strategy, run_federated, unanswered_nodes
+from adaptfl.server_app.loop import build_run, run_federated, unanswered_nodes
 from flwr.app import Message, RecordDict
 
 from tests.conftest import needs_fashion_mnist
@@ -32,8 +32,8 @@ def faulty(msg, context):
 
 @needs_fashion_mnist
 def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path) -> None:
-    cfg = RunConfig(results_dir=str(tmp_path), min_replies=2, **SMALL)
-    initial = build_strategy(cfg)[0].state.model
+    cfg = RunConfig.of(results_dir=str(tmp_path), min_replies=2, **SMALL)
+    initial = build_run(cfg)[0].state.model
     out = run_federated(InProcessGrid(4, cfg.to_flower(), handler=faulty), cfg)
     rows = metric_rows(out)
     assert [r["round"] for r in rows] == [1, 2]
@@ -52,8 +52,8 @@ def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path)
 
 @needs_fashion_mnist
 def test_below_min_replies_every_round_is_skipped_and_the_model_unchanged(tmp_path) -> None:
-    cfg = RunConfig(results_dir=str(tmp_path), min_replies=3, **SMALL)
-    initial = build_strategy(cfg)[0].state.model
+    cfg = RunConfig.of(results_dir=str(tmp_path), min_replies=3, **SMALL)
+    initial = build_run(cfg)[0].state.model
     out = run_federated(InProcessGrid(4, cfg.to_flower(), handler=faulty), cfg)
     rows = metric_rows(out)
     assert [(r["round"], r["skipped"], r["replies-accepted"]) for r in rows] == [(1, True, 2),

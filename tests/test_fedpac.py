@@ -7,12 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from adaptfl.algorithms import wire
+from adaptfl.algorithms.components.sharing import full_theta
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.local_update.rules.soap import SOAP
 from adaptfl.local_update.theta import compress, drift, expand, light_spec, theta_spec
-from adaptfl.strategies import FedMIXPStrategy, FedPACStrategy, ModelSpec
-from adaptfl.strategies.state import ServerState
-from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from adaptfl.strategies import AdaptiveStrategy
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 F32 = torch.float32
 SHAPES = {"conv.weight": (3, 2, 2, 2), "conv.bias": (3,), "fc.weight": (4, 12), "fc.bias": (4,)}
@@ -20,34 +22,40 @@ SPEC = ModelSpec({n: (s, F32) for n, s in SHAPES.items()}, tuple(SHAPES))
 MAX_DIM = 6  # fc.weight's mode of 12 stays unrotated: no gg1 for it
 
 
-def _cfg(algorithm: str, **kw) -> RunConfig:
-    return RunConfig(algorithm=algorithm, local_steps=2, lr=0.5, lr_schedule="constant",
-                     max_precond_dim=MAX_DIM, muon_routing="all-2d", **kw)
+GRID = InProcessGrid(2, {})  # nodes 1, 2; also Flower's task identity, so messages can be built
 
 
-def _state() -> ServerState:
-    return ServerState(0, {n: torch.zeros(s) for n, s in SHAPES.items()}, run_key="t")
+def _strategy(algorithm: str, **kw) -> AdaptiveStrategy:
+    extra = {"max_precond_dim": MAX_DIM} if algorithm.endswith("soap") else \
+        {"muon_routing": "all-2d"} if algorithm.endswith("muon") else {}
+    strategy = AdaptiveStrategy(RunConfig.of(algorithm=algorithm, local_steps=2, lr=0.5,
+                                             lr_schedule="constant", **extra, **kw))
+    strategy.initialize({n: torch.zeros(s) for n, s in SHAPES.items()}, SPEC)
+    return strategy
 
 
 def _theta(optimizer: str, fill: float) -> dict[str, torch.Tensor]:
-    spec = theta_spec(optimizer, list(SHAPES.items()), "all-2d", MAX_DIM)
+    spec = full_theta(SPEC, _strategy(f"fedpac-{optimizer}").cfg.algorithm)
     gen = torch.Generator().manual_seed(int(fill))
     return {k: fill + torch.rand(s, generator=gen) for k, (s, _) in spec.items()}
 
 
-def _reply(node: int, theta: dict, n: int, pid: int, delta: float = 1.0) -> Message:
-    InProcessGrid(1, {})  # Flower's task identity, so messages can be built here
+def _sent(strategy: AdaptiveStrategy, server_round: int = 1) -> dict[int, Message]:
+    messages = strategy.configure_train(server_round, ArrayRecord(strategy.state.model), None, GRID)
+    return {m.metadata.dst_node_id: m for m in messages}
+
+
+def _reply(to: Message, theta: dict, n: int, delta: float = 1.0) -> Message:
     content = RecordDict({
         wire.DELTA: ArrayRecord({k: torch.full(s, delta) for k, s in SHAPES.items()}),
         wire.THETA_LOCAL: ArrayRecord(theta),
-        wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: n, wire.PARTITION_ID: pid}),
+        wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: n}),
     })
-    ins = Message(content=RecordDict({}), dst_node_id=node, message_type=MessageType.TRAIN)
-    return Message(content=content, reply_to=ins)
+    return Message(content=content, reply_to=to)
 
 
 def test_theta_spec_has_soap_factors_per_mode_and_skips_large_modes() -> None:
-    spec = theta_spec("soap", list(SHAPES.items()), "hidden", MAX_DIM)
+    spec = theta_spec(SOAP(max_precond_dim=MAX_DIM), list(SHAPES.items()))
     assert spec == {"conv.weight/gg0": ((3, 3), F32), "conv.weight/gg1": ((2, 2), F32),
                     "conv.weight/gg2": ((2, 2), F32), "conv.weight/gg3": ((2, 2), F32),
                     "fc.weight/gg0": ((4, 4), F32)}
@@ -55,10 +63,11 @@ def test_theta_spec_has_soap_factors_per_mode_and_skips_large_modes() -> None:
 
 @pytest.mark.parametrize("optimizer", ["sophia", "muon", "soap"])
 def test_server_averages_theta_by_name_and_reports_drift(optimizer: str) -> None:
-    strategy = FedPACStrategy(_cfg(f"fedpac-{optimizer}"), SPEC, _state())
+    strategy = _strategy(f"fedpac-{optimizer}")
     a, b = _theta(optimizer, 1.0), _theta(optimizer, 5.0)
+    sent = _sent(strategy)
     # B first: the weighted mean must not depend on arrival order.
-    strategy.aggregate_train(1, [_reply(2, b, 3, 1, delta=-1.0), _reply(1, a, 1, 0)])
+    strategy.aggregate_train(1, [_reply(sent[2], b, 3, delta=-1.0), _reply(sent[1], a, 1)])
     assert strategy.report.accepted == 2, strategy.report.rejected
     theta = strategy.state.extras[wire.THETA]
     assert set(theta) == set(a)
@@ -71,18 +80,19 @@ def test_server_averages_theta_by_name_and_reports_drift(optimizer: str) -> None
     assert strategy.report.metrics["preconditioner-drift"] == pytest.approx(expected, rel=1e-5)
     payload = strategy.payload()  # next round: Θ^r and g_G go down with the model
     assert set(payload) == {wire.THETA, wire.G_G}
+    assert set(strategy.contract().down) == {wire.THETA, wire.G_G}
 
 
 def test_fedmixp_sends_its_reference_and_no_correction_by_default() -> None:
-    strategy = FedMIXPStrategy(_cfg("fedmixp-soap"), SPEC, _state())
-    strategy.aggregate_train(1, [_reply(1, _theta("soap", 1.0), 1, 0)])
+    strategy = _strategy("fedmixp-soap")
+    strategy.aggregate_train(1, [_reply(_sent(strategy)[1], _theta("soap", 1.0), 1)])
     assert set(strategy.payload()) == {wire.THETA}
     assert strategy.report.bytes_up > 0
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "nan", "missing", "unknown"])
 def test_malformed_theta_is_dropped_and_state_untouched(bad: str) -> None:
-    strategy = FedPACStrategy(_cfg("fedpac-soap"), SPEC, _state())
+    strategy = _strategy("fedpac-soap")
     theta = _theta("soap", 1.0)
     if bad == "shape":
         theta["conv.weight/gg0"] = torch.zeros(2, 2)
@@ -94,19 +104,19 @@ def test_malformed_theta_is_dropped_and_state_untouched(bad: str) -> None:
         del theta["conv.weight/gg3"]
     else:
         theta["fc.weight/gg1"] = torch.zeros(12, 12)  # above max_precond_dim: not part of Θ
-    strategy.aggregate_train(1, [_reply(1, theta, 1, 0)])
+    strategy.aggregate_train(1, [_reply(_sent(strategy)[1], theta, 1)])
     assert strategy.report.accepted == 0 and "theta-i" in next(iter(strategy.report.rejected.values()))
     assert wire.THETA not in strategy.state.extras
 
 
 @pytest.mark.parametrize("optimizer", ["sophia", "muon", "soap"])
 def test_light_upload_round_trips_and_is_expanded_before_averaging(optimizer: str) -> None:
-    strategy = FedPACStrategy(_cfg(f"fedpac-{optimizer}", light=True, light_c=0.5), SPEC, _state())
-    full = strategy.theta_full_spec()
+    strategy = _strategy(f"fedpac-{optimizer}", light=True, light_c=0.5)
+    full = full_theta(SPEC, strategy.cfg.algorithm)
     a = _theta(optimizer, 1.0)
     small = compress(a, 0.5)
     assert {k: (tuple(v.shape), v.dtype) for k, v in small.items()} == light_spec(full, 0.5)
-    strategy.aggregate_train(1, [_reply(1, small, 1, 0)])
+    strategy.aggregate_train(1, [_reply(_sent(strategy)[1], small, 1)])
     assert strategy.report.accepted == 1, strategy.report.rejected
     got = strategy.state.extras[wire.THETA]
     for k, v in expand(small, full).items():

@@ -7,17 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from adaptfl.algorithms import wire
+from adaptfl.algorithms.components.hafedho import RECTIFIED_LOSS, rectification
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.recipe import recipe_for_round
+from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, PartOutput
 from adaptfl.client_app.client_state import ClientStateStore, StateSource
-from adaptfl.client_app.term_hafedho import HaFedHoTerm, rectification
-from adaptfl.client_app.terms import RoundInputs
-from adaptfl.client_app.train import train_round
+from adaptfl.client_app.session import build_optimizer
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.strategies import HaFedHoStrategy, ModelSpec
-from adaptfl.strategies.state import ServerState
+from adaptfl.strategies import HaFedHo
 from adaptfl.workloads import ImageData
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 MU, LR = 0.5, 0.25
 # 4 examples of 1x1x2 "images" (x = pixel/255), 2 classes; the client holds 2 of 6 examples.
@@ -37,7 +36,7 @@ def _model() -> torch.nn.Module:
 def _cfg(**kw) -> RunConfig:
     base = dict(algorithm="hafedho", mu=MU, lr=LR, lr_schedule="constant", local_steps=1,
                 batch_size=8, weight_decay=0.0, num_server_rounds=5)
-    return RunConfig(**{**base, **kw})
+    return RunConfig.of(**{**base, **kw})
 
 
 def _context(state: RecordDict | None = None) -> Context:
@@ -46,11 +45,34 @@ def _context(state: RecordDict | None = None) -> Context:
                    state=state if state is not None else RecordDict(), run_config={})
 
 
-def _inputs(model, cfg: RunConfig, server_round: int, context: Context, state_dir,
-            records: dict | None = None) -> RoundInputs:
-    recipe = recipe_for_round(cfg.replace(client_state_dir=str(state_dir)), server_round)
-    store = ClientStateStore(context, recipe.client_state_dir, server_round)
-    return RoundInputs(model, recipe, records or {}, store, DATA, INDICES, DATASET_SIZE)
+def _term(model, cfg: RunConfig, server_round: int, context: Context, state_dir,
+          records: dict | None = None) -> ClientPart:
+    """HaFedHo's client part for one round, as the session starts it."""
+    ctx = ClientRound(model, cfg.algorithm, cfg.round_info(server_round), records or {},
+                      ClientStateStore(context, str(state_dir), server_round),
+                      ClientData(num_examples=len(INDICES), dataset_size=DATASET_SIZE))
+    (term,) = cfg.algorithm.terms
+    return term.start(ctx)
+
+
+def _train(model: torch.nn.Module, cfg: RunConfig, part: ClientPart, server_round: int
+           ) -> tuple[dict, PartOutput]:
+    """The round's K local SGD steps on the partition (batch >= partition) with the term."""
+    opt = build_optimizer(model, cfg.algorithm, cfg.round_info(server_round))
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x, y = DATA.batch(INDICES)
+    losses = []
+    for _ in range(cfg.local.local_steps):
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        extra = part.loss(x, logits)
+        opt.zero_grad(set_to_none=True)
+        (loss if extra is None else loss + extra).backward()
+        part.correct_(dict(model.named_parameters()))
+        opt.step()
+        losses.append(float(loss.detach()))
+    delta = {n: p.detach() - start[n] for n, p in model.named_parameters()}
+    return delta, part.finish(opt, delta, sum(losses) / len(losses))
 
 
 def _server_records(f_prev: float) -> dict:
@@ -70,8 +92,7 @@ def test_participation_rule_by_hand() -> None:
 
 def test_objective_term_value_and_gradient(tmp_path) -> None:
     model = _model()
-    inputs = _inputs(model, _cfg(), 2, _context(), tmp_path, _server_records(1.5))
-    term = HaFedHoTerm(inputs)
+    term = _term(model, _cfg(), 2, _context(), tmp_path, _server_records(1.5))
     assert not term.took_part and term.source == StateSource.NONE
     with torch.no_grad():  # move w away from w_t by a known amount
         model[1].weight.add_(torch.tensor([[0.5, 0.5], [1.0, -1.0]]))
@@ -92,11 +113,9 @@ def test_one_client_round_by_hand_and_both_rectify_modes(tmp_path) -> None:
         w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
         cfg = _cfg(rectify=mode)
         context = _context()
-        inputs = _inputs(model, cfg, 2, context, tmp_path / mode, _server_records(1.5))
-        term = HaFedHoTerm(inputs)
-        result = train_round(model, DATA, INDICES, inputs.recipe, 0, None, None, terms=[term])
-        out = term.finish(result.delta, result.train_loss)
-        results[mode] = result.delta
+        term = _term(model, cfg, 2, context, tmp_path / mode, _server_records(1.5))
+        delta, out = _train(model, cfg, term, 2)
+        results[mode] = delta
         # Independent computation of ∇f_i(w0) on the whole partition (batch >= partition).
         ref = _model()
         x, y = DATA.batch(INDICES)
@@ -104,37 +123,37 @@ def test_one_client_round_by_hand_and_both_rectify_modes(tmp_path) -> None:
         loss.backward()
         for n, p in ref.named_parameters():
             expected = -LR * (p.grad + MU * G_PREV[n])
-            torch.testing.assert_close(result.delta[n], expected)
+            torch.testing.assert_close(delta[n], expected)
             assert torch.equal(w0[n], p.detach())
         assert out.metrics[wire.F_HAT] == pytest.approx(float(loss))
         assert out.metrics[wire.TOOK_PART] == 0 and out.metrics[wire.CLIENT_STATE] == 0
-        saved = context.state.array_records["adaptfl-hafedho"].to_torch_state_dict()
+        saved = context.state.array_records["adaptfl-hafedho.r2"].to_torch_state_dict()
         assert int(saved["round"]) == 2
-        torch.testing.assert_close(saved["g.1.bias"], -result.delta["1.bias"] / LR)
+        torch.testing.assert_close(saved["g.1.bias"], -delta["1.bias"] / LR)
+        # the surrogate φ_i's value needs f: only the objective mode has it (and reports it)
+        assert (RECTIFIED_LOSS in out.metrics) == (mode == "objective")
     for n in results["objective"]:  # ∇φ_i = ∇f_i + μh: the same SGD step either way
         torch.testing.assert_close(results["objective"][n], results["gradient"][n])
 
 
 def _state_after_round(context: Context, state_dir, server_round: int) -> None:
     model = _model()
-    inputs = _inputs(model, _cfg(), server_round, context, state_dir, _server_records(1.0))
-    term = HaFedHoTerm(inputs)
-    result = train_round(model, DATA, INDICES, inputs.recipe, 0, None, None, terms=[term])
-    term.finish(result.delta, result.train_loss)
+    _train(model, _cfg(), _term(model, _cfg(), server_round, context, state_dir, _server_records(1.0)),
+           server_round)
 
 
 def test_took_part_last_round_subtracts_its_own_share(tmp_path) -> None:
     context = _context()
     _state_after_round(context, tmp_path, 2)
-    own = context.state.array_records["adaptfl-hafedho"].to_torch_state_dict()
-    term = HaFedHoTerm(_inputs(_model(), _cfg(), 3, context, tmp_path, _server_records(1.0)))
+    own = context.state.array_records["adaptfl-hafedho.r2"].to_torch_state_dict()
+    term = _term(_model(), _cfg(), 3, context, tmp_path, _server_records(1.0))
     assert term.took_part and term.source == StateSource.MEMORY
     p_i = 2 / 6
     for n in G_PREV:
         torch.testing.assert_close(term.h[n], G_PREV[n] - p_i * own[f"g.{n}"])
     assert term.f == pytest.approx(1.0 - p_i * float(own["f-hat"]))
     # Skipped round 3: in round 4 the state is from round 2, so it did NOT take part last round.
-    later = HaFedHoTerm(_inputs(_model(), _cfg(), 4, context, tmp_path, _server_records(1.0)))
+    later = _term(_model(), _cfg(), 4, context, tmp_path, _server_records(1.0))
     assert not later.took_part and later.source == StateSource.MEMORY
     torch.testing.assert_close(later.h["1.weight"], G_PREV["1.weight"])
 
@@ -142,47 +161,42 @@ def test_took_part_last_round_subtracts_its_own_share(tmp_path) -> None:
 def test_restart_restores_from_disk_and_lost_state_falls_back(tmp_path) -> None:
     _state_after_round(_context(), tmp_path, 2)
     # A restarted SuperNode: empty context.state, same run and partition -> restored from disk.
-    restored = HaFedHoTerm(_inputs(_model(), _cfg(), 3, _context(), tmp_path, _server_records(1.0)))
+    restored = _term(_model(), _cfg(), 3, _context(), tmp_path, _server_records(1.0))
     assert restored.took_part and restored.source == StateSource.DISK
     # State gone everywhere (new disk): behaves as "did not take part last round", and says so.
     model = _model()
-    inputs = _inputs(model, _cfg(), 3, _context(), tmp_path / "empty", _server_records(1.0))
-    lost = HaFedHoTerm(inputs)
+    lost = _term(model, _cfg(), 3, _context(), tmp_path / "empty", _server_records(1.0))
     assert not lost.took_part and lost.source == StateSource.NONE
     torch.testing.assert_close(lost.h["1.weight"], G_PREV["1.weight"])
     assert lost.f == 1.0
-    result = train_round(model, DATA, INDICES, inputs.recipe, 0, None, None, terms=[lost])
-    metrics = lost.finish(result.delta, result.train_loss).metrics
+    metrics = _train(model, _cfg(), lost, 3)[1].metrics
     assert metrics[wire.TOOK_PART] == 0 and metrics[wire.CLIENT_STATE] == int(StateSource.NONE)
 
 
-def _reply(node: int, pid: int, delta: dict, n: int, f_hat: float | None) -> Message:
-    InProcessGrid(1, {})
-    metrics = {wire.NUM_EXAMPLES: n, wire.PARTITION_ID: pid}
+def _reply(to: Message, delta: dict, n: int, f_hat: float | None) -> Message:
+    metrics = {wire.NUM_EXAMPLES: n}
     if f_hat is not None:
         metrics[wire.F_HAT] = f_hat
     content = RecordDict({wire.DELTA: ArrayRecord({k: torch.tensor(v) for k, v in delta.items()}),
                           wire.METRICS: MetricRecord(metrics)})
-    instruction = Message(content=RecordDict({}), dst_node_id=node, message_type=MessageType.TRAIN)
-    return Message(content=content, reply_to=instruction)
+    return Message(content=content, reply_to=to)
 
 
 def test_server_averages_g_and_f_hat_by_hand() -> None:
-    spec = ModelSpec({"w": ((2,), torch.float32)}, ("w",))
-    cfg = RunConfig(algorithm="hafedho", lr=0.5, lr_schedule="constant", local_steps=2)
-    strategy = HaFedHoStrategy(cfg, spec, ServerState(0, {"w": torch.tensor([1.0, 1.0])}))
-    grid = InProcessGrid(2, {})
+    strategy = HaFedHo(lr=0.5, lr_schedule="constant", local_steps=2)
+    strategy.initialize({"w": torch.tensor([1.0, 1.0])}, ModelSpec({"w": ((2,), torch.float32)}, ("w",)))
+    grid = InProcessGrid(3, {})
     first = list(strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
-    assert set(first[0].content.array_records) == {wire.MODEL}  # nothing to rectify with yet
-    strategy.aggregate_train(1, [_reply(1, 0, {"w": [1.0, -2.0]}, 1, 0.8),
-                                 _reply(2, 1, {"w": [-1.0, 2.0]}, 3, 0.4),
-                                 _reply(3, 2, {"w": [9.0, 9.0]}, 1, None)])  # no f̂: dropped
-    assert "f-hat" in strategy.report.rejected[3] and strategy.report.accepted == 2
+    assert set(first[0].content.array_records) == {wire.ARRAYS}  # nothing to rectify with yet
+    strategy.aggregate_train(1, [_reply(first[0], {"w": [1.0, -2.0]}, 1, 0.8),
+                                 _reply(first[1], {"w": [-1.0, 2.0]}, 3, 0.4),
+                                 _reply(first[2], {"w": [9.0, 9.0]}, 1, None)])  # no f̂: dropped
+    assert "f-hat" in strategy.report.rejected["3"] and strategy.report.accepted == 2
     # mean Δ (1:3) = [-0.5, 1.0]; x = [0.5, 2.0]; g = -mean Δ / lr = [1.0, -2.0]
     assert strategy.state.model["w"].tolist() == [0.5, 2.0]
     assert strategy.state.extras[wire.HAFEDHO_G]["w"].tolist() == [1.0, -2.0]
     # f̂ = (1·0.8 + 3·0.4) / 4 = 0.5
     assert float(strategy.state.extras[wire.HAFEDHO_F_HAT]["f-hat"]) == pytest.approx(0.5)
     second = list(strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
-    assert set(second[0].content.array_records) == {wire.MODEL, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT}
-    assert strategy.report.bytes_down == 2 * (8 + 8 + 4)  # x, g, f̂ to two clients
+    assert set(second[0].content.array_records) == {wire.ARRAYS, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT}
+    assert strategy.report.bytes_down == 3 * (8 + 8 + 4)  # x, g, f̂ to three clients

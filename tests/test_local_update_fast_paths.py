@@ -7,12 +7,12 @@ temporary); the fast paths must agree bit for bit (TopMass: to float rounding).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import adaptfl.local_update.topk as topk
 import pytest
 import torch
-from adaptfl.local_update import LocalUpdate, LocalUpdateConfig
-from adaptfl.local_update.preconditioners import AdamHyper
+from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.trust import pos_ratio, top_mass
 
 
@@ -73,9 +73,9 @@ def _params(gen: torch.Generator) -> dict[str, torch.nn.Parameter]:
 
 
 def _reference_step(x: list[torch.Tensor], grads: list[torch.Tensor], state: dict,
-                    dg: torch.Tensor, cfg: LocalUpdateConfig, k_step: int) -> list[float]:
+                    dg: torch.Tensor, cfg: SimpleNamespace, k_step: int) -> list[float]:
     """FedACT's local step written plainly, in the same order of float operations."""
-    hp = cfg.adam
+    hp = cfg
     g = torch.cat([t.reshape(-1) for t in grads])
     m, v = state["exp_avg"], state["exp_avg_sq"]
     m.lerp_(g, 1 - hp.beta1)
@@ -99,10 +99,13 @@ def test_fedact_step_is_bitwise_the_plain_formula(tau: float) -> None:
     params = _params(gen)
     twins = [p.detach().clone() for p in params.values()]
     dg = {n: 0.01 * torch.randn(p.shape, generator=gen) for n, p in params.items()}
-    cfg = LocalUpdateConfig(preconditioner="adamw", lr=1e-2, weight_decay=0.01, rho=0.5,
-                            trust="act", tau=tau, alpha=2.5, gamma=0.4, diagnostics=True,
-                            adam=AdamHyper(bias_correction="local"))
-    opt = LocalUpdate(params.items(), cfg, delta_g=dg)
+    cfg = SimpleNamespace(lr=1e-2, weight_decay=0.01, rho=0.5, tau=tau, alpha=2.5, gamma=0.4,
+                          beta1=0.9, beta2=0.999, eps=1e-8)
+    opt = LocalUpdate(params.items(), preconditioner="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
+                      rho=cfg.rho, trust="act", tau=tau, alpha=cfg.alpha, gamma=cfg.gamma,
+                      diagnostics_every=1, bias_correction="local")
+    opt.set_global_direction(dg)
+    diags = []
     n = sum(p.numel() for p in params.values())
     state = {"exp_avg": torch.zeros(n), "exp_avg_sq": torch.zeros(n)}
     flat_dg = torch.cat([t.reshape(-1) for t in dg.values()])
@@ -116,6 +119,9 @@ def test_fedact_step_is_bitwise_the_plain_formula(tau: float) -> None:
         diag = _reference_step(twins, grads, state, flat_dg, cfg, step)
         for p, t in zip(params.values(), twins, strict=True):
             assert torch.equal(p.detach(), t)
-        assert torch.equal(opt.flat_state["exp_avg_sq"], state["exp_avg_sq"])
-        assert opt.pos_ratios[-1] == diag[0]
-        assert opt.top_masses[-1] == pytest.approx(diag[1], rel=1e-5)
+        v = torch.cat([opt.state[p]["exp_avg_sq"].reshape(-1) for p in params.values()])
+        assert torch.equal(v, state["exp_avg_sq"])
+        diags.append(diag)
+        got = opt.diagnostics()  # the mean over the steps so far
+        assert got["pos-ratio"] == pytest.approx(sum(d[0] for d in diags) / step, rel=1e-12)
+        assert got["top-mass"] == pytest.approx(sum(d[1] for d in diags) / step, rel=1e-5)

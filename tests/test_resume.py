@@ -73,7 +73,7 @@ def test_killed_after_round_2_of_4_then_resumed_equals_uninterrupted(tmp_path) -
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {run_dir} after round {reached}" in done.stderr
 
-    cfg = RunConfig.from_flower({**RunConfig().to_flower(), **SETTINGS,
+    cfg = RunConfig.from_flower({**SETTINGS,
                                  "results-dir": str(results), "run-name": "whole"})
     whole_dir = run_inprocess(cfg, num_nodes=3)
     resumed = final_model(run_dir)
@@ -86,7 +86,7 @@ def test_killed_after_round_2_of_4_then_resumed_equals_uninterrupted(tmp_path) -
 
 
 def _fake_run_dir(tmp_path: Path, cfg: RunConfig, server_round: int, rows: list[str]) -> Path:
-    run_dir = tmp_path / cfg.run_name
+    run_dir = tmp_path / cfg.output.run_name
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_flower()))
     (run_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
@@ -95,7 +95,7 @@ def _fake_run_dir(tmp_path: Path, cfg: RunConfig, server_round: int, rows: list[
 
 
 def test_resume_drops_rows_newer_than_the_state_and_a_line_cut_short(tmp_path) -> None:
-    cfg = RunConfig(results_dir=str(tmp_path), run_name="r", resume=True)
+    cfg = RunConfig.of(results_dir=str(tmp_path), run_name="r", resume=True)
     rows = ['{"round": 1}', '{"round": 2}', '{"round": 3}', '{"round": 4, "test-acc']
     run_dir = _fake_run_dir(tmp_path, cfg, server_round=2, rows=rows)
     checkpoint = load_checkpoint(cfg, resume_source(cfg, run_dir))
@@ -104,7 +104,7 @@ def test_resume_drops_rows_newer_than_the_state_and_a_line_cut_short(tmp_path) -
 
 
 def test_resume_refuses_a_checkpoint_of_another_job(tmp_path) -> None:
-    cfg = RunConfig(results_dir=str(tmp_path), run_name="r", resume=True)
+    cfg = RunConfig.of(results_dir=str(tmp_path), run_name="r", resume=True)
     run_dir = _fake_run_dir(tmp_path, cfg, server_round=1, rows=['{"round": 1}'])
     with pytest.raises(ValueError, match="rho: 0.5 -> 0.3"):
         load_checkpoint(cfg.replace(rho=0.3), run_dir)
@@ -114,12 +114,12 @@ def test_resume_refuses_a_checkpoint_of_another_job(tmp_path) -> None:
 
 def test_resume_settings_that_cannot_work_are_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="needs run-name"):
-        resume_source(RunConfig(resume=True), None)
+        resume_source(RunConfig.of(resume=True), None)
     with pytest.raises(ValueError, match="resume-from='rel/dir' must be an absolute path"):
-        resume_source(RunConfig(resume_from="rel/dir"), None)
+        resume_source(RunConfig.of(resume_from="rel/dir"), None)
     with pytest.raises(ValueError, match="holds no state.pt"):
-        resume_source(RunConfig(resume_from=str(tmp_path)), None)
-    with pytest.raises(ValueError, match="expected bool"):
-        RunConfig.from_flower({**RunConfig().to_flower(), "resume": 1})
-    fresh = RunConfig(results_dir=str(tmp_path), run_name="new", resume=True)
+        resume_source(RunConfig.of(resume_from=str(tmp_path)), None)
+    with pytest.raises(ValueError, match="expected true or false"):
+        RunConfig.from_flower({"resume": 1})
+    fresh = RunConfig.of(results_dir=str(tmp_path), run_name="new", resume=True)
     assert resume_source(fresh, tmp_path / "new") is None  # nothing to resume yet: round 1

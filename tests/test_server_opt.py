@@ -7,13 +7,11 @@ import pytest
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.presets import resolve
+from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.strategies import FedAvgStrategy, ModelSpec
-from adaptfl.strategies.fedadamom import fedadamom_rule
-from adaptfl.strategies.server_opt import ServerHyper
-from adaptfl.strategies.state import ServerState
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from adaptfl.strategies import AdaptiveStrategy
+from adaptfl.strategies.server_opt.adamom import Adamom
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 F32 = torch.float32
@@ -42,33 +40,31 @@ def _flower(algorithm: str, eta: float):
     }[algorithm]()
 
 
-def _reply(content: RecordDict, node: int) -> Message:
-    instruction = Message(content=RecordDict({}), dst_node_id=node, message_type=MessageType.TRAIN)
-    return Message(content=content, reply_to=instruction)
+def _reply(content: RecordDict, to: Message) -> Message:
+    return Message(content=content, reply_to=to)
 
 
 @pytest.mark.parametrize("algorithm,eta", [("fedavgm", 0.9), ("fedadam", 0.1), ("fedyogi", 0.05),
                                            ("fedadagrad", 0.2)])
 def test_same_replies_give_the_same_model_as_flower(algorithm: str, eta: float) -> None:
     grid = InProcessGrid(2, {})
-    cfg = RunConfig(algorithm=algorithm, eta=eta, server_momentum=0.7, **HYPER)
-    ours = FedAvgStrategy(cfg, SPEC, ServerState(0, {k: v.clone() for k, v in X0.items()}))
+    hyper = {"fedavgm": dict(server_momentum=0.7), "fedadagrad": dict(server_tau=HYPER["server_tau"])}
+    ours = AdaptiveStrategy(RunConfig.of(algorithm=algorithm, eta=eta, **hyper.get(algorithm, HYPER)))
+    ours.initialize({k: v.clone() for k, v in X0.items()}, SPEC)
     flower = _flower(algorithm, eta)
     flower_x = ArrayRecord({k: v.clone() for k, v in X0.items()})
     for server_round, clients in enumerate(ROUNDS, start=1):
-        ours.configure_train(server_round, ArrayRecord(ours.state.model), ConfigRecord(), grid)
-        flower.configure_train(server_round, flower_x, ConfigRecord(), grid)
+        sent = list(ours.configure_train(server_round, ArrayRecord(ours.state.model), ConfigRecord(), grid))
+        flower_sent = list(flower.configure_train(server_round, flower_x, ConfigRecord(), grid))
         current = flower_x.to_torch_state_dict()
         ours_replies, flower_replies = [], []
         for pid, (delta, n) in enumerate(clients):
             d = {k: torch.tensor(v) for k, v in delta.items()}
             ours_replies.append(_reply(RecordDict({
-                wire.DELTA: ArrayRecord(d),
-                wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: n, wire.PARTITION_ID: pid})}),
-                pid + 1))
+                wire.DELTA: ArrayRecord(d), wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: n})}), sent[pid]))
             flower_replies.append(_reply(RecordDict({
                 "arrays": ArrayRecord({k: current[k] + d[k] for k in d}),
-                "metrics": MetricRecord({"num-examples": n})}), pid + 1))
+                "metrics": MetricRecord({"num-examples": n})}), flower_sent[pid]))
         ours.aggregate_train(server_round, ours_replies)
         flower_x, _ = flower.aggregate_train(server_round, flower_replies)
         expected = flower_x.to_torch_state_dict()
@@ -84,8 +80,7 @@ def test_fedadamom_one_step_by_hand() -> None:
     delta = {"a": torch.tensor([2.0, 0.0]), "b": torch.tensor([1.0, 1.0])}
     m0 = {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([-1.0, 2.0])}
     v0 = {"a": torch.tensor([4.0, 0.0]), "b": torch.tensor([0.0, 8.0])}
-    hp = ServerHyper(eta=0.5, b2=0.5, adamom_eps=1e-3)
-    new_x, moments = fedadamom_rule(x, delta, {"m": m0, "v": v0}, 1, hp)
+    new_x, moments = Adamom(eta=0.5, b2=0.5, adamom_eps=1e-3).rule(x, delta, {"m": m0, "v": v0}, 1)
     # v = 0.5·v0 + 0.5·Δ² = a: [4, 0], b: [0.5, 4.5]; ONE mean over all 4 coordinates: v̄ = 9/4
     assert moments["v"]["a"].tolist() == [4.0, 0.0] and moments["v"]["b"].tolist() == [0.5, 4.5]
     # β1 = clip(1 - v/v̄, 0, 1-ε): a: [clip(1-16/9)=0, clip(1-0)=0.999]; b: [1-2/9, clip(1-2)=0]
@@ -100,15 +95,17 @@ def test_fedadamom_one_step_by_hand() -> None:
 
 
 def test_fedadamom_composes_with_any_client_recipe() -> None:
-    cfg = RunConfig(algorithm="fedact", server_opt="adamom")
-    r = resolve(cfg)
-    assert (r.server, r.server_opt, r.eta, r.trust) == ("fedact", "adamom", 1.0, "act")
+    algorithm = RunConfig.of(algorithm="fedact", server_opt="adamom").algorithm
+    server, trust = algorithm.server_opt, algorithm.trust
+    assert (server.name, server.eta, trust.name) == ("adamom", 1.0, "act")
+    assert algorithm.correction.weight == 0.5 and algorithm.moments.synced  # FedACT's clients kept
 
 
 @pytest.mark.parametrize("key,value", [("server-momentum", 1.0), ("server-tau", 0.0),
                                        ("b2", 1.5), ("adamom-eps", 0.0), ("eta", -0.1),
                                        ("server-opt", "sgdm")])
 def test_bad_server_hyperparameters_are_named(key: str, value: object) -> None:
-    raw = {**RunConfig().to_flower(), key: value}
+    algorithm = {"server-momentum": "fedavgm", "server-tau": "fedadam", "b2": "fedadamom",
+                 "adamom-eps": "fedadamom", "eta": "fedadam", "server-opt": "fedavg"}[key]
     with pytest.raises(ValueError, match=key):
-        RunConfig.from_flower(raw)
+        RunConfig.from_flower({"algorithm": algorithm, key: value})

@@ -32,7 +32,7 @@ def test_two_rounds_of_fedact_match_between_simulation_and_in_process(tmp_path) 
     sim_dir = results / "sim"
     assert (sim_dir / "model.pt").exists(), done.stdout[-3000:]
 
-    cfg = RunConfig.from_flower({**RunConfig().to_flower(), **SETTINGS,
+    cfg = RunConfig.from_flower({**SETTINGS,
                                  "results-dir": str(results), "run-name": "inproc"})
     torch.set_num_threads(1)
     inproc_dir = run_inprocess(cfg, num_nodes=3)

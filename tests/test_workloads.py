@@ -142,7 +142,8 @@ def test_data_dir_must_be_a_directory(tmp_path: Path) -> None:
     "(apt-get install dataset-fashion-mnist)",
 )
 def test_real_fashion_mnist() -> None:
-    train, test = load_task("fashion-mnist", "")
+    task = load_task("fashion-mnist", "")
+    train, test = task.train, task.test
     assert train.images.shape == (60000, 1, 28, 28)
     assert test.images.shape == (10000, 1, 28, 28)
     assert train.num_classes == 10
@@ -217,7 +218,8 @@ def test_cifar10_from_fake_files(tmp_path: Path, skip_cifar_md5: None) -> None:
 
 def test_cifar100_from_fake_files(tmp_path: Path, skip_cifar_md5: None) -> None:
     write_fake_cifar100(tmp_path)
-    train, test = load_task("cifar100", str(tmp_path))
+    task = load_task("cifar100", str(tmp_path))
+    train, test = task.train, task.test
     assert train.images.shape == (4, 3, 32, 32) and test.images.shape == (2, 3, 32, 32)
     assert train.labels.tolist() == [0, 99, 50, 7] and train.num_classes == 100
 

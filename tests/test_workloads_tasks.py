@@ -21,6 +21,8 @@ from adaptfl.workloads import (
     task_loss,
 )
 from adaptfl.workloads.llama import apply_rotary, rotary_angles
+from adaptfl.workloads.task import Task
+from adaptfl.workloads.tasks import as_task
 from adaptfl.workloads.text_data import BOS_ID, decode_bytes, token_windows
 
 
@@ -76,7 +78,8 @@ def test_fortunes_from_local_files(tmp_path: Path) -> None:
 
 
 def test_real_fortunes_corpus_is_four_languages() -> None:
-    train, test = load_task("fortunes", "")
+    task = load_task("fortunes", "")
+    train, test = task.train, task.test
     assert train.source_names == ("en", "de", "es", "it") and len(train) > 50_000
     assert 500 < len(test) < len(train) // 50  # ~1% held out for a cheap evaluation
 
@@ -135,7 +138,7 @@ def fixed_text_batch() -> TextData:
 ], ids=["resnet18-cifar", "swin-cifar100", "swin-fmnist", "resnet18-tiny", "llama-text"])
 def test_model_trains_on_a_fixed_batch(model_name: str, data: ImageData | TextData) -> None:
     torch.manual_seed(0)
-    model = build_task_model(model_name, data)
+    model = build_task_model(model_name, as_task(data, data, model_name))
     x, y = data.batch(torch.arange(len(data)))
     logits = model(x)
     assert logits.shape == (*y.shape, data.num_classes)
@@ -151,14 +154,14 @@ def test_model_trains_on_a_fixed_batch(model_name: str, data: ImageData | TextDa
 
 
 def test_resnet18_has_the_cifar_stem() -> None:
-    model = build_task_model("resnet18", fixed_image_batch(3, 32, 10))
+    model = build_task_model("resnet18", _task(fixed_image_batch(3, 32, 10)))
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
     assert isinstance(model.maxpool, torch.nn.Identity)
 
 
 def test_llama_is_causal_and_rotary_is_relative() -> None:
     torch.manual_seed(0)
-    model = build_task_model("llama-tiny", fixed_text_batch()).eval()
+    model = build_task_model("llama-tiny", _task(fixed_text_batch())).eval()
     tokens = torch.randint(0, 256, (1, 12))
     changed = tokens.clone()
     changed[0, 8:] = (changed[0, 8:] + 1) % 256
@@ -177,7 +180,7 @@ def test_language_model_runs_through_client_and_server(tmp_path: Path) -> None:
     from adaptfl.algorithms.config import RunConfig
     from adaptfl.engine.inprocess import run_inprocess
 
-    cfg = RunConfig(task="fortunes", model="llama-tiny", partitioning="natural-id",
+    cfg = RunConfig.of(task="fortunes", model="llama-tiny", partitioning="natural-id",
                     num_server_rounds=1, local_steps=3, batch_size=8, num_threads=1,
                     results_dir=str(tmp_path), run_name="lm", algorithm="fedadamw")
     out = run_inprocess(cfg, num_nodes=4)
@@ -190,9 +193,13 @@ def test_language_model_runs_through_client_and_server(tmp_path: Path) -> None:
 
 def test_models_and_tasks_must_match() -> None:
     with pytest.raises(ValueError, match="cannot read text"):
-        build_task_model("cnn", fixed_text_batch())
+        build_task_model("cnn", _task(fixed_text_batch()))
     with pytest.raises(ValueError, match="language model"):
-        build_task_model("llama-tiny", fixed_image_batch(1, 28, 10))
+        build_task_model("llama-tiny", _task(fixed_image_batch(1, 28, 10)))
+
+
+def _task(data: ImageData | TextData) -> Task:
+    return as_task(data, data, "fixed")
 
 
 LABELS = np.repeat(np.arange(5), 20)  # 5 classes x 20 examples

@@ -7,7 +7,8 @@ from .image_data import ImageData
 from .losses import count_correct, task_loss
 from .models import KNOWN_MODELS, LANGUAGE_MODELS, build_model
 from .partitioning import PARTITION_SCHEMES, partition_indices, sample_batches
-from .tasks import KNOWN_TASKS, TaskData, build_task_model, load_task
+from .task import Split, Task
+from .tasks import KNOWN_TASKS, build_task_model, load_task
 from .text_corpora import load_c4, load_fortunes
 from .text_data import TextData
 from .tiny_imagenet import load_tiny_imagenet
@@ -18,7 +19,8 @@ __all__ = [
     "LANGUAGE_MODELS",
     "PARTITION_SCHEMES",
     "ImageData",
-    "TaskData",
+    "Split",
+    "Task",
     "TextData",
     "build_model",
     "build_task_model",

@@ -1,6 +1,13 @@
-"""Dispatch from a task name (as written in run configs) to its loader and its models."""
+"""From a task name (as written in run configs) to its `Task`, and from a model name to a model.
+
+Built-in tasks are named (`fashion-mnist`, `cifar10`, `fortunes`, …); your own are
+`package.module:function` (workloads/task.py); data sets from Hugging Face or local files are
+`hf:<name>`, `csv:<path>`, `parquet:<path>`, `imagefolder:<dir>` (workloads/hub.py).
+"""
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from torch import nn
 
@@ -9,23 +16,20 @@ from .fashion_mnist import default_cache_dir, load_fashion_mnist
 from .image_data import ImageData
 from .llama import LlamaConfig, LlamaDecoder
 from .models import LANGUAGE_MODELS, build_model
+from .task import Task, is_reference, load_object
 from .text_corpora import load_c4, load_fortunes
 from .text_data import TextData
 from .tiny_imagenet import load_tiny_imagenet
 
-TaskData = ImageData | TextData
 KNOWN_TASKS = ("fashion-mnist", "cifar10", "cifar100", "tiny-imagenet", "fortunes",
                "fortunes-topics", "c4")
+HUB_PREFIXES = ("hf:", "csv:", "parquet:", "imagefolder:")
 
 
-def load_task(task: str, data_dir: str) -> tuple[TaskData, TaskData]:
-    """Return the (train, test) splits for ``task``.
-
-    An empty ``data_dir`` means the loader's default search: for Fashion-MNIST the system
-    folder or a download, for CIFAR and Tiny-ImageNet ``~/.cache/adaptfl`` (Tiny-ImageNet is
-    downloaded there when missing, CIFAR through torchvision likewise), for fortunes Debian's
-    folder. C4 always streams from the Hugging Face hub.
-    """
+def _builtin(task: str, data_dir: str) -> tuple[ImageData | TextData, ImageData | TextData]:
+    """An empty ``data_dir`` means the loader's default search: for Fashion-MNIST the system
+    folder or a download, for CIFAR and Tiny-ImageNet ``~/.cache/adaptfl`` (downloaded there
+    when missing), for fortunes Debian's folder. C4 always streams from the Hugging Face hub."""
     if task == "fashion-mnist":
         return load_fashion_mnist(data_dir)
     if task in ("cifar10", "cifar100"):
@@ -37,15 +41,49 @@ def load_task(task: str, data_dir: str) -> tuple[TaskData, TaskData]:
         return load_fortunes(data_dir, by="language" if task == "fortunes" else "topic")
     if task == "c4":
         return load_c4()
-    raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(KNOWN_TASKS)}")
+    raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(KNOWN_TASKS)}, or your own "
+                     "'package.module:function', or hf:/csv:/parquet:/imagefolder:")
 
 
-def build_task_model(name: str, data: TaskData) -> nn.Module:
-    """A fresh model sized for `data`: image models by channels and side, language models by
-    vocabulary. A language model on images (or the reverse) is refused by name."""
+def as_task(train: ImageData | TextData, test: ImageData | TextData, name: str) -> Task:
+    if isinstance(train, TextData):
+        return Task(train, test, train.vocab_size, (train.seq_len,), name)
+    return Task(train, test, train.num_classes, tuple(train.images.shape[1:]), name)
+
+
+@lru_cache(maxsize=4)
+def load_task(task: str, data_dir: str = "") -> Task:
+    """The task named in a run config (cached: a client process loads it once)."""
+    if task.startswith(HUB_PREFIXES):
+        from .hub import load_hub_task
+
+        return load_hub_task(task, data_dir)
+    if is_reference(task):
+        loaded = load_object(task, "task")(data_dir)
+        if not isinstance(loaded, Task):
+            raise ValueError(f"task={task!r} returned {type(loaded).__name__}, expected "
+                             "adaptfl.workloads.Task")
+        return loaded
+    return as_task(*_builtin(task, data_dir), task)
+
+
+def build_task_model(name: str, task: Task) -> nn.Module:
+    """A fresh model sized for the task: built-in image models by channels and side, language
+    models by vocabulary, your own `package.module:function(task)`."""
+    if is_reference(name):
+        model = load_object(name, "model")(task)
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model={name!r} returned {type(model).__name__}, expected a torch.nn.Module")
+        return model
+    data = task.train
     if isinstance(data, TextData):
         if name not in LANGUAGE_MODELS:
             raise ValueError(f"model {name!r} cannot read text; text tasks take one of "
                              f"{', '.join(LANGUAGE_MODELS)}")
         return LlamaDecoder(LlamaConfig(vocab_size=data.vocab_size, **LANGUAGE_MODELS[name]))
-    return build_model(name, data.num_classes, data.in_channels, data.image_size)
+    if isinstance(data, ImageData):
+        return build_model(name, data.num_classes, data.in_channels, data.image_size)
+    if name == "mlp" and len(task.input_shape) == 1:  # tabular data
+        return nn.Sequential(nn.Linear(task.input_shape[0], 64), nn.ReLU(), nn.Linear(64, task.num_outputs))
+    raise ValueError(f"model {name!r} does not fit task {task.name!r} (inputs {task.input_shape}); "
+                     "use model='mlp' for tabular data or your own 'package.module:function'")

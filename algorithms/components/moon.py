@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from adaptfl.algorithms import wire
-from adaptfl.client_app.terms import LocalTerm, RoundInputs, TermOutput
+from adaptfl.algorithms.params import component, param
+from adaptfl.algorithms.stage import ClientPart, ClientRound, PartOutput, Stage
 
 STATE = "moon"
 
@@ -30,7 +33,7 @@ def head_of(model: torch.nn.Module) -> torch.nn.Linear:
 
 
 def representation(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The input of the classifier head for batch x (no gradient)."""
+    """The input of the classifier head for batch x (no gradient), one row per example."""
     captured: list[torch.Tensor] = []
     hook = head_of(model).register_forward_hook(lambda m, inp, out: captured.append(inp[0]))
     try:
@@ -48,29 +51,38 @@ def contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
-class MoonTerm(LocalTerm):
-    def __init__(self, inputs: RoundInputs) -> None:
-        recipe = inputs.recipe
-        if recipe.mu < 0.0 or not recipe.moon_tau > 0.0:
-            raise ValueError(f"invalid mu={recipe.mu} or moon-tau={recipe.moon_tau}: need μ >= 0, τ > 0")
-        self.inputs, self.mu, self.tau = inputs, recipe.mu, recipe.moon_tau
-        self.global_model = copy.deepcopy(inputs.model).eval()
-        self.prev_model = copy.deepcopy(inputs.model).eval()
-        state, self.source = inputs.store.load(STATE)
+@component("term", "moon")
+@dataclass(frozen=True)
+class Moon(Stage):
+    """μ·ℓ_con added to the local loss; the previous local model is durable client state."""
+
+    mu: float = param(1.0, "MOON's μ: weight of the contrastive loss", within=(0.0, None),
+                      sane=(0.0, 1e4))
+    moon_tau: float = param(0.5, "MOON's temperature τ", within=(0.0, None), open_low=True)
+
+    def start(self, ctx: ClientRound) -> ClientPart:
+        return _Moon(ctx, self.mu, self.moon_tau)
+
+
+class _Moon(ClientPart):
+    def __init__(self, ctx: ClientRound, mu: float, tau: float) -> None:
+        self.ctx, self.mu, self.tau = ctx, mu, tau
+        self.global_model = copy.deepcopy(ctx.model).eval()
+        self.prev_model = copy.deepcopy(ctx.model).eval()
+        shapes = {n: tuple(t.shape) for n, t in ctx.model.state_dict().items()}
+        state, self.source = ctx.store.load(STATE, shapes)
         if state is not None:
             self.prev_model.load_state_dict(state)
         self._z: list[torch.Tensor] = []
-        self._hook = head_of(inputs.model).register_forward_hook(
-            lambda m, inp, out: self._z.append(inp[0]))
+        self._hook = head_of(ctx.model).register_forward_hook(lambda m, inp, out: self._z.append(inp[0]))
 
     def loss(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
         z = self._z.pop().flatten(1)
         self._z.clear()
-        z_glob = representation(self.global_model, x)
-        z_prev = representation(self.prev_model, x)
-        return self.mu * contrastive_loss(z, z_glob, z_prev, self.tau)
+        return self.mu * contrastive_loss(z, representation(self.global_model, x),
+                                          representation(self.prev_model, x), self.tau)
 
-    def finish(self, delta: Mapping[str, torch.Tensor], train_loss: float) -> TermOutput:
+    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         self._hook.remove()
-        self.inputs.store.save(STATE, dict(self.inputs.model.state_dict()))
-        return TermOutput(metrics={wire.CLIENT_STATE: int(self.source)})
+        self.ctx.store.save(STATE, dict(self.ctx.model.state_dict()))
+        return PartOutput(metrics={wire.CLIENT_STATE: int(self.source)})

@@ -1,0 +1,133 @@
+"""An algorithm is a named composition of components (catalog.py names them):
+
+    preconditioner   the local rule g -> d               (local_update/rules/)
+    correction       u = (1-ρ)·d + ρ·Δ_G               (components/correction.py, mimelite.py)
+    trust            u <- φ ⊙ u                         (local_update/modulation.py)
+    moments          FedACT's v̄ sync                    (components/moments.py)
+    sharing          FedPAC / FedMIX-P Θ                (components/sharing.py)
+    terms            client terms with server parts     (components/prox.py, hafedho.py, …)
+    server_opt       the rule on the mean Δ             (strategies/server_opt/)
+    aggregator       how replies are combined           (strategies/aggregators/)
+
+The run config fills it: `preconditioner=`, `trust=`, `v-sync=`, `server-opt=`, `aggregator=`
+switch a component; every other key sets a field of the component that declares it. The
+checks across components are here, and so is the wire contract (the union of the records the
+components declare), which both sides derive from the very same objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.algorithms.params import PRESET, Component, component, fields_of, param, registry
+from adaptfl.algorithms.stage import Stage
+
+# slot of the Algorithm -> (component kind, the run-config key that switches it; "" = fixed)
+SLOTS = {
+    "preconditioner": ("preconditioner", "preconditioner"),
+    "correction": ("correction", ""),
+    "trust": ("trust", "trust"),
+    "moments": ("moments", "v-sync"),
+    "sharing": ("sharing", ""),
+    "server_opt": ("server_opt", "server-opt"),
+    "aggregator": ("aggregator", "aggregator"),
+}
+
+
+def _switch(kind: str, key: str, name: Any) -> type[Component]:
+    known = registry(kind)
+    if name not in known:
+        raise ValueError(f"invalid {key}={name!r}: choose one of {sorted(known)}")
+    return known[name]
+
+
+@component("settings", "selection")
+@dataclass(frozen=True)
+class Selection(Component):
+    """Which algorithm, and which components replace its own."""
+
+    algorithm: str = param("fedact", "the named algorithm (README's algorithm table)")
+    preconditioner: str = param(PRESET, "local rule: sgd, adam, adamw, sophia, muon, soap")
+    trust: str = param(PRESET, "trust modulation: none, act, mgup, cautious")
+    v_sync: str = param(PRESET, "second-moment sync of the Adam family: none, full, block")
+    server_opt: str = param(PRESET, "rule on the mean Δ: none, avgm, adam, yogi, adagrad, adamom")
+    aggregator: str = param(PRESET, "how replies are combined: mean")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    paper: str
+    preconditioner: Any  # Preconditioner
+    correction: Any  # Correction
+    trust: Any  # Trust
+    moments: Any  # Moments
+    sharing: Any  # Sharing
+    server_opt: Any  # ServerOpt
+    aggregator: Any  # Aggregator
+    terms: tuple[Stage, ...] = ()
+
+    def stages(self) -> tuple[Stage, ...]:
+        """The components with a part on each side of the wire, in the order they run."""
+        return (self.correction, self.moments, self.sharing, *self.terms)
+
+    def components(self) -> tuple[Component, ...]:
+        return (self.preconditioner, self.correction, self.trust, self.moments, self.sharing,
+                self.server_opt, self.aggregator, *self.terms)
+
+    def configured(self, values: Mapping[str, Any]) -> Algorithm:
+        """This algorithm with a run config's values: switches first, then fields by key."""
+        changes: dict[str, Any] = {}
+        for slot, (kind, switch) in SLOTS.items():
+            current = getattr(self, slot)
+            chosen = values.get(switch, PRESET) if switch else PRESET
+            cls = type(current) if chosen == PRESET else _switch(kind, switch, chosen)
+            changes[slot] = cls.build(values, base=current)
+        changes["terms"] = tuple(type(t).build(values, base=t) for t in self.terms)
+        algorithm = dataclasses.replace(self, **changes)
+        algorithm.check()
+        return algorithm
+
+    def keys(self) -> set[str]:
+        """Every run-config key some component of this algorithm reads."""
+        return {f.key for c in self.components() for f in fields_of(type(c))}
+
+    def check(self) -> None:
+        """Refuse combinations of the components that make no sense (one line, before round 1)."""
+        rule, name = self.preconditioner, self.name
+        if self.moments.synced and "exp_avg_sq" not in rule.slots or \
+                self.moments.synced and not rule.elementwise:
+            raise ValueError(f"v-sync={self.moments.name!r} syncs Adam's second moment v, which "
+                             f"preconditioner={rule.name!r} does not have (algorithm {name!r}); "
+                             "choose adam or adamw, or v-sync='none'")
+        if self.moments.synced and getattr(rule, "bias_correction", "") == "local":
+            raise ValueError("bias-correction='local' restarts v's correction every round, which "
+                             "contradicts a synced v; use 'paper' or 'single-counter'")
+        if self.sharing.shares and not rule.shareable:
+            raise ValueError(f"algorithm {name!r} shares preconditioner state Θ, which "
+                             f"preconditioner={rule.name!r} does not have; choose sophia, muon or soap")
+        if rule.name == "muon" and self.trust.active and not rule.trust_on_muon:
+            raise ValueError(f"trust={self.trust.name!r} scales single coordinates of Muon's "
+                             "orthogonalised update, which breaks its orthogonality; set "
+                             "trust-on-muon=true to opt in")
+        names = [r.name for s in self.stages() for r in (*s.records_down(), *s.records_up())]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"algorithm {name!r}: two components claim the records {duplicated}")
+
+    def contract(self, spec: ModelSpec) -> Contract:
+        """The records of this algorithm's messages, with the shapes of this model."""
+        stages = self.stages()
+        return Contract(
+            down={r.name: r.shape(spec, self) for s in stages for r in s.records_down()},
+            up={r.name: r.shape(spec, self) for s in stages for r in s.records_up()},
+            up_metrics=frozenset(m for s in stages for m in s.up_metrics))
+
+    def describe(self) -> str:
+        parts = [c.describe() for c in self.components()
+                 if c.name not in ("none", "mean") or c is self.preconditioner]
+        return f"{self.name} [{', '.join(parts)}]"

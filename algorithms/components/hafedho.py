@@ -1,0 +1,115 @@
+"""HaFedHo's objective rectification (seed 003, Algorithm 1; spec §5).
+
+The server sends g^{t-1} (mean of the clients' summed local gradients) and f̂^{t-1} (mean local
+loss). Client i, with data share p_i = |D_i| / |D|:
+
+    took part in round t-1:  h = g^{t-1} - p_i·g_i^{t-1};   f = f̂^{t-1} - p_i·f̂_i^{t-1}
+    otherwise:               h = g^{t-1};                   f = f̂^{t-1}
+    φ_i(w) = f_i(w) + μ·(f + hᵀ(w - w_t))                   (w_t = the round's global model)
+
+`rectify="objective"` adds μ(f + hᵀ(w - w_t)) to the loss before backward (the paper's method);
+`"gradient"` adds μ·h to ∇f_i after backward instead (the seed's ablation, Fig. 3). With plain
+SGD both give the same steps, since ∇φ_i = ∇f_i + μh; they differ in the loss backpropagated.
+
+After the K steps: f̂_i = mean f_i over the steps and g_i = Σ_k ∇φ_i(w_k) = -Δ_i / lr (exact for
+plain SGD). The client keeps g_i, f̂_i and the round as durable state; lost state means "did not
+take part". Server: x <- x + mean Δ_i, g^t = -mean Δ_i / lr, f̂^t = mean f̂_i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.components.scaffold import add_to_grads_
+from adaptfl.algorithms.contract import Record, scalar_shape
+from adaptfl.algorithms.params import component, param
+from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+
+STATE = "hafedho"
+RECTIFIED_LOSS = "rectified-loss"  # reply metric: mean φ_i(w_k) = f_i + μ(f + hᵀ(w - w_t))
+
+
+def rectification(g_prev: Mapping[str, torch.Tensor] | None, f_prev: float,
+                  own: Mapping[str, torch.Tensor] | None, own_f: float, p_i: float,
+                  took_part: bool) -> tuple[dict[str, torch.Tensor], float]:
+    """(h, f) of the participation rule; zeros when the server has no g yet."""
+    if g_prev is None:
+        return {}, 0.0
+    if took_part and own is not None:
+        return {n: g - p_i * own[n] for n, g in g_prev.items()}, f_prev - p_i * own_f
+    return {n: g.clone() for n, g in g_prev.items()}, f_prev
+
+
+@component("term", "hafedho")
+@dataclass(frozen=True)
+class HaFedHo(Stage):
+    """Taylor-rectified local objective; stateful clients."""
+
+    mu: float = param(0.01, "HaFedHo's μ: weight of the rectification", within=(0.0, None),
+                      sane=(0.0, 1e4))
+    rectify: str = param("objective", "objective (the term in the loss) or gradient (μh on ∇)",
+                         choices=("objective", "gradient"))
+
+    up_metrics = (wire.F_HAT,)
+
+    def records_down(self) -> tuple[Record, ...]:
+        g = Record(wire.HAFEDHO_G, doc="g^{t-1}, mean of the clients' summed local gradients")
+        if self.rectify == "gradient":  # μh on ∇: the constant f enters nothing the client computes
+            return (g,)
+        return (g, Record(wire.HAFEDHO_F_HAT, scalar_shape("f-hat"), "f̂^{t-1}, the mean local loss"))
+
+    def start(self, ctx: ClientRound) -> ClientPart:
+        return _HaFedHo(ctx, self)
+
+    def aggregate(self, agg: Aggregation) -> None:
+        lr = agg.info.lr
+        agg.new_extras[wire.HAFEDHO_G] = {n: -agg.mean_delta[n] / lr for n in agg.spec.parameters}
+        f_hat = sum(w * float(r.metrics[wire.F_HAT]) for r, w in zip(agg.replies, agg.weights, strict=True))
+        agg.new_extras[wire.HAFEDHO_F_HAT] = {"f-hat": torch.tensor([f_hat / sum(agg.weights)])}
+
+
+class _HaFedHo(ClientPart):
+    def __init__(self, ctx: ClientRound, term: HaFedHo) -> None:
+        self.ctx, self.mu, self.mode = ctx, term.mu, term.rectify
+        self.p_i = ctx.data.num_examples / ctx.data.dataset_size
+        expect = {f"g.{n}": tuple(t.shape) for n, t in ctx.start.items()} | {"f-hat": (1,), "round": (1,)}
+        state, self.source = ctx.store.load(STATE, expect)
+        round_ = ctx.info.server_round
+        self.took_part = state is not None and int(state["round"]) == round_ - 1
+        own = {n[2:]: t.to(ctx.start[n[2:]]) for n, t in state.items() if n.startswith("g.")} \
+            if state is not None else None
+        own_f = float(state["f-hat"]) if state is not None else 0.0
+        f_record = ctx.records.get(wire.HAFEDHO_F_HAT)
+        f_prev = float(f_record["f-hat"]) if f_record is not None else 0.0
+        self.h, self.f = rectification(ctx.records.get(wire.HAFEDHO_G), f_prev, own, own_f,
+                                       self.p_i, self.took_part)
+        self.params = ctx.params
+        self.terms: list[torch.Tensor] = []  # μ(f + hᵀ(w - w_t)) at each step
+
+    def loss(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
+        if self.mode != "objective" or not self.h:
+            return None
+        linear = torch.stack([(self.h[n] * (p - self.ctx.start[n])).sum()
+                              for n, p in self.params.items()]).sum()
+        term = self.mu * (self.f + linear)
+        self.terms.append(term.detach())
+        return term
+
+    def correct_(self, params: Mapping[str, torch.nn.Parameter]) -> None:
+        if self.mode == "gradient" and self.h:
+            add_to_grads_(params, self.h, scale=self.mu)
+
+    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+        lr = self.ctx.info.lr
+        g_i = {f"g.{n}": -delta[n] / lr for n in self.params}  # Σ_k ∇φ_i(w_k) for plain SGD
+        round_ = torch.tensor([self.ctx.info.server_round], dtype=torch.int64)
+        self.ctx.store.save(STATE, {**g_i, "f-hat": torch.tensor([train_loss]), "round": round_})
+        metrics = {wire.F_HAT: train_loss, wire.CLIENT_STATE: int(self.source),
+                   wire.TOOK_PART: int(self.took_part)}
+        if self.terms:  # the surrogate φ_i the client minimised, mean over the steps
+            metrics[RECTIFIED_LOSS] = train_loss + float(torch.stack(self.terms).mean())
+        return PartOutput(metrics=metrics)

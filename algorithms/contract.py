@@ -1,0 +1,91 @@
+"""The wire contract: which records go down and come back, declared by the components.
+
+Every component that puts something on the wire declares it once as a `Record` (its name and
+the shape of its arrays, derived from the model). An algorithm's contract is the union of its
+components' records plus the base message (the model down, Δ and metrics up). The server builds
+its payload and validates replies from it; the ClientApp refuses any record it does not list,
+so a record sent and silently ignored cannot happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from adaptfl.algorithms import wire
+
+if TYPE_CHECKING:
+    from adaptfl.algorithms.algorithm import Algorithm
+
+# name -> (shape, dtype) for every array a record must hold
+ArraySpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Names, shapes and dtypes of the model: what valid arrays must look like."""
+
+    entries: dict[str, tuple[tuple[int, ...], torch.dtype]]  # every state_dict entry
+    parameters: tuple[str, ...]  # the trainable ones (optimizer state exists for these)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelSpec:
+        entries = {n: (tuple(t.shape), t.dtype) for n, t in model.state_dict().items()}
+        return cls(entries, tuple(n for n, _ in model.named_parameters()))
+
+    @classmethod
+    def of_arrays(cls, arrays: Mapping[str, torch.Tensor],
+                  parameters: tuple[str, ...] | None = None) -> ModelSpec:
+        """From a state dict alone; without `parameters` every floating entry counts as trainable."""
+        entries = {n: (tuple(t.shape), t.dtype) for n, t in arrays.items()}
+        names = parameters if parameters is not None else \
+            tuple(n for n, t in arrays.items() if t.is_floating_point())
+        return cls(entries, names)
+
+    def params(self) -> ArraySpec:
+        return {n: self.entries[n] for n in self.parameters}
+
+    def blocks(self) -> ArraySpec:
+        """One value per trainable tensor (FedACT's `block` v-sync)."""
+        return {n: ((1,), self.entries[n][1]) for n in self.parameters}
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        return [(n, self.entries[n][0]) for n in self.parameters]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.entries[self.parameters[0]][1] if self.parameters else torch.float32
+
+
+Shape = Callable[[ModelSpec, "Algorithm"], ArraySpec]
+
+
+def params_shape(spec: ModelSpec, algorithm: Algorithm) -> ArraySpec:
+    return spec.params()
+
+
+def scalar_shape(name: str) -> Shape:
+    return lambda spec, algorithm: {name: ((1,), torch.float32)}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One ArrayRecord on the wire."""
+
+    name: str
+    shape: Shape = params_shape
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What an algorithm's messages carry, by record name."""
+
+    down: dict[str, ArraySpec]  # extra records the server may send (besides the model)
+    up: dict[str, ArraySpec]  # records every reply must carry (besides Δ)
+    up_metrics: frozenset[str] = field(default_factory=frozenset)  # required reply metrics
+
+    def reply_spec(self, spec: ModelSpec) -> dict[str, ArraySpec]:
+        return {wire.DELTA: dict(spec.entries), **self.up}

@@ -1,0 +1,97 @@
+"""Run settings that are not part of an algorithm: the federation, the local training, the data,
+where outputs go and what runs where. Declared like every component (params.py), so their keys,
+checks and docs come from here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from adaptfl.algorithms.params import Component, component, param
+
+PARTITIONINGS = ("dirichlet", "iid", "pathological", "natural-id")
+
+
+@component("settings", "federation")
+@dataclass(frozen=True)
+class Federation(Component):
+    """Rounds, sampling, how replies are weighted and bounded."""
+
+    num_server_rounds: int = param(20, "number of rounds", within=(1, None))
+    fraction_train: float = param(1.0, "share of the connected nodes sampled per round",
+                                  within=(0.0, 1.0), open_low=True)
+    min_replies: int = param(1, "below this many accepted replies a round leaves the state unchanged",
+                             within=(1, None))
+    weighting: str = param("examples", "weights of the means over replies: examples (sample count) "
+                           "or uniform", choices=("examples", "uniform"))
+    round_timeout: float = param(0.0, "seconds to wait for replies; 0: no limit", within=(0.0, None))
+    max_reply_mb: float = param(1024.0, "replies larger than this are dropped", within=(0.0, None),
+                                open_low=True)
+    seed: int = param(42, "seed of the model, the partitions, the client sampling and the batches",
+                      within=(0, None))
+
+
+@component("settings", "local")
+@dataclass(frozen=True)
+class LocalTraining(Component):
+    """The clients' local steps."""
+
+    local_steps: int = param(50, "K: local steps per round", within=(1, None))
+    batch_size: int = param(50, "examples per local step", within=(1, None))
+    lr: float | None = param(None, "local learning rate at round 1; preset: the preconditioner's "
+                             "(sgd 0.1, adam/adamw/sophia 1e-3, muon 0.02, soap 3e-3)",
+                             within=(0.0, None), open_low=True, sane=(0.0, 10.0))
+    lr_schedule: str = param("cosine", "lr over rounds: cosine (to 0 after the last) or constant",
+                             choices=("cosine", "constant"))
+    weight_decay: float | None = param(None, "decoupled weight decay (L2 for adam); preset: the "
+                                       "preconditioner's", within=(0.0, None), sane=(0.0, 10.0))
+    diagnostics_every: int = param(1, "PosRatio / TopMass on every N-th local step (0: off); kept "
+                                   "on the device and read once per round", within=(0, None))
+
+
+@component("settings", "data")
+@dataclass(frozen=True)
+class Data(Component):
+    """The task, the model and how the data is split across clients."""
+
+    task: str = param("fashion-mnist", "a built-in task, 'package.module:function' (your own), "
+                      "'hf:<name>' (Hugging Face), or a local 'csv:'/'parquet:'/'imagefolder:' path")
+    model: str = param("cnn", "a built-in model or 'package.module:function' (your own)")
+    partitioning: str = param("dirichlet", "how one data set is split across clients",
+                              choices=PARTITIONINGS)
+    dirichlet_alpha: float = param(0.3, "Dirichlet concentration α of the label shares",
+                                   within=(0.0, None), open_low=True)
+    classes_per_client: int = param(2, "labels per client ('pathological' partitioning)",
+                                    within=(1, None))
+    data_dir: str = param("", "where the data lives; a SuperNode's node config may set its own")
+
+
+@component("settings", "output")
+@dataclass(frozen=True)
+class Output(Component):
+    """Where a run's results and the clients' durable state go."""
+
+    results_dir: str = param("", "absolute results root; empty: <checkout>/results or "
+                             "~/.adaptfl/results")
+    run_name: str = param("", "results sub-folder; empty: <algorithm>-<time>")
+    resume: bool = param(False, "continue results-dir/run-name from its last complete round")
+    resume_from: str = param("", "absolute path of an earlier run's results dir to continue from")
+    client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
+                                  "system's temp dir")
+
+
+@component("settings", "runtime")
+@dataclass(frozen=True)
+class Runtime(Component):
+    """What the clients run on."""
+
+    device: str = param("auto", "auto, cpu, cuda or cuda:N (a node config may override it)")
+    num_threads: int = param(0, "torch threads per client process; 0: torch's default",
+                             within=(0, None))
+
+    def check(self) -> None:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"invalid device={self.device!r}: choose auto, cpu, cuda or cuda:N")
+
+
+SETTINGS = (Federation, LocalTraining, Data, Output, Runtime)

@@ -1,0 +1,101 @@
+"""Trust modulation as components: which rule scales u <- φ ⊙ u, with its keys (seed 000, Eq. 7-9).
+
+- `none`: φ ≡ 1.
+- `act`: φ = α on the top ⌊τD⌋ of the scores s = u ⊙ g, γ elsewhere (FedACT). Scope `global`
+  ranks over ALL coordinates of the model, `per-tensor` within each tensor. γ = 0 is the paper's
+  hard-masking ablation (Table 4).
+- `mgup`: the same α/γ split, always ranked within each tensor, as MGUP's code does.
+- `cautious`: φ = 1[s > 0] rescaled by D / (nnz + 1) (C-AdamW's mask).
+
+The math is in trust.py / topk.py; these classes only declare and check the hyperparameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from adaptfl.algorithms.params import Component, component, param
+from adaptfl.local_update.trust import modulate_
+from adaptfl.local_update.workspace import Workspace
+
+
+class Trust(Component):
+    """Base: φ ≡ 1."""
+
+    active = False  # whether modulate_ changes anything (the shell skips the scores otherwise)
+
+    def modulate_(self, u: torch.Tensor, scores: torch.Tensor, sizes: Sequence[int],
+                  ws: Workspace) -> torch.Tensor:
+        """Scale u in place by φ computed from `scores` (s = u ⊙ g, overwritten)."""
+        return u
+
+
+@component("trust", "none")
+@dataclass(frozen=True)
+class NoTrust(Trust):
+    """No modulation."""
+
+
+@dataclass(frozen=True)
+class _Ranked(Trust):
+    tau: float = param(0.5, "trust ratio τ: the top ⌊τD⌋ scores are trusted", within=(0.0, 1.0),
+                       open_low=True)
+    alpha: float | None = param(None, "scale α of trusted coordinates; preset: 1/τ (the paper's)",
+                                within=(0.0, None), open_low=True, sane=(0.0, 1e3))
+    gamma: float | None = param(None, "scale γ of the others; preset: τ; 0: hard masking (Table 4)",
+                                within=(0.0, None))
+
+    active = True
+    per_tensor = True
+
+    @property
+    def trust_alpha(self) -> float:
+        return 1.0 / self.tau if self.alpha is None else self.alpha
+
+    @property
+    def trust_gamma(self) -> float:
+        return self.tau if self.gamma is None else self.gamma
+
+    def check(self) -> None:
+        if self.trust_gamma > self.trust_alpha:
+            raise ValueError(f"invalid gamma={self.trust_gamma:g}: must not exceed alpha="
+                             f"{self.trust_alpha:g} (trusted coordinates get α ≥ γ)")
+
+    def modulate_(self, u: torch.Tensor, scores: torch.Tensor, sizes: Sequence[int],
+                  ws: Workspace) -> torch.Tensor:
+        return modulate_(u, None, "act", self.tau, self.trust_alpha, self.trust_gamma, sizes,
+                         per_tensor=self.per_tensor, scores=scores, ws=ws)
+
+
+@component("trust", "act")
+@dataclass(frozen=True)
+class ACT(_Ranked):
+    """FedACT's adaptive coordinate trust."""
+
+    trust_scope: str = param("global", "rank the scores over the whole model (global) or within "
+                             "each tensor (per-tensor)", choices=("global", "per-tensor"))
+
+    @property
+    def per_tensor(self) -> bool:  # type: ignore[override]
+        return self.trust_scope == "per-tensor"
+
+
+@component("trust", "mgup")
+@dataclass(frozen=True)
+class MGUP(_Ranked):
+    """MGUP (Chang & Yuan 2025): α/γ ranked within each tensor."""
+
+
+@component("trust", "cautious")
+@dataclass(frozen=True)
+class Cautious(Trust):
+    """C-AdamW's mask (Liang et al. 2024)."""
+
+    active = True
+
+    def modulate_(self, u: torch.Tensor, scores: torch.Tensor, sizes: Sequence[int],
+                  ws: Workspace) -> torch.Tensor:
+        return modulate_(u, None, "cautious", 0.5, 1.0, 1.0, sizes, per_tensor=False,
+                         scores=scores, ws=ws)

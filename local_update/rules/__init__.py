@@ -1,0 +1,82 @@
+"""Preconditioners g -> d, one file each: sgd, adam/adamw, sophia, muon, soap.
+
+Each is a `Preconditioner`: a frozen dataclass of its hyperparameters (declared once, so they are
+also its run-config keys) with pure per-tensor math behind one interface:
+
+    slots                     state tensors shaped like the parameter, zero at the start
+    init(p)                   any other state (SOAP's Kronecker factors)
+    direction(g, st, step)    d for this step and the scale its lr is multiplied by; updates st
+    theta_shapes(name, shape) what of st is shared with the server (FedPAC Θ, FedMIX-P P)
+
+`elementwise` rules (sgd, adam, adamw, sophia) are run by the shell on one flat vector per param
+group, so FedACT's global top-k is a single selection; the others per tensor. Everything after
+the direction — mixing, correction, trust modulation, the step — is written once, in
+`local_update/shell.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from adaptfl.algorithms.params import Component
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class Step:
+    """What a rule may read about the step being taken."""
+
+    k: int  # this parameter's local step, from 1 each round (per parameter, as torch counts)
+    t: int  # the global step: (r-1)·K + k
+    lam: float = 1.0  # FedMIX-P's λ_r: weight of the client's own state against the reference
+    bs: int = 1  # examples (tokens for language models) in the batch: Sophia's bs
+    out: torch.Tensor | None = None  # a buffer the direction may be written to
+
+
+class Preconditioner(Component):
+    """Base of the preconditioners (see the package docstring)."""
+
+    default_lr: ClassVar[float] = 1e-3
+    default_weight_decay: ClassVar[float] = 0.0
+    elementwise: ClassVar[bool] = True  # one flat vector per group (else per tensor)
+    coupled_decay: ClassVar[bool] = False  # g += wd·x before the rule (Adam's L2), no decoupled decay
+    decay_after: ClassVar[bool] = False  # x = (x - c·d)·(1 - lr·wd): SOAP's authors' order
+    slots: ClassVar[tuple[str, ...]] = ()  # zero-initialised, shaped like the parameter
+    theta_slots: ClassVar[tuple[str, ...]] = ()  # shared with the server (FedPAC / FedMIX-P)
+    shareable: ClassVar[bool] = False  # has a Θ to share at all
+
+    def init(self, p: torch.Tensor) -> dict[str, Any]:
+        return {}
+
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
+                  ) -> tuple[torch.Tensor | None, float]:
+        raise NotImplementedError
+
+    def theta_shapes(self, name: str, shape: Shape) -> dict[str, Shape]:
+        """{slot: shape} of what this parameter shares (empty: nothing)."""
+        return {slot: tuple(shape) for slot in self.theta_slots}
+
+    def theta_spec(self, params: Sequence[tuple[str, Shape]]) -> dict[str, Shape]:
+        """{"<param>/<slot>": shape} of the whole model's shared state (the server's Θ spec)."""
+        return {f"{n}/{slot}": shp for n, s in params for slot, shp in self.theta_shapes(n, tuple(s)).items()}
+
+    def groups(self, named: Sequence[tuple[str, torch.Tensor]], lr_scale: float
+               ) -> list[dict[str, Any]]:
+        """Param groups for this rule over a model's parameters; one group unless the rule
+        routes some parameters elsewhere (Muon: the non-matrix ones to AdamW)."""
+        return [{"params": list(named), **group_values(self)}]
+
+
+def group_values(rule: Preconditioner) -> dict[str, Any]:
+    """The rule's hyperparameters as torch param-group entries (snake_case, as torch names them)."""
+    from adaptfl.algorithms.params import fields_of
+
+    return {"preconditioner": rule.name, **{f.name: getattr(rule, f.name) for f in fields_of(type(rule))}}
+
+
+def zeros_like_slots(rule: Preconditioner, p: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {slot: torch.zeros_like(p, memory_format=torch.preserve_format) for slot in rule.slots}

@@ -1,0 +1,75 @@
+"""Adam and AdamW as pure rules on flat tensors (seed 000, Eq. 4-5), with torch's slot names.
+
+    m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;  d = m̂ / (sqrt(v̂) + ε)
+
+`bias_correction` says which step counts the corrections 1-β^n use: `paper` m on the local step
+k and v on the global step t (FedACT's Algorithm 1, lines 11-12: v is synced across rounds);
+`single-counter` both on t (the FedAdamW authors' code); `local` both on k (a fresh
+`torch.optim.AdamW` each round); `off` none (FedLADA). Adam adds the coupled L2 term wd·x to g
+first, as `torch.optim.Adam(weight_decay=...)`; AdamW decays x in the step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from adaptfl.algorithms.params import component, param
+from adaptfl.local_update.rules import Preconditioner, Step
+
+BIAS_MODES = ("paper", "single-counter", "local", "off")
+
+
+def bias_steps(mode: str, k: int, t: int) -> tuple[int, int]:
+    """Exponents (for m, for v) of the bias corrections 1-β^n; 0 means no correction."""
+    return {"paper": (k, t), "single-counter": (t, t), "local": (k, k), "off": (0, 0)}[mode]
+
+
+def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Tensor,
+                    beta1: float, beta2: float, eps: float, n_m: int, n_v: int,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """d = m̂ / (sqrt(v̂) + ε), written to `out` (fresh if None); updates m and v in place.
+
+    n_m, n_v: exponents of the bias corrections (0: none).
+    """
+    exp_avg.lerp_(g, 1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+    bc1 = 1.0 - beta1**n_m if n_m else 1.0
+    bc2 = 1.0 - beta2**n_v if n_v else 1.0
+    denom = torch.sqrt(exp_avg_sq, out=out).div_(math.sqrt(bc2)).add_(eps)
+    return torch.div(exp_avg, denom, out=denom).div_(bc1)
+
+
+@component("preconditioner", "adamw")
+@dataclass(frozen=True)
+class AdamW(Preconditioner):
+    """AdamW: Adam's direction, decoupled weight decay (Loshchilov & Hutter 2019)."""
+
+    beta1: float = param(0.9, "first-moment EMA weight β1", within=(0.0, 1.0), open_high=True)
+    beta2: float = param(0.999, "second-moment EMA weight β2", within=(0.0, 1.0), open_high=True)
+    eps: float = param(1e-8, "ε added to sqrt(v̂)", within=(0.0, None), open_low=True)
+    bias_correction: str = param("paper", "which step count the bias corrections use: paper (m on "
+                                 "the local step, v on the global step), single-counter, local, off",
+                                 choices=BIAS_MODES)
+
+    default_lr = 1e-3  # the adaptive family's main-job lr (FedACT's Table 6 tunes 1e-4..1e-3)
+    default_weight_decay = 0.01
+    slots = ("exp_avg", "exp_avg_sq")
+
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
+                  ) -> tuple[torch.Tensor, float]:
+        n_m, n_v = bias_steps(self.bias_correction, step.k, step.t)
+        d = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1, self.beta2, self.eps,
+                            n_m, n_v, out=step.out)
+        return d, 1.0
+
+
+@component("preconditioner", "adam")
+@dataclass(frozen=True)
+class Adam(AdamW):
+    """Adam with coupled L2 weight decay, as `torch.optim.Adam(weight_decay=...)`."""
+
+    default_weight_decay = 1e-3
+    coupled_decay = True

@@ -1,0 +1,446 @@
+"""`LocalUpdate`: one `torch.optim.Optimizer` for every preconditioner, running the chain
+
+    d = precondition(g)                 the group's rule (rules/), with FedMIX-P's mixed reference
+    u = (1-ρ)·(c/L)·d + ρ·Δ_G           correction with the server's global direction
+    u = φ ⊙ u,  s = u ⊙ g               trust modulation (modulation.py)
+    x = (1 - δ)·x - L·u                 decoupled weight decay, then the step
+
+where c = lr·scale is the rule's own step (Muon's shape scale, SOAP's bias-corrected size, the
+AdamW half of Muon at its own lr) and L is the first param group's lr: the correction and the
+trust scores are in its units. δ = lr·wd, times (1-ρ) when the correction is FedPAC's
+(`correction="after-step"`: the local optimizer runs at lr·(1-ρ), then x -= ρ·lr·g_G).
+Without correction, trust or diagnostics the chain reduces to each rule's own step.
+
+A torch optimizer first: `LocalUpdate(model.parameters(), lr=1e-3)` works; hyperparameters live
+in `param_groups` (so `torch.optim.lr_scheduler` works); `state_dict()` / `load_state_dict()`
+round-trip everything a next step reads (moments, Δ_G, the FedMIX-P reference, step counts).
+Named parameters (`model.named_parameters()`) add export / import of state by NAME, which is
+how state crosses the wire (torch's own `state_dict` keys by position).
+
+Elementwise rules keep every per-parameter slot as a view into one flat buffer per group, so
+FedACT's update is a handful of passes over one vector and its top-k one global selection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from adaptfl.algorithms.params import Component, fields_of, lookup
+from adaptfl.local_update.modulation import Trust
+from adaptfl.local_update.rules import Preconditioner, Step, group_values
+from adaptfl.local_update.trust import pos_ratio, top_mass
+from adaptfl.local_update.workspace import Workspace
+
+CORRECTIONS = ("mix", "after-step")
+Tensors = dict[str, torch.Tensor]
+
+
+def _build(kind: str, spec: str | Component, overrides: dict[str, Any]) -> Any:
+    """A component from a name or an instance, with keyword overrides of its fields."""
+    cls = lookup(kind, spec) if isinstance(spec, str) else type(spec)
+    names = {f.name for f in fields_of(cls)}
+    mine = {k: overrides.pop(k) for k in list(overrides) if k in names}
+    return cls(**mine) if isinstance(spec, str) else spec.replace(**mine)
+
+
+class LocalUpdate(torch.optim.Optimizer):
+    """precondition → mix → correct → modulate → step (see the module docstring).
+
+    Args:
+        params: tensors, (name, tensor) pairs or param-group dicts (a group may name its own
+            `preconditioner` and its fields).
+        lr, weight_decay: the step; None: the preconditioner's default.
+        preconditioner: "sgd", "adam", "adamw", "sophia", "muon", "soap" or an instance.
+        trust: "none", "act", "mgup", "cautious" or an instance (α = 1/τ, γ = τ unless given).
+        rho: weight of the global direction (set it with `set_global_direction`).
+        correction: "mix" (FedACT family) or "after-step" (FedPAC).
+        step_offset: global steps before this round's first (the paper's bias correction of v).
+        mix_lambda: FedMIX-P's λ of this round (1: the client's own state only).
+        diagnostics_every: PosRatio/TopMass on every N-th step (0: off), kept on the device.
+        **hyper: fields of the preconditioner or trust rule by name (beta1=..., tau=...).
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float | None = None, *,
+                 weight_decay: float | None = None, preconditioner: str | Preconditioner = "adamw",
+                 trust: str | Trust = "none", rho: float = 0.0, correction: str = "mix",
+                 step_offset: int = 0, mix_lambda: float = 1.0, diagnostics_every: int = 0,
+                 **hyper: Any) -> None:
+        rule = _build("preconditioner", preconditioner, hyper)
+        self.trust: Trust = _build("trust", trust, hyper)
+        if hyper:
+            raise TypeError(f"LocalUpdate got unexpected keyword arguments {sorted(hyper)}; "
+                            f"{rule.name} takes {[f.name for f in fields_of(type(rule))]}")
+        lr = rule.default_lr if lr is None else lr
+        weight_decay = rule.default_weight_decay if weight_decay is None else weight_decay
+        for name, value, ok in (("lr", lr, lr >= 0.0),
+                                ("weight_decay", weight_decay, weight_decay >= 0.0),
+                                ("rho", rho, 0.0 <= rho <= 1.0),
+                                ("step_offset", step_offset, step_offset >= 0),
+                                ("mix_lambda", mix_lambda, 0.0 <= mix_lambda <= 1.0),
+                                ("diagnostics_every", diagnostics_every, diagnostics_every >= 0)):
+            if not ok:
+                raise ValueError(f"invalid {name}={value!r}")
+        if correction not in CORRECTIONS:
+            raise ValueError(f"invalid correction={correction!r}: choose one of {CORRECTIONS}")
+        groups = _as_groups(params, rule)
+        super().__init__(groups, {"lr": lr, "weight_decay": weight_decay, **group_values(rule)})
+        self.rho, self.correction, self.step_offset = rho, correction, step_offset
+        self.mix_lambda, self.diagnostics_every = mix_lambda, diagnostics_every
+        self.bs = 1  # examples (tokens) in the current batch: Sophia's bs
+        self.steps = 0  # optimizer steps taken (the diagnostics schedule)
+        self.work = Workspace()
+        self._rules: dict[tuple, Preconditioner] = {}
+        self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
+        self._diag: dict[str, torch.Tensor] = {}
+        self._diag_count = 0
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                self.state[p].update({"step": 0, **self.rule(group).init(p)})
+            for slot in self.rule(group).slots:
+                self._new_slot(gi, slot)
+        self.register_load_state_dict_post_hook(lambda opt: opt._repack())
+
+    # --- groups, rules and names ------------------------------------------------------------
+    def rule(self, group: dict[str, Any]) -> Preconditioner:
+        """The group's rule, rebuilt from its entries (so changing e.g. beta1 there takes effect)."""
+        cls = lookup("preconditioner", group["preconditioner"])
+        values = tuple((f.name, group.get(f.name, f.default)) for f in fields_of(cls))
+        key = (cls, values)
+        if key not in self._rules:
+            self._rules[key] = cls(**dict(values))
+        return self._rules[key]
+
+    def named(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, parameter) in order; unnamed parameters are called by their position."""
+        out, i = [], 0
+        for group in self.param_groups:
+            names = group.get("param_names") or [str(i + j) for j in range(len(group["params"]))]
+            out.extend(zip(names, group["params"], strict=True))
+            i += len(group["params"])
+        return out
+
+    def _by_name(self) -> dict[str, tuple[int, torch.Tensor]]:
+        out = {}
+        for gi, group in enumerate(self.param_groups):
+            names = group.get("param_names")
+            for j, p in enumerate(group["params"]):
+                out[names[j] if names else str(len(out))] = (gi, p)
+        return out
+
+    # --- per-parameter slots (views into one flat buffer per elementwise group) ---------------
+    def _new_slot(self, gi: int, slot: str, values: Mapping[torch.Tensor, torch.Tensor] | None = None
+                  ) -> None:
+        group = self.param_groups[gi]
+        params = group["params"]
+        if not self.rule(group).elementwise:
+            for p in params:
+                src = None if values is None else values.get(p)
+                self.state[p][slot] = torch.zeros_like(p) if src is None else src.detach().to(p).clone()
+            return
+        like = params[0].detach()
+        flat = like.new_zeros(sum(p.numel() for p in params))
+        self._flat[gi][slot] = flat
+        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            view = view.view_as(p)
+            if values is not None and p in values:
+                view.copy_(values[p])
+            self.state[p][slot] = view
+
+    def _repack(self) -> None:
+        """After `load_state_dict`: loaded slots are separate tensors; put them back in the flat
+        buffers so the flat path sees them."""
+        self._flat = [{} for _ in self.param_groups]
+        for gi, group in enumerate(self.param_groups):
+            if not self.rule(group).elementwise:  # torch's load may alias the source's tensors
+                for p in group["params"]:
+                    self.state[p].update({k: v.clone() for k, v in self.state[p].items()
+                                          if torch.is_tensor(v)})
+                continue
+            slots = {k for p in group["params"] for k, v in self.state[p].items()
+                     if torch.is_tensor(v) and v.shape == p.shape}
+            for slot in sorted(slots):
+                self._new_slot(gi, slot, {p: self.state[p][slot] for p in group["params"]
+                                          if slot in self.state[p]})
+
+    def _set_slot(self, slot: str, tensors: Mapping[str, torch.Tensor], require_all: bool) -> None:
+        by_name = self._by_name()
+        unknown = sorted(set(tensors) - set(by_name))
+        if unknown:
+            raise ValueError(f"{slot}: tensors for parameters this optimizer lacks: {unknown[:5]}")
+        if require_all:
+            missing = sorted(set(by_name) - set(tensors))
+            if missing:
+                raise ValueError(f"{slot}: tensors missing for parameters {missing[:5]}")
+        for name, t in tensors.items():
+            p = by_name[name][1]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"{slot}[{name}] has shape {tuple(t.shape)}, parameter has "
+                                 f"{tuple(p.shape)}")
+        for gi, group in enumerate(self.param_groups):
+            mine = {p: tensors[n] for n, (g, p) in by_name.items() if g == gi and n in tensors}
+            if mine and (slot not in self.state[group["params"][0]]):
+                self._new_slot(gi, slot, mine)
+            else:
+                for p, t in mine.items():
+                    self.state[p][slot].copy_(t)
+
+    def export_state(self, slot: str) -> Tensors:
+        """A copy of one state slot (e.g. `exp_avg_sq`) as {parameter name: tensor}."""
+        return {n: self.state[p][slot].detach().clone() for n, p in self.named() if slot in self.state[p]}
+
+    def import_state(self, slot: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Warm-start one slot from {parameter name: tensor} (FedACT's v̄)."""
+        self._set_slot(slot, tensors, require_all=False)
+
+    def set_global_direction(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Δ_G (or FedPAC's g_G, MimeLite's m) for every parameter, by name."""
+        self._set_slot("global_direction", tensors, require_all=True)
+
+    # --- Θ: what FedPAC / FedMIX-P share ------------------------------------------------------
+    def export_theta(self) -> Tensors:
+        out = {}
+        for n, p in self.named():
+            st = self.state[p]
+            group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+            for slot in self.rule(group).theta_shapes(n, tuple(p.shape)):
+                if slot in st:
+                    out[f"{n}/{slot}"] = st[slot].detach().clone()
+        return out
+
+    def import_theta(self, theta: Mapping[str, torch.Tensor], keep_reference: bool = False) -> None:
+        """FedPAC's alignment: Θ^r becomes this client's state, and every parameter counts as
+        warm-started (SOAP then steps fully at once). With `keep_reference` (FedMIX-P) a frozen
+        copy stays as `ref_<slot>` for the mixing."""
+        own = self.export_theta()
+        unknown = sorted(set(theta) - set(own))
+        if unknown:
+            raise ValueError(f"Θ has entries this model lacks: {unknown[:5]}")
+        by_name = self._by_name()
+        for slot in sorted({k.rsplit("/", 1)[1] for k in theta}):
+            entries = {k.rsplit("/", 1)[0]: v for k, v in theta.items() if k.rsplit("/", 1)[1] == slot}
+            for name, t in entries.items():
+                if tuple(t.shape) != tuple(own[f"{name}/{slot}"].shape):
+                    raise ValueError(f"Θ[{name}/{slot}] has shape {tuple(t.shape)}, expected "
+                                     f"{tuple(own[f'{name}/{slot}'].shape)}")
+                self.state[by_name[name][1]][slot].copy_(t)
+            if keep_reference:
+                self._set_reference(f"ref_{slot}", entries, by_name)
+        for _, p in self.named():
+            self.state[p]["warm"] = True
+
+    def _set_reference(self, slot: str, entries: Mapping[str, torch.Tensor],
+                       by_name: Mapping[str, tuple[int, torch.Tensor]]) -> None:
+        for gi, group in enumerate(self.param_groups):
+            mine = {p: entries[n] for n, (g, p) in by_name.items() if g == gi and n in entries}
+            if not mine:
+                continue
+            if self.rule(group).elementwise:
+                self._new_slot(gi, slot, mine)
+            else:
+                for p, t in mine.items():
+                    self.state[p][slot] = t.detach().to(p).clone()
+
+    # --- diagnostics --------------------------------------------------------------------------
+    def diagnostics(self) -> dict[str, float]:
+        """Mean PosRatio and TopMass over the steps that computed them (read once per round)."""
+        if not self._diag_count:
+            return {}
+        return {k: float(v) / self._diag_count for k, v in self._diag.items()}
+
+    # --- the step -----------------------------------------------------------------------------
+    def hessian_due(self) -> bool:
+        """Whether the coming step refreshes Sophia's h (the caller then passes ĝ to `step`)."""
+        for group in self.param_groups:
+            rule = self.rule(group)
+            if rule.name == "sophia":
+                k = max((self.state[p]["step"] for p in group["params"]), default=0)
+                return rule.refresh_due(k + 1)  # type: ignore[attr-defined]
+        return False
+
+    @torch.no_grad()
+    def step(self, closure: Any = None, g_hat: Mapping[str, torch.Tensor] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.steps += 1
+        blocks = []
+        for gi, group in enumerate(self.param_groups):
+            active = [p for p in group["params"] if p.grad is not None]
+            if active:
+                blocks.extend(self._directions(gi, group, active))
+        if blocks:
+            diagnose = self.diagnostics_every > 0 and self.steps % self.diagnostics_every == 0
+            if self.trust.active or diagnose:
+                self._chain(blocks, diagnose)
+            else:  # each rule's own step in its authors' order, then the correction (spec §3)
+                ref_lr = self.param_groups[0]["lr"]
+                for block in blocks:
+                    block.apply_own_step(1.0 - self.rho)
+                    block.add_correction(-ref_lr * self.rho)
+        if g_hat is not None:
+            self._refresh_hessian(g_hat)
+        return loss
+
+    def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor]) -> list[_Block]:
+        rule = self.rule(group)
+        lr, wd = group["lr"], group["weight_decay"]
+        for p in active:
+            self.state[p]["step"] += 1
+        steps = {self.state[p]["step"] for p in active}
+        decay = 0.0 if rule.coupled_decay else lr * wd
+        if self.correction == "after-step":  # FedPAC: the local optimizer (and so its decay)
+            decay *= 1.0 - self.rho  # runs at lr·(1-ρ); the (1-ρ) of its move is the chain's
+        if rule.elementwise and len(active) == len(group["params"]) and len(steps) == 1:
+            k = steps.pop()
+            n = sum(p.numel() for p in active)
+            like = active[0].detach()
+            g = torch.cat([p.grad.reshape(-1) for p in active], out=self.work.get(f"g{gi}", n, like))
+            if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
+                g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
+                       alpha=wd)
+            st = self._flat[gi]
+            d, scale = rule.direction(g, st, Step(k, self.step_offset + k, self.mix_lambda, self.bs,
+                                                  out=self.work.get(f"u{gi}", n, like)))
+            return [_Block(active, d, g, lr * scale, decay, rule.decay_after,
+                           st.get("global_direction"), flat=True)]
+        blocks = []
+        for p in active:
+            st, k = self.state[p], self.state[p]["step"]
+            g = p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd)
+            d, scale = rule.direction(g, st, Step(k, self.step_offset + k, self.mix_lambda, self.bs))
+            blocks.append(_Block([p], d, g, lr * scale, decay, rule.decay_after,
+                                 st.get("global_direction")))
+        return blocks
+
+    def _chain(self, blocks: list[_Block], diagnose: bool) -> None:
+        """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped."""
+        ref_lr = self.param_groups[0]["lr"]
+        if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
+            b = blocks[0]
+            u, g = b.d, b.g
+            ratio = b.coef / ref_lr if ref_lr else 1.0
+            if ratio != 1.0:
+                u.mul_(ratio)
+            sizes = [p.numel() for p in b.params]
+            dg = b.global_direction
+        else:
+            sizes = [p.numel() for b in blocks for p in b.params]
+            n, like = sum(sizes), blocks[0].params[0].detach()
+            u = torch.cat([b.scaled_direction(ref_lr).reshape(-1) for b in blocks],
+                          out=self.work.get("u", n, like))
+            g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("g", n, like))
+            dg = None
+            if self.rho > 0.0 and all(b.global_direction is not None for b in blocks):
+                dg = torch.cat([b.global_direction.reshape(-1) for b in blocks],
+                               out=self.work.get("dg", n, like))
+        if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
+            u.mul_(1.0 - self.rho)
+            if dg is not None:
+                u.add_(dg, alpha=self.rho)
+        if self.trust.active or diagnose:
+            scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
+            if diagnose:
+                self._record(scores)
+            self.trust.modulate_(u, scores, sizes, self.work)
+        # no decay on a rule's initialising step (SOAP's first one moves nothing of its own)
+        params = [p for b in blocks for p in b.params]
+        steps = [v.view_as(p) for v, p in zip(u.split(sizes), params, strict=True)]
+        if not any(b.decay_after for b in blocks):
+            decays = [0.0 if b.d is None else b.decay for b in blocks for _ in b.params]
+            if any(decays):
+                if len(set(decays)) == 1:
+                    torch._foreach_mul_(params, 1.0 - decays[0])
+                else:
+                    for p, dec in zip(params, decays, strict=True):
+                        p.mul_(1.0 - dec)
+            torch._foreach_add_(params, steps, alpha=-ref_lr)
+            return
+        i = 0
+        for b in blocks:  # SOAP: x = (x - L·u)(1-δ), the correction's share given back undecayed
+            for p in b.params:
+                decay = 0.0 if b.d is None else b.decay
+                if b.decay_after:
+                    p.add_(steps[i], alpha=-ref_lr).mul_(1.0 - decay)
+                    b.add_correction(-ref_lr * self.rho * decay, only=p)
+                else:
+                    p.mul_(1.0 - decay).add_(steps[i], alpha=-ref_lr)
+                i += 1
+
+    def _record(self, scores: torch.Tensor) -> None:
+        values = {"pos-ratio": pos_ratio(scores, self.work), "top-mass": top_mass(scores, ws=self.work)}
+        for k, v in values.items():
+            v = torch.as_tensor(v, dtype=torch.float64)
+            self._diag[k] = self._diag[k] + v if k in self._diag else v
+        self._diag_count += 1
+
+    def _refresh_hessian(self, g_hat: Mapping[str, torch.Tensor]) -> None:
+        """Sophia's h refreshed AFTER use (spec §4), for the parameters ĝ covers."""
+        by_name = self._by_name()
+        for name, grad in g_hat.items():
+            gi, p = by_name[name]
+            rule = self.rule(self.param_groups[gi])
+            if rule.name == "sophia":
+                rule.refresh(self.state[p], grad)  # type: ignore[attr-defined]
+
+
+class _Block:
+    """The direction of one flat group, or of one tensor, and how it steps on its own."""
+
+    def __init__(self, params: list[torch.Tensor], d: torch.Tensor | None, g: torch.Tensor,
+                 coef: float, decay: float, decay_after: bool,
+                 global_direction: torch.Tensor | None, flat: bool = False) -> None:
+        self.params, self.d, self.g, self.coef, self.flat = params, d, g, coef, flat
+        self.decay, self.decay_after, self.global_direction = decay, decay_after, global_direction
+
+    def scaled_direction(self, ref_lr: float) -> torch.Tensor:
+        """(c/L)·d: this block's direction in the units of the reference lr L."""
+        if self.d is None:  # SOAP's initialising step: no local move
+            return torch.zeros_like(self.g)
+        factor = self.coef / ref_lr if ref_lr else 1.0
+        return self.d * factor if factor != 1.0 else self.d
+
+    def _steps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.flat:
+            return [v.view_as(p) for v, p in zip(x.split([p.numel() for p in self.params]),
+                                                 self.params, strict=True)]
+        return [x.view_as(self.params[0])]
+
+    def apply_own_step(self, share: float = 1.0) -> None:
+        """The rule's own step at `share` of its lr, exactly as its authors write it."""
+        if self.d is None:
+            return
+        steps, coef = self._steps(self.d), self.coef * share
+        if self.decay_after:
+            for p, s in zip(self.params, steps, strict=True):
+                p.add_(s, alpha=-coef).mul_(1.0 - self.decay)
+            return
+        if self.decay:
+            torch._foreach_mul_(self.params, 1.0 - self.decay)
+        torch._foreach_add_(self.params, steps, alpha=-coef)
+
+    def add_correction(self, alpha: float, only: torch.Tensor | None = None) -> None:
+        """x += alpha·Δ_G (nothing before the server has a Δ_G, or when alpha is 0)."""
+        if self.global_direction is None or alpha == 0.0:
+            return
+        for p, dg in zip(self.params, self._steps(self.global_direction), strict=True):
+            if only is None or p is only:
+                p.add_(dg, alpha=alpha)
+
+
+def _as_groups(params: Iterable[Any], rule: Preconditioner) -> list[dict[str, Any]]:
+    """Torch's params argument as groups; named parameters are routed by the rule (Muon)."""
+    items = list(params)
+    if not items:
+        raise ValueError("LocalUpdate got no parameters")
+    if isinstance(items[0], dict):
+        return items
+    if isinstance(items[0], tuple):
+        return rule.groups(items, 1.0)
+    if rule.name == "muon":  # routing needs shapes only; positions stand in for names
+        named = [(str(i), p) for i, p in enumerate(items)]
+        groups = rule.groups(named, 1.0)
+        return [{**g, "params": [p for _, p in g["params"]]} for g in groups]
+    return [{"params": items}]
