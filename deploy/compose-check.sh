@@ -4,7 +4,7 @@
 # Installs what it needs (Debian's docker.io, docker-compose v1, debootstrap, iptables; adaptfl
 # itself if `flwr` is missing), then deploy/compose_check.py does the rest: its own dockerd
 # (stopped by PID, also on failure), images, the insecure and the TLS demo, `down -v`, and one
-# summary line. Needs 12 GB of free disk and about 10 minutes; exits 0 only if every check held.
+# summary line. Needs 16 GB of free disk and about 10 minutes; exits 0 only if every check held.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
