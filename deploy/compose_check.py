@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -239,6 +240,7 @@ def main() -> None:
         print(readme_block())
         return
     workdir = Path(tempfile.mkdtemp(prefix="adaptfl-compose-check-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` still stops dockerd
     try:
         print(run_check(workdir))
         subprocess.run(["rm", "-rf", str(workdir)], check=False)  # logs are kept on failure only

@@ -169,3 +169,12 @@ def test_the_cuda_variant_reserves_gpus_and_builds_from_its_own_wheelhouse() -> 
         service = cuda[f"superexec-clientapp-{i}"]
         assert service["build"]["args"]["WHEELHOUSE"] == "deploy/wheelhouse-cuda"
         assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_no_flower_process_calls_home_or_installs_at_run_time() -> None:
+    services = merged("compose.yml", "with-tls.yml", "with-cuda.yml")["services"]
+    for name, service in services.items():
+        if name == "volume-init":
+            continue
+        assert service["environment"] == {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+                                          "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}, name
