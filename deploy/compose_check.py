@@ -186,6 +186,15 @@ def outsider_refused(runner: Runner) -> str:
     return "refused (403)"
 
 
+def release_build_cache() -> None:
+    """BuildKit keeps a copy of the build context (the 3 GB wheelhouse) and every superseded
+    image's layers; without this, each re-run after a source change leaks ~10 GB. The tagged
+    images stay, so a re-run with unchanged sources still skips the stand-ins."""
+    for what in ("image", "builder"):
+        subprocess.run([dockerd.DOCKER, what, "prune", "-f"], capture_output=True, timeout=600,
+                       check=False)
+
+
 def free_gb(path: Path) -> float:
     return shutil.disk_usage(path).free / 2**30
 
@@ -222,6 +231,7 @@ def run_check(workdir: Path) -> str:
         finally:
             runner.phase("tls-down")
     finally:
+        release_build_cache()
         engine.stop()
         if made_certs:
             shutil.rmtree(DEPLOY / "certs", ignore_errors=True)
