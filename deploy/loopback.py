@@ -1,13 +1,18 @@
-"""A real Flower deployment on this machine: TLS, SuperNode authentication, process isolation.
+"""A real Flower deployment on this machine: TLS, SuperNode authentication, process isolation,
+and the Fleet API proxy as the only way in for SuperNodes.
 
     python -m adaptfl.deploy.loopback --num-nodes 2 --run-config "num-server-rounds=2 model='mlp'"
 
 Runs the very commands of the compose demo (deploy/commands.py) on 127.0.0.1 with free ports:
-certificates and node keys from deploy/generate-certs.sh, one SuperLink (+ SuperExec for the
-ServerApp), N SuperNodes (+ one SuperExec each), their keys registered with
-`flwr supernode register`, then `flwr run` against it. Every process is stopped by its PID at
-the end, also when something fails. `--intruder` also starts a SuperNode whose key was never
-registered: the SuperLink must refuse it.
+certificates, node keys and SuperExec secrets from deploy/generate-certs.sh (one folder per
+process), one SuperLink (+ SuperExec for the ServerApp) whose port is the operators' (Control
+API), the Fleet API proxy whose port is the SuperNodes', N SuperNodes (+ one SuperExec each),
+their keys registered with `flwr supernode register`, then `flwr run` against it. Every process
+is stopped by its PID at the end, also when something fails.
+
+`--intruder` also starts a SuperNode whose key was never registered (it must be refused);
+`--attacker` plays someone who holds only ca.crt and reaches only the public (proxy) port: it
+tries `flwr supernode register`, `flwr ls` and `flwr run`, and each must be refused.
 """
 
 from __future__ import annotations
@@ -19,23 +24,25 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptfl.deploy import commands
 from adaptfl.deploy.processes import ProcessGroup, free_port, wait_for_port
 
 PROJECT = Path(__file__).resolve().parent.parent
-CONNECTION = "loopback"  # the name of the SuperLink connection in $FLWR_HOME/config.toml
+CONNECTION = "loopback"  # the operator's connection in $FLWR_HOME/config.toml: the SuperLink's port
+OUTSIDER = "outsider"  # the same ca.crt, but the public port: the Fleet API proxy's
 
 
 @dataclass
 class LoopbackResult:
-    run: subprocess.CompletedProcess[str]  # `flwr run`
+    run: subprocess.CompletedProcess[str] | None  # `flwr run` (None: not asked for)
     intruder_exit: int | None  # exit status of the unregistered SuperNode (None: not started)
     log_dir: Path
     seconds: float  # wall time of `flwr run`
     commands: dict[str, list[str]]  # process name -> the argv it ran
+    attacks: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
@@ -45,11 +52,12 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
-def write_connection(flwr_home: Path, address: str, ca_cert: Path) -> None:
+def write_connections(flwr_home: Path, connections: dict[str, str], ca_cert: Path) -> None:
     """Where `flwr` finds the SuperLink: connections live in $FLWR_HOME/config.toml in 1.42."""
     flwr_home.mkdir(parents=True, exist_ok=True)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink.{CONNECTION}]\naddress = "{address}"\nroot-certificates = "{ca_cert}"\n')
+    (flwr_home / "config.toml").write_text("".join(
+        f'[superlink.{name}]\naddress = "{address}"\nroot-certificates = "{ca_cert}"\n\n'
+        for name, address in connections.items()))
 
 
 def flwr_cli(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -62,7 +70,7 @@ def flwr_cli(args: list[str], env: dict[str, str], timeout: float) -> subprocess
 
 def generate_certs(cert_dir: Path, num_nodes: int) -> None:
     subprocess.run(["bash", str(PROJECT / "deploy" / "generate-certs.sh"), str(cert_dir),
-                    str(num_nodes)], check=True, capture_output=True, timeout=120)
+                    str(num_nodes)], check=True, capture_output=True, timeout=180)
 
 
 def _wait_exit(proc: subprocess.Popen[bytes], limit: float) -> int | None:
@@ -72,9 +80,26 @@ def _wait_exit(proc: subprocess.Popen[bytes], limit: float) -> int | None:
         return None
 
 
-def run_loopback(workdir: Path, num_nodes: int, run_config: str, intruder: bool = False,
-                 timeout: float = 600) -> LoopbackResult:
-    """Deploy, run once, tear down. Raises if a step before `flwr run` fails."""
+def attack_with_ca_only(certs: Path, env: dict[str, str], timeout: float = 120
+                        ) -> dict[str, subprocess.CompletedProcess[str]]:
+    """What someone holding only ca.crt can try through the public port: each must fail."""
+    attacker_key = certs / "attacker"
+    if not attacker_key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f",
+                        str(attacker_key)], check=True, capture_output=True, timeout=60)
+    return {
+        "register": flwr_cli(["supernode", "register", f"{attacker_key}.pub", OUTSIDER], env, timeout),
+        "ls": flwr_cli(["ls", OUTSIDER], env, timeout),
+        "run": flwr_cli(["run", str(PROJECT), OUTSIDER, "--run-config", "num-server-rounds=1"],
+                        env, timeout),
+    }
+
+
+def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder: bool = False,
+                 timeout: float = 600, attacker: bool = False,
+                 trusted_entities: Path | None = None) -> LoopbackResult:
+    """Deploy, run once (unless run_config is None), tear down. Raises if a step before
+    `flwr run` fails. `trusted_entities` is given to every SuperNode."""
     if num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes} must be >= 1")
     workdir = workdir.resolve()
@@ -82,42 +107,70 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str, intruder: bool 
     generate_certs(certs, num_nodes + (1 if intruder else 0))
     env = flower_env(flwr_home)
     group = ProcessGroup(workdir / "logs", env)
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    tls = commands.Tls(ca_cert=str(certs / "ca.crt"), server_cert=str(certs / "server.pem"),
-                       server_key=str(certs / "server.key"))
+    port, proxy_port = free_port(), free_port()
+    address, public_address = f"127.0.0.1:{port}", f"127.0.0.1:{proxy_port}"
+    link = certs / "superlink"
+    tls = commands.Tls(ca_cert=str(link / "ca.crt"), server_cert=str(link / "server.pem"),
+                       server_key=str(link / "server.key"))
+    proxy_dir = certs / "fleet-proxy"
+    proxy_tls = commands.Tls(ca_cert=str(proxy_dir / "ca.crt"),
+                             server_cert=str(proxy_dir / "fleet-proxy.pem"),
+                             server_key=str(proxy_dir / "fleet-proxy.key"))
     try:
-        link = group.start("superlink", commands.superlink("127.0.0.1", port,
-                                                           str(workdir / "state.db"), tls), workdir)
-        wait_for_port(port, link, group.log_of("superlink"))
-        group.start("superexec-serverapp", commands.superexec_serverapp(address, tls), workdir)
-        write_connection(flwr_home, address, certs / "ca.crt")
+        superlink = group.start("superlink", commands.superlink(
+            "127.0.0.1", port, str(workdir / "state.db"), tls,
+            secret_file=str(link / "superexec.secret")), workdir)
+        wait_for_port(port, superlink, group.log_of("superlink"))
+        _, *proxy_args = commands.fleet_proxy(public_address, address, proxy_tls)
+        proxy = group.start("fleet-proxy", [sys.executable, *proxy_args], workdir)
+        wait_for_port(proxy_port, proxy, group.log_of("fleet-proxy"))
+        serverapp_dir = certs / "superexec-serverapp"
+        group.start("superexec-serverapp", commands.superexec_serverapp(
+            address, commands.Tls(ca_cert=str(serverapp_dir / "ca.crt")),
+            secret_file=str(serverapp_dir / "superexec.secret")), workdir)
+        write_connections(flwr_home, {CONNECTION: address, OUTSIDER: public_address},
+                          certs / "ca.crt")
         for i in range(1, num_nodes + 1):
-            done = flwr_cli(["supernode", "register", str(certs / "keys" / f"supernode-{i}.pub"),
+            done = flwr_cli(["supernode", "register", str(certs / f"supernode-{i}" / "supernode.pub"),
                              CONNECTION], env, timeout=60)
             if done.returncode != 0:
                 raise RuntimeError(f"registering supernode-{i} failed: {done.stdout}{done.stderr}")
         for i in range(1, num_nodes + 1):
-            runtime_port = free_port()
-            group.start(f"supernode-{i}", commands.supernode(
-                address, "127.0.0.1", runtime_port, i - 1, num_nodes, tls,
-                private_key=str(certs / "keys" / f"supernode-{i}")), workdir)
-            group.start(f"superexec-clientapp-{i}",
-                        commands.superexec_clientapp(f"127.0.0.1:{runtime_port}"), workdir)
+            _start_node(group, workdir, certs, i, public_address, num_nodes, trusted_entities)
         intruder_exit = None
         if intruder:  # key generated but never registered
-            stranger = group.start("supernode-intruder", commands.supernode(
-                address, "127.0.0.1", free_port(), 0, num_nodes, tls,
-                private_key=str(certs / "keys" / f"supernode-{num_nodes + 1}")), workdir)
+            stranger = _start_node(group, workdir, certs, num_nodes + 1, public_address, num_nodes,
+                                   None, name="supernode-intruder")
             intruder_exit = _wait_exit(stranger, limit=60)
+        attacks = attack_with_ca_only(certs, env) if attacker else {}
         started = time.perf_counter()
-        run = flwr_cli(["run", str(PROJECT), CONNECTION, "--stream", "--run-config", run_config],
-                       env, timeout=timeout)
+        run = None
+        if run_config is not None:
+            run = flwr_cli(["run", str(PROJECT), CONNECTION, "--stream", "--run-config", run_config],
+                           env, timeout=timeout)
         return LoopbackResult(run=run, intruder_exit=intruder_exit, log_dir=group.log_dir,
                               seconds=time.perf_counter() - started,
-                              commands={name: list(p.args) for name, p in group.procs.items()})
+                              commands={name: list(p.args) for name, p in group.procs.items()},
+                              attacks=attacks)
     finally:
         group.stop_all()
+
+
+def _start_node(group: ProcessGroup, workdir: Path, certs: Path, i: int, superlink: str,
+                num_partitions: int, trusted_entities: Path | None,
+                name: str = "") -> subprocess.Popen[bytes]:
+    """SuperNode i and its SuperExec, on a free loopback port with their shared secret."""
+    node, runtime_port = certs / f"supernode-{i}", free_port()
+    name = name or f"supernode-{i}"
+    proc = group.start(name, commands.supernode(
+        superlink, "127.0.0.1", runtime_port, (i - 1) % num_partitions, num_partitions,
+        commands.Tls(ca_cert=str(node / "ca.crt")), private_key=str(node / "supernode.key"),
+        secret_file=str(node / "superexec.secret"),
+        trusted_entities=str(trusted_entities) if trusted_entities else ""), workdir)
+    group.start(name.replace("supernode", "superexec-clientapp"), commands.superexec_clientapp(
+        f"127.0.0.1:{runtime_port}",
+        secret_file=str(certs / f"superexec-clientapp-{i}" / "superexec.secret")), workdir)
+    return proc
 
 
 def main() -> None:
@@ -127,11 +180,16 @@ def main() -> None:
     parser.add_argument("--run-config", default="", help='e.g. "num-server-rounds=2 model=\'mlp\'"')
     parser.add_argument("--intruder", action="store_true",
                         help="also start a SuperNode with an unregistered key (must be refused)")
+    parser.add_argument("--attacker", action="store_true",
+                        help="try register / ls / run with only ca.crt via the public port")
     args = parser.parse_args()
-    result = run_loopback(args.workdir, args.num_nodes, args.run_config, args.intruder)
+    result = run_loopback(args.workdir, args.num_nodes, args.run_config, args.intruder,
+                          attacker=args.attacker)
+    assert result.run is not None
     print(result.run.stdout[-4000:], result.run.stderr[-4000:], sep="\n", file=sys.stderr)
     print(json.dumps({"flwr-run-exit": result.run.returncode, "seconds": round(result.seconds, 1),
-                      "intruder-exit": result.intruder_exit, "logs": str(result.log_dir)}))
+                      "intruder-exit": result.intruder_exit, "logs": str(result.log_dir),
+                      "attacks-refused": {k: v.returncode != 0 for k, v in result.attacks.items()}}))
     sys.exit(result.run.returncode)
 
 

@@ -9,6 +9,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import torch
 from adaptfl.algorithms.config import RunConfig
@@ -17,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def project_dir() -> Path | None:
-    """The source checkout adaptfl was installed from (`pip install -e .`), if any.
+    """The source checkout adaptfl was installed from with `pip install -e .`, if any.
 
     The ServerApp runs in the SuperLink's working directory, so `Path.cwd()` is no guide.
     """
@@ -25,8 +27,22 @@ def project_dir() -> Path | None:
         raw = metadata.distribution("adaptfl").read_text("direct_url.json")
     except metadata.PackageNotFoundError:
         return None
-    url = json.loads(raw or "{}").get("url", "")
-    return Path(url.removeprefix("file://")) if url.startswith("file://") else None
+    return editable_checkout(raw or "{}")
+
+
+def editable_checkout(direct_url_json: str) -> Path | None:
+    """The folder named by an editable install's PEP 610 `direct_url.json`, else None.
+
+    A plain `pip install .` (as in deploy/Dockerfile) also records `file://` plus `dir_info`, but
+    its source folder is only a build input (`/src` inside the image): results written there
+    would miss the results volume and vanish with the container. Only `editable: true` marks a
+    checkout that the user works in.
+    """
+    info = json.loads(direct_url_json)
+    url = info.get("url", "")
+    if not (url.startswith("file://") and info.get("dir_info", {}).get("editable", False)):
+        return None
+    return Path(url2pathname(urlparse(url).path))
 
 
 def results_root(cfg: RunConfig) -> Path:

@@ -1,5 +1,6 @@
 """The compose files, checked without a Docker engine: they parse, name only Flower 1.42 images
-and flags, and run exactly the commands of deploy/commands.py (which deploy/loopback.py runs)."""
+and flags, run exactly the commands of deploy/commands.py (which deploy/loopback.py runs), and
+expose and mount only what each service needs."""
 
 from __future__ import annotations
 
@@ -7,24 +8,29 @@ import copy
 import re
 import shutil
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
 import flwr
 import pytest
 from adaptfl.deploy import commands
+from adaptfl.deploy.stand_in import FLOWER_TAG
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is a test dependency: pip install -e '.[test]'")
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-FLOWER_IMAGES = {"flwr/superlink:1.42.0": "flower-superlink", "flwr/supernode:1.42.0": "flower-supernode"}
-OWN_IMAGES = {"adaptfl-superexec:0.1.0": "flower-superexec",
-              "adaptfl-superexec:0.1.0-cuda": "flower-superexec"}
-BASE_IMAGES = {"Dockerfile": "flwr/superexec:1.42.0", "certs.Dockerfile": "ubuntu:24.04"}
+FLOWER_IMAGES = {f"flwr/superlink:{FLOWER_TAG}": "flower-superlink",
+                 f"flwr/supernode:{FLOWER_TAG}": "flower-supernode"}
+OWN_IMAGES = {"adaptfl-superexec:0.2.0": "flower-superexec",
+              "adaptfl-superexec:0.2.0-cuda": "flower-superexec"}
 NUM_NODES = 2
 CERTS = "/app/certificates"
 TLS = commands.Tls(ca_cert=f"{CERTS}/ca.crt", server_cert=f"{CERTS}/server.pem",
                    server_key=f"{CERTS}/server.key")
+PROXY_TLS = commands.Tls(ca_cert=f"{CERTS}/ca.crt", server_cert=f"{CERTS}/fleet-proxy.pem",
+                         server_key=f"{CERTS}/fleet-proxy.key")
+SECRET = f"{CERTS}/superexec.secret"
 
 
 def load(name: str) -> dict:
@@ -47,32 +53,44 @@ def merge(base: dict, overlay: dict) -> dict:
     return out
 
 
+def merged(*files: str) -> dict:
+    out = load(files[0])
+    for overlay in files[1:]:
+        out = merge(out, load(overlay))
+    return out
+
+
 def expected_commands(tls: commands.Tls | None) -> dict[str, list[str]]:
     """deploy/commands.py with the compose network's names and the containers' paths."""
+    secret = SECRET if tls else ""
     argv = {
-        "superlink": commands.superlink("0.0.0.0", commands.SUPERLINK_PORT, "/app/state/state.db", tls),
-        "superexec-serverapp": commands.superexec_serverapp("superlink:8000", tls),
+        "superlink": commands.superlink("0.0.0.0", commands.SUPERLINK_PORT, "/app/state/state.db", tls,
+                                        secret_file=secret),
+        "fleet-proxy": commands.fleet_proxy("0.0.0.0:9092", "superlink:8000", PROXY_TLS if tls else None),
+        "superexec-serverapp": commands.superexec_serverapp(
+            "superlink:8000", commands.Tls(ca_cert=TLS.ca_cert) if tls else None, secret_file=secret),
     }
     for i in range(1, NUM_NODES + 1):
-        key = f"{CERTS}/keys/supernode-{i}" if tls else ""
-        argv[f"supernode-{i}"] = commands.supernode("superlink:8000", "0.0.0.0",
-                                                    commands.SUPERNODE_RUNTIME_PORT, i - 1,
-                                                    NUM_NODES, tls, private_key=key)
-        argv[f"superexec-clientapp-{i}"] = commands.superexec_clientapp(f"supernode-{i}:9094")
+        key = f"{CERTS}/supernode.key" if tls else ""
+        argv[f"supernode-{i}"] = commands.supernode(
+            "fleet-proxy:9092", "127.0.0.1", commands.SUPERNODE_RUNTIME_PORT, i - 1, NUM_NODES,
+            commands.Tls(ca_cert=TLS.ca_cert) if tls else None, private_key=key, secret_file=secret)
+        argv[f"superexec-clientapp-{i}"] = commands.superexec_clientapp("127.0.0.1:9094", secret_file=secret)
     return argv
+
+
+def service_argv(service: dict) -> list[str]:
+    program = service.get("entrypoint") or [{**FLOWER_IMAGES, **OWN_IMAGES}[service["image"]]]
+    return [*program, *map(str, service["command"])]
 
 
 @pytest.mark.parametrize("files,tls", [(["compose.yml"], None),
                                        (["compose.yml", "with-tls.yml"], TLS),
                                        (["compose.yml", "with-tls.yml", "with-cuda.yml"], TLS)])
 def test_service_commands_are_those_of_deploy_commands(files, tls) -> None:
-    merged = load(files[0])
-    for overlay in files[1:]:
-        merged = merge(merged, load(overlay))
+    services = merged(*files)["services"]
     for name, argv in expected_commands(tls).items():
-        service = merged["services"][name]
-        program = {**FLOWER_IMAGES, **OWN_IMAGES}[service["image"]]
-        assert [program, *map(str, service["command"])] == argv, name
+        assert service_argv(services[name]) == argv, name
 
 
 def test_images_are_flower_1_42_or_built_from_it() -> None:
@@ -82,19 +100,17 @@ def test_images_are_flower_1_42_or_built_from_it() -> None:
             if "image" in service:
                 assert service["image"] in {**FLOWER_IMAGES, **OWN_IMAGES}, (name, service_name)
             if "build" in service:
-                dockerfile = Path(service["build"]["dockerfile"]).name
-                assert dockerfile in BASE_IMAGES, (name, service_name)
-    for dockerfile, base in BASE_IMAGES.items():
-        froms = re.findall(r"^FROM\s+(\S+)", (DEPLOY / dockerfile).read_text(), re.M)
-        assert froms == [base], dockerfile
+                assert service["build"]["dockerfile"] == "deploy/Dockerfile", (name, service_name)
+    froms = re.findall(r"^FROM\s+(\S+)", (DEPLOY / "Dockerfile").read_text(), re.M)
+    assert froms == ["flwr/superexec:${FLWR_TAG}"]
     # Runtime installation stays off: the image has the dependencies, the SuperLink says so.
     superlink = load("compose.yml")["services"]["superlink"]["command"]
     assert "--disable-runtime-dependency-installation" in superlink
 
 
 @cache
-def _help_flags(program: str) -> frozenset[str]:
-    done = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=120, check=False)
+def _help_flags(*program: str) -> frozenset[str]:
+    done = subprocess.run([*program, "--help"], capture_output=True, text=True, timeout=120, check=False)
     return frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", done.stdout + done.stderr))
 
 
@@ -102,19 +118,63 @@ def _help_flags(program: str) -> frozenset[str]:
 def test_every_flag_exists_in_the_flower_1_42_clis() -> None:
     for tls in (None, TLS):
         for name, argv in expected_commands(tls).items():
-            program, *args = argv
-            unknown = {a for a in args if a.startswith("--")} - _help_flags(program)
+            program, args = ([sys.executable, *argv[1:3]], argv[3:]) if argv[0] == "python" \
+                else ([argv[0]], argv[1:])
+            unknown = {a for a in args if a.startswith("--")} - _help_flags(*program)
             assert not unknown, (name, unknown)
     assert "--not-a-flower-flag" not in _help_flags("flower-superlink")
 
 
-def test_gen_certs_makes_a_key_for_every_supernode_and_the_cuda_variant_reserves_gpus() -> None:
-    tls = merge(load("compose.yml"), load("with-tls.yml"))["services"]
-    script, _, count, *_ = tls["gen-certs"]["command"]
-    assert script.endswith("generate-certs.sh") and int(count) == NUM_NODES
-    assert tls["superlink"]["depends_on"]["gen-certs"]["condition"] == "service_completed_successfully"
+def _published(service: dict) -> list[str]:
+    return [str(p) for p in service.get("ports", [])]
+
+
+@pytest.mark.parametrize("files", [["compose.yml"], ["compose.yml", "with-tls.yml"]])
+def test_only_the_fleet_proxy_is_published_and_the_control_api_stays_on_loopback(files) -> None:
+    services = merged(*files)["services"]
+    published = {name: _published(s) for name, s in services.items() if _published(s)}
+    assert published == {"superlink": ["127.0.0.1:8000:8000"], "fleet-proxy": ["9092:9092"]}
+    # SuperNodes reach the SuperLink only through the proxy: they share no network with it.
+    assert services["superlink"]["networks"] == ["server"]
+    assert sorted(services["fleet-proxy"]["networks"]) == ["fleet", "server"]
+    for i in range(1, NUM_NODES + 1):
+        assert services[f"supernode-{i}"]["networks"] == ["fleet"]
+        argv = service_argv(services[f"supernode-{i}"])
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"  # its SuperExec API: loopback only
+        clientapp = services[f"superexec-clientapp-{i}"]
+        assert clientapp["network_mode"] == f"service:supernode-{i}" and "ports" not in clientapp
+
+
+def test_each_container_mounts_only_its_own_certificate_folder() -> None:
+    services = merged("compose.yml", "with-tls.yml", "with-cuda.yml")["services"]
+    mounted = {}
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source, target, *mode = volume.split(":")
+            if source.startswith("./certs"):
+                assert mode == ["ro"] and target == CERTS, (name, volume)
+                mounted[name] = source
+    expected = {"superlink", "fleet-proxy", "superexec-serverapp",
+                *(f"supernode-{i}" for i in range(1, NUM_NODES + 1)),
+                *(f"superexec-clientapp-{i}" for i in range(1, NUM_NODES + 1))}
+    assert mounted == {name: f"./certs/{name}" for name in expected}
+    yaml_lines = [line for line in (DEPLOY / "with-tls.yml").read_text().splitlines()
+                  if not line.lstrip().startswith("#")]
+    assert not [line for line in yaml_lines if "ca.key" in line or "certs/ca/" in line]
+
+
+def test_the_cuda_variant_reserves_gpus_and_builds_from_its_own_wheelhouse() -> None:
     cuda = load("with-cuda.yml")["services"]
     for i in range(1, NUM_NODES + 1):
         service = cuda[f"superexec-clientapp-{i}"]
-        assert service["build"]["args"]["TORCH_INDEX"].endswith("/cu128")
+        assert service["build"]["args"]["WHEELHOUSE"] == "deploy/wheelhouse-cuda"
         assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_no_flower_process_calls_home_or_installs_at_run_time() -> None:
+    services = merged("compose.yml", "with-tls.yml", "with-cuda.yml")["services"]
+    for name, service in services.items():
+        if name == "volume-init":
+            continue
+        assert service["environment"] == {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+                                          "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}, name
