@@ -118,21 +118,28 @@ port=$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); 
 printf '[superlink]\ndefault = "main-job"\n\n[superlink.main-job]\naddress = "127.0.0.1:%s"\ninsecure = true\n' \
   "$port" >"$home/config.toml"
 
-superlink_pid="" flwr_pid=""
+superlink_pid="" flwr_pid="" superexec_groups=""
 stop_all() {
   # `flwr run --stream` holds a connection the SuperLink waits for on shutdown: end it first.
   [ -z "$flwr_pid" ] || kill -TERM "$flwr_pid" 2>/dev/null || true
-  [ -n "$superlink_pid" ] && kill -0 "$superlink_pid" 2>/dev/null || return 0
-  local children
-  children=$(pgrep -P "$superlink_pid" || true)  # its SuperExec, which runs the simulation
-  kill -TERM "$superlink_pid" 2>/dev/null || true
-  for _ in $(seq 60); do kill -0 "$superlink_pid" 2>/dev/null || return 0; sleep 0.25; done
-  say "SuperLink $superlink_pid ignored SIGTERM for 15 s: killing it and its SuperExec"
-  kill -KILL "$superlink_pid" $children 2>/dev/null || true
+  # The SuperLink's SuperExec leads its own process group, where the simulation and Ray run. Cut
+  # short, they outlive the SuperLink; stopped while it still answers, they exit cleanly.
+  local groups="$superexec_groups ${superlink_pid:+$(pgrep -P "$superlink_pid" || true)}" group
+  for group in $groups; do kill -TERM -- "-$group" 2>/dev/null || true; done
+  [ -n "$superlink_pid" ] && kill -TERM "$superlink_pid" 2>/dev/null || true
+  for _ in $(seq 60); do
+    kill -0 "$superlink_pid" 2>/dev/null || break
+    sleep 0.25
+  done
+  kill -KILL "$superlink_pid" 2>/dev/null || true  # ignored SIGTERM for 15 s
+  for group in $groups; do
+    for _ in $(seq 40); do kill -0 -- "-$group" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL -- "-$group" 2>/dev/null || true  # its graceful exit hung on the gone SuperLink
+  done
 }
 trap stop_all EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'say "interrupted: stopping the Flower processes this job started"; exit 130' INT
+trap 'say "terminated: stopping the Flower processes this job started"; exit 143' TERM
 
 say "starting a private Flower SuperLink on 127.0.0.1:$port (its logs: ${home#"$checkout"/}/)"
 flower-superlink --insecure --simulation --isolation subprocess --host 127.0.0.1 --port "$port" \
@@ -146,6 +153,8 @@ for _ in $(seq 120); do
     2>/dev/null && break
   sleep 0.5
 done
+# Its SuperExec, known now: a Ctrl-C can stop the SuperLink before the trap asks for its children.
+superexec_groups=$(pgrep -P "$superlink_pid" || true)
 
 # ---- the run -------------------------------------------------------------------------------
 say "flwr run . --stream (10 simulated clients unless your --federation-config says otherwise)"
@@ -167,17 +176,24 @@ while kill -0 "$tee_pid" 2>/dev/null; do sleep 0.1; done  # Flower's last lines 
 run_id=$(sed -n 's/.*Successfully started run \([0-9][0-9]*\).*/\1/p' "$home/flwr-run.log" | head -1)
 [ -n "$run_id" ] || die "Flower did not start the run (flwr run exited $flwr_status; its message is above)"
 
-# The stream ends with the run; ask the SuperLink how it ended (it may take a moment to say).
+# `flwr run` exits 0 however the run ended: ask the SuperLink. The stream normally ends with the
+# run; if it ended early, wait for the run as long as the SuperLink lives.
 run_status() {
-  flwr ls --run-id "$run_id" --format json | python -c '
+  flwr ls --run-id "$run_id" --format json 2>/dev/null | python -c '
 import json, sys
 run = json.load(sys.stdin)["runs"][0]
-print(run["status"] + "\t" + " ".join(run["status-details"].split()))'
+print(run["status"] + "\t" + " ".join(run["status-details"].split()))' 2>/dev/null
 }
-for _ in $(seq 120); do
-  IFS=$'\t' read -r status details < <(run_status) || die "could not ask the SuperLink for run $run_id"
+waiting=""
+while :; do
+  kill -0 "$superlink_pid" 2>/dev/null \
+    || die "the SuperLink stopped before Flower run $run_id ended; see $home/superlink.log"
+  IFS=$'\t' read -r status details < <(run_status) \
+    || die "could not ask the SuperLink about Flower run $run_id; see $home/superlink.log"
   [[ $status == finished:* ]] && break
-  sleep 1
+  [ -n "$waiting" ] || say "Flower's stream ended before run $run_id did ($status): waiting for it"
+  waiting=1
+  sleep 2
 done
 printf 'flower-run-id=%s\nstatus=%s\nresults=%s\n' "$run_id" "$status" "$run_dir" >"$home/run.txt"
 
