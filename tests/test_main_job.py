@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,9 @@ def start_main_job(tmp_path: Path, run_config: str, *extra: str) -> subprocess.P
     env = dict(os.environ, ADAPTFL_SKIP_SETUP="1", ADAPTFL_FLOWER_HOMES=str(tmp_path / "homes"))
     return subprocess.Popen(
         [str(SCRIPT), "--run-config", run_config, "--federation-config", "num-supernodes=2", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Its own process group with SIGINT as a terminal gives it, so a test can press Ctrl-C.
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def run_main_job(tmp_path: Path, run_config: str) -> subprocess.CompletedProcess[str]:
@@ -100,3 +104,33 @@ def test_two_concurrent_main_jobs_finish_with_their_own_results_and_kill_nothing
         for decoy in decoys:
             decoy.kill()
             decoy.wait()
+
+
+@needs_fashion_mnist
+def test_ctrl_c_leaves_no_flower_or_ray_process_behind(tmp_path: Path) -> None:
+    job = start_main_job(tmp_path, f"{TINY} num-server-rounds=500 results-dir='{tmp_path / 'results'}'")
+    try:
+        port, run_dir = "", None
+        for line in job.stdout:  # type: ignore[union-attr]
+            if found := re.search(r"private Flower SuperLink on 127\.0\.0\.1:(\d+)", line):
+                port = found.group(1)
+            if found := re.search(r"results will go to (.+)$", line):
+                run_dir = Path(found.group(1))
+                break
+        assert port and run_dir, "the script did not say which port and results folder it uses"
+        for _ in range(240):  # until round 1 is done: the simulation and Ray are at work
+            if (run_dir / "metrics.jsonl").exists():
+                break
+            time.sleep(0.25)
+        simulation = _pids_with(f"flwr-simulation --runtime-api-address 127.0.0.1:{port}")
+        ray = [pid for sim in simulation for pid in _pids_with(f"_{sim}/")]  # Ray's session dir
+        assert simulation and ray, "no simulation with Ray running"
+        os.killpg(job.pid, signal.SIGINT)  # Ctrl-C: the SuperLink gets it too, and stops first
+        assert job.wait(timeout=60) == 130
+    finally:
+        if job.poll() is None:
+            job.kill()
+    time.sleep(1)
+    alive = [pid for pid in [*simulation, *ray] if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"left running: {alive}"
+    assert not _pids_with(f"127.0.0.1:{port}")
