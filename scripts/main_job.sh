@@ -12,7 +12,7 @@
 set -euo pipefail
 caller_dir=$PWD
 cd "$(dirname "$0")/.."
-checkout=$PWD
+checkout=$(pwd -P)
 
 say() { echo "main_job: $*"; }
 die() { echo "main_job: error: $*" >&2; exit 1; }
@@ -42,7 +42,7 @@ install_apt_packages() {
 
 install_python_packages() {
   if python -c "import importlib.util as u; exit(u.find_spec('torch') is None)"; then
-    say "pip install -e '.[test]' (torch already installed: about 20 s)"
+    say "pip install -e '.[test]' (torch already installed: usually under 30 s)"
   else
     # Linux wheels of torch pull NVIDIA's CUDA libraries even on machines without a GPU.
     say "pip install -e '.[test]': first install downloads torch with ~3.2 GB of CUDA libraries;" \
@@ -59,6 +59,18 @@ else
   install_apt_packages
   install_python_packages
 fi
+
+# Flower's simulation imports the app from its bundle, but a ClientApp imported while the
+# ServerApp's thread is still inside adaptfl/__init__.py can come from the installed checkout.
+# (-I: look at the installed package, not at this folder's own adaptfl.egg-info.)
+installed=$(python -I -c 'import json
+from importlib import metadata
+try:
+    print(json.loads(metadata.distribution("adaptfl").read_text("direct_url.json") or "{}")["url"][7:])
+except Exception:
+    print("")')
+[ "$installed" = "$checkout" ] || say "warning: adaptfl is installed from ${installed:-elsewhere}," \
+  "not from $checkout: Flower may run parts of that copy (run without ADAPTFL_SKIP_SETUP=1)"
 
 # ---- the arguments: check the user's run config before Flower sees it ------------------------
 user_configs=()  # the --run-config values, TOML paths made absolute (we cd'ed to the checkout)
@@ -81,7 +93,8 @@ for value in ${user_configs[@]+"${user_configs[@]}"}; do check_args+=(--run-conf
 # One line naming the key and what is allowed (Flower itself says "Invalid run configuration").
 merged=$(python -m adaptfl.algorithms.check_overrides ${check_args[@]+"${check_args[@]}"} \
            --get algorithm --get run-name --get results-dir) || exit 2
-{ read -r algorithm; read -r run_name; read -r results_dir; } <<<"$merged"
+mapfile -t got <<<"$merged"  # one value a line; $(...) dropped the trailing empty ones
+algorithm=${got[0]} run_name=${got[1]:-} results_dir=${got[2]:-}
 
 # ---- this invocation's id, Flower home and results folder -----------------------------------
 id="$(date +%Y%m%d-%H%M%S)-$$"
@@ -146,13 +159,15 @@ flower-superlink --insecure --simulation --isolation subprocess --host 127.0.0.1
   --database "$home/state.db" --log-file "$home/superlink.log" \
   --disable-runtime-dependency-installation >"$home/superlink.out" 2>&1 &
 superlink_pid=$!
+ready=""
 for _ in $(seq 120); do
   kill -0 "$superlink_pid" 2>/dev/null \
     || die "the SuperLink exited at start; see $home/superlink.out and superlink.log"
   python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
-    2>/dev/null && break
+    2>/dev/null && { ready=1; break; }
   sleep 0.5
 done
+[ -n "$ready" ] || die "the SuperLink did not answer on port $port within a minute; see $home/superlink.log"
 # Its SuperExec, known now: a Ctrl-C can stop the SuperLink before the trap asks for its children.
 superexec_groups=$(pgrep -P "$superlink_pid" || true)
 
@@ -202,5 +217,5 @@ if [ "$status" != finished:completed ]; then
        "(log: $home/flwr-run.log)" >&2
   exit 1
 fi
-[ -f "$run_dir/metrics.jsonl" ] || die "Flower run $run_id completed but wrote no $run_dir/metrics.jsonl"
+[ -d "$run_dir" ] || die "Flower run $run_id completed but $run_dir does not exist"
 say "done in $((SECONDS - start)) s: Flower run $run_id completed; results: $run_dir"

@@ -81,14 +81,20 @@ def test_two_concurrent_main_jobs_finish_with_their_own_results_and_kill_nothing
     decoys = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker])
               for marker in (str(PROJECT / ".flwr" / "local-superlink" / "superlink.log"),
                              str(tmp_path / "homes" / "local-superlink"))]
+    created: list[Path] = []
     try:
-        jobs = {rounds: start_main_job(tmp_path, f"{TINY} num-server-rounds={rounds} seed={rounds} "
-                                                 f"results-dir='{tmp_path / 'results'}'")
+        # One with the script's default results folder (the checkout's results/), one elsewhere.
+        where = {2: "", 3: f" results-dir='{tmp_path / 'results'}'"}
+        jobs = {rounds: start_main_job(tmp_path, f"{TINY} num-server-rounds={rounds} seed={rounds}"
+                                                 + where[rounds])
                 for rounds in (2, 3)}
         outputs = {rounds: job.communicate(timeout=400) for rounds, job in jobs.items()}
         for rounds, (out, err) in outputs.items():
             assert jobs[rounds].returncode == 0, out[-3000:] + err[-3000:]
             run_dir = results_line(out)
+            created.append(run_dir)
+            expected_parent = PROJECT / "results" if rounds == 2 else tmp_path / "results"
+            assert run_dir.parent == expected_parent and run_dir.name.startswith("fedact-"), run_dir
             config = json.loads((run_dir / "config.json").read_text())
             assert (config["num-server-rounds"], config["seed"]) == (rounds, rounds)
             rows = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -104,6 +110,9 @@ def test_two_concurrent_main_jobs_finish_with_their_own_results_and_kill_nothing
         for decoy in decoys:
             decoy.kill()
             decoy.wait()
+        for run_dir in created:
+            if run_dir.parent == PROJECT / "results":
+                shutil.rmtree(run_dir)
 
 
 @needs_fashion_mnist
