@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -127,18 +128,21 @@ def test_ctrl_c_leaves_no_flower_or_ray_process_behind(tmp_path: Path) -> None:
                 run_dir = Path(found.group(1))
                 break
         assert port and run_dir, "the script did not say which port and results folder it uses"
-        for _ in range(240):  # until round 1 is done: the simulation and Ray are at work
-            if (run_dir / "metrics.jsonl").exists():
+        threading.Thread(target=job.stdout.read, daemon=True).start()  # type: ignore[union-attr]
+        for _ in range(720):  # until round 1 is done: the simulation and Ray are at work
+            if (run_dir / "metrics.jsonl").exists() or job.poll() is not None:
                 break
             time.sleep(0.25)
+        assert job.poll() is None, "the run ended early: " + job.stderr.read()[-2000:]  # type: ignore[union-attr]
         simulation = _pids_with(f"flwr-simulation --runtime-api-address 127.0.0.1:{port}")
         ray = [pid for sim in simulation for pid in _pids_with(f"_{sim}/")]  # Ray's session dir
         assert simulation and ray, "no simulation with Ray running"
         os.killpg(job.pid, signal.SIGINT)  # Ctrl-C: the SuperLink gets it too, and stops first
         assert job.wait(timeout=60) == 130
     finally:
-        if job.poll() is None:
-            job.kill()
+        if job.poll() is None:  # let the script stop what it started
+            job.terminate()
+            job.wait(timeout=60)
     time.sleep(1)
     alive = [pid for pid in [*simulation, *ray] if Path(f"/proc/{pid}").exists()]
     assert not alive, f"left running: {alive}"
