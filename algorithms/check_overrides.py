@@ -1,0 +1,90 @@
+"""Check `flwr run --run-config` overrides before Flower sees them; say what is wrong in one line.
+
+Flower answers an unknown key with `[code: 15] Invalid run configuration.` (no key named), and a
+bad value fails only inside the ServerApp, after Ray has started. This parses the overrides with
+flwr's own parser (as `flwr run` does), fuses them with the app's defaults in pyproject.toml (as
+the SuperLink does) and validates the result the way the ServerApp will.
+
+    python -m adaptfl.algorithms.check_overrides --run-config "tau=0.3 rho=0.2" [--get KEY ...]
+
+Exit 0, printing the merged value of each `--get KEY` on its own line; or exit 2 with one line
+`config error: <message>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
+
+# A source checkout or an unpacked FAB: pyproject.toml sits next to the `algorithms/` folder.
+APP_DIR = Path(__file__).resolve().parent.parent
+
+# flwr's own key=value pattern (flwr/common/config.py, parse_config_args): text it does not match
+# is dropped without a word, so `tau = 0.3` would silently change nothing.
+_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
+def validate(merged: dict[str, Any]) -> None:
+    """Raise ValueError naming the key if the ServerApp would refuse this run config."""
+    from adaptfl.algorithms.config import RunConfig
+
+    RunConfig.from_flower(merged)
+
+
+def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, Any]:
+    """The run config Flower would hand the ServerApp for these `--run-config` values."""
+    for text in overrides:
+        leftover = _PAIR.sub("", text).strip()
+        if leftover and not text.endswith(".toml"):
+            raise ValueError(f"--run-config {text!r}: {leftover!r} is not key=value "
+                             "(no spaces around '='; quote strings: key='text')")
+    defaults = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {}))
+    parsed = parse_config_args(overrides)
+    for key in parsed:
+        if key not in defaults:
+            close = difflib.get_close_matches(key, defaults, n=3)
+            hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "no similar key"
+            raise ValueError(f"unknown key {key!r} ({hint}); the keys are those in "
+                             f"{app_dir / 'pyproject.toml'} [tool.flwr.app.config]")
+    merged = fuse_dicts(defaults, parsed)
+    validate(merged)
+    return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m adaptfl.algorithms.check_overrides",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-config", "-c", action="append", default=[],
+                        help="the text given to `flwr run --run-config` (repeatable)")
+    parser.add_argument("--get", action="append", default=[], metavar="KEY",
+                        help="print this key's merged value (repeatable)")
+    parser.add_argument("--app", type=Path, default=APP_DIR, help="folder holding pyproject.toml")
+    args = parser.parse_args(argv)
+    try:
+        merged = merged_config(args.run_config, args.app)
+        values = [merged[key] for key in args.get]
+    except click.ClickException as err:  # flwr's parser reports bad TOML this way
+        return _fail(err.message)
+    except KeyError as err:
+        return _fail(f"--get {err.args[0]!r}: no such key")
+    except (ValueError, OSError) as err:
+        return _fail(str(err))
+    for value in values:
+        print(str(value).lower() if isinstance(value, bool) else value)
+    return 0
+
+
+def _fail(message: str) -> int:
+    print("config error: " + " ".join(message.split()), file=sys.stderr)  # one line, always
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
