@@ -49,7 +49,7 @@ def results_line(stdout: str) -> Path:
 
 
 def test_a_config_error_is_one_line_before_flower_starts(tmp_path: Path) -> None:
-    for bad, named in [("taux=0.3", "'taux' (did you mean 'tau'?)"), ("tau=0", "tau=0.0: must be in (0, 1]")]:
+    for bad, named in [("taux=0.3", "'taux' (did you mean 'tau'?)"), ("tau=0", "tau=0.0: must be > 0.0")]:
         done = run_main_job(tmp_path, f"{TINY} {bad}")
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stderr.splitlines() == [done.stderr.strip()], done.stderr  # exactly one line
