@@ -33,6 +33,6 @@ def test_overrides_merge_over_the_defaults_as_flower_merges_them(capsys, tmp_pat
     assert code == 0 and out.splitlines() == ["0.2", "a b", "preset", "false"]  # later flags win; rho: the preset's
 
     settings = tmp_path / "settings.toml"
-    settings.write_text("tau = 0.25\nalgorithm = 'fedadamw'\n")
-    code, out, _ = run(capsys, "--run-config", str(settings), "--get", "tau", "--get", "algorithm")
+    settings.write_text("rho = 0.25\nalgorithm = 'fedadamw'\n")
+    code, out, _ = run(capsys, "--run-config", str(settings), "--get", "rho", "--get", "algorithm")
     assert code == 0 and out.splitlines() == ["0.25", "fedadamw"]
