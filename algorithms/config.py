@@ -31,6 +31,11 @@ from adaptfl.algorithms.settings import SETTINGS, Data, Federation, LocalTrainin
 from adaptfl.algorithms.stage import RoundInfo
 
 
+# Fields a title leaves out: numerical details, not what tells runs apart.
+_QUIET = {"eps", "beta2", "muon-adam-eps", "muon-adam-beta1", "muon-adam-beta2", "max-precond-dim",
+          "bias-correction", "trust-scope", "server-tau", "adamom-eps"}
+
+
 def declared_keys() -> dict[str, list[tuple[type[Component], FieldInfo]]]:
     """Every run-config key and the declarations that read it."""
     out: dict[str, list[tuple[type[Component], FieldInfo]]] = {}
@@ -113,6 +118,21 @@ class RunConfig:
         for c in self.algorithm.components():
             out.update({k: v for k, v in c.values().items() if v is not None})
         return out
+
+    def title(self) -> str:
+        """One line a reader can tell runs apart by: the algorithm, its numbers, the workload."""
+        parts = []
+        for c in self.algorithm.components():
+            if c.name in ("none", "mean") and c is not self.algorithm.preconditioner:
+                continue
+            knobs = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                              for k, v in c.values().items()
+                              if v is not None and not isinstance(v, bool) and k not in _QUIET)
+            parts.append(f"{c.name}({knobs})" if knobs else c.name)
+        data = self.data
+        split = f"dirichlet α={data.dirichlet_alpha:g}" if data.partitioning == "dirichlet" else data.partitioning
+        return (f"{self.algorithm.name}: {' + '.join(parts)}\n{data.model} on {data.task}, {split}, "
+                f"K={self.local.local_steps}, batch {self.local.batch_size}, lr={self.lr:g}")
 
     # --- derived values -------------------------------------------------------------------
     @property

@@ -78,6 +78,8 @@ class Output(Component):
     resume_from: str = param("", "absolute path of an earlier run's results dir to continue from")
     client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
                                   "system's temp dir")
+    tensorboard: bool = param(False, "also write TensorBoard event files to <results dir>/tensorboard "
+                              "(needs the tensorboard extra)")
 
 
 @component("settings", "runtime")

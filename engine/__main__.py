@@ -9,6 +9,7 @@ from pathlib import Path
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
+from tqdm import tqdm
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, object]:
@@ -28,14 +29,28 @@ def parse_overrides(pairs: list[str]) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-nodes", type=int, default=10)
+    parser.add_argument("--quiet", action="store_true", help="a progress bar only, no log lines")
     parser.add_argument("overrides", nargs="*", help="run-config key=value pairs")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    level = logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = RunConfig.from_flower(parse_overrides(args.overrides))
     except ValueError as err:  # one line naming the key, no traceback
         raise SystemExit(f"config error: {err}") from None
-    out: Path = run_inprocess(cfg, args.num_nodes)
+    bar = tqdm(total=cfg.federation.num_server_rounds, unit="round", desc=cfg.algorithm.name,
+               disable=None)  # disable=None: no bar when stderr is not a terminal
+
+    def on_round(row: dict) -> None:
+        bar.n = int(row["round"])
+        bar.set_postfix(accuracy=f"{row['test-accuracy']:.4f}", refresh=True)
+
+    try:
+        out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round)
+    except ValueError as err:  # refused before round 1 (task, model, a client's check): one line
+        raise SystemExit(f"error: {err}") from None
+    finally:
+        bar.close()
     print(f"results: {out}")
 
 

@@ -46,7 +46,7 @@ def summarise(cell: Cell, out: Path, seconds: float) -> dict[str, Any]:
     import csv
 
     with (out / "metrics.csv").open(newline="") as fh:
-        rounds = list(csv.DictReader(fh))
+        rounds = [r for r in csv.DictReader(fh) if int(r["round"]) >= 1]  # 0: the initial model
     if not rounds:
         raise RuntimeError(f"{out} recorded no rounds")
     last = rounds[-1]

@@ -45,7 +45,7 @@ def _config(**overrides: Any) -> RunConfig:
 
 def _seconds(run_dir: Path) -> list[float]:
     with (run_dir / "metrics.csv").open(newline="") as fh:
-        return [float(r["seconds"]) for r in csv.DictReader(fh)]
+        return [float(r["seconds"]) for r in csv.DictReader(fh) if int(r["round"]) >= 1]
 
 
 def _free_port() -> int:

@@ -9,6 +9,7 @@ pipeline a node will run (one local step on the server, its reply checked agains
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 import logging
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from adaptfl.client_app.train import run_local_steps
 from adaptfl.server_app.checkpoint import load_checkpoint, resume_source, save_checkpoint
 from adaptfl.server_app.evaluate import evaluate
 from adaptfl.server_app.outputs import RunOutputs, results_root
+from adaptfl.server_app.progress import Progress
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.validation import ReplyRejected, decode_content
 from adaptfl.workloads import Task, build_task_model, load_task
@@ -92,11 +94,12 @@ def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
     return outputs
 
 
-def run_federated(grid: Grid, cfg: RunConfig) -> Path:
+def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] | None = None) -> Path:
     """Train for `num-server-rounds` rounds; returns the results directory.
 
     After every round the metrics row, then the whole server state, go to the results dir,
     so `resume=true` can continue from the last complete round (server_app/checkpoint.py).
+    The initial model's evaluation is round 0. `on_round(row)` is called after each round.
     """
     strategy, model, task = build_run(cfg)
     outputs = restore_or_start(cfg, strategy)
@@ -104,6 +107,12 @@ def run_federated(grid: Grid, cfg: RunConfig) -> Path:
     fed = cfg.federation
     timeout = fed.round_timeout or None
     assert strategy.state is not None
+    if not outputs.rows:  # a fresh run: where training starts from
+        accuracy, loss = evaluate(model, task)
+        outputs.record({"round": 0, "test-accuracy": accuracy, "test-loss": loss})
+        log.info("[ROUND 0/%d] the initial model: accuracy %.4f, loss %.4f", fed.num_server_rounds,
+                 accuracy, loss)
+    progress = Progress(fed.num_server_rounds, strategy.state.server_round + 1, on_round)
     for server_round in range(strategy.state.server_round + 1, fed.num_server_rounds + 1):
         started = time.perf_counter()
         messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
@@ -124,7 +133,6 @@ def run_federated(grid: Grid, cfg: RunConfig) -> Path:
                "rejected": dict(report.rejected), "missing": [int(n) for n in missing]}
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
-        log.info("round %d: test accuracy %.4f, loss %.4f, %d/%d replies accepted",
-                 server_round, accuracy, loss, report.accepted, report.sampled)
+        progress.round_done(row)
     outputs.finish(strategy.state.model)
     return outputs.dir

@@ -14,6 +14,8 @@ from urllib.request import url2pathname
 
 import torch
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.server_app.plots import plot_run
+from adaptfl.server_app.tensorboard import open_writer, write_row
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class RunOutputs:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(cfg.to_flower(), indent=2))
         self.rows: list[dict[str, Any]] = []
+        self.title = cfg.title()
+        self.tensorboard = open_writer(self.dir) if cfg.output.tensorboard else None
         log.info("results of this run go to %s", self.dir)
 
     def restore(self, rows: list[dict[str, Any]]) -> None:
@@ -85,27 +89,14 @@ class RunOutputs:
             writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(self.rows)
+        if self.tensorboard is not None:
+            write_row(self.tensorboard, row)
 
     def finish(self, model_state: dict[str, torch.Tensor]) -> None:
         torch.save(model_state, self.dir / "model.pt")
         self.plot()
 
     def plot(self) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        rounds = [r["round"] for r in self.rows]
-        fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
-        ax_acc.plot(rounds, [r.get("test-accuracy") for r in self.rows], marker="o")
-        ax_acc.set(xlabel="round", ylabel="test accuracy", title="central test accuracy")
-        ax_loss.plot(rounds, [r.get("test-loss") for r in self.rows], marker="o", label="test")
-        ax_loss.plot(rounds, [r.get("train-loss") for r in self.rows], marker="x",
-                     label="train (clients' mean)")
-        ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss")
-        ax_loss.legend()
-        fig.suptitle(self.dir.name)
-        fig.tight_layout()
-        fig.savefig(self.dir / "plot.png", dpi=100)
-        plt.close(fig)
+        plot_run(self.rows, self.dir, self.title)
+        if self.tensorboard is not None:
+            self.tensorboard.close()

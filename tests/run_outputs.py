@@ -8,9 +8,11 @@ from pathlib import Path
 import torch
 
 
-def metric_rows(run_dir: Path) -> list[dict]:
-    """The per-round rows of `metrics.jsonl`, in round order."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def metric_rows(run_dir: Path, initial: bool = False) -> list[dict]:
+    """The per-round rows of `metrics.jsonl`, in round order; the initial model's round 0 only
+    with `initial`."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows if initial else [r for r in rows if r["round"] >= 1]
 
 
 def final_model(run_dir: Path) -> dict[str, torch.Tensor]:

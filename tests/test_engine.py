@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse as handle_train
 from adaptfl.engine.inprocess import InProcessGrid
@@ -33,7 +34,7 @@ def test_fedact_run_writes_metrics_plot_and_model(tmp_path) -> None:
     # Round 2 also ships Δ_G and v̄ (one model's worth each): more bytes down than round 1.
     assert rows[1]["bytes-down"] > 2.5 * rows[0]["bytes-down"]
     with (out / "metrics.csv").open() as fh:
-        assert len(list(csv.DictReader(fh))) == 2
+        assert len(list(csv.DictReader(fh))) == 3  # round 0 (the initial model), 1, 2
     assert (out / "plot.png").stat().st_size > 1000
     state = final_model(out)
     build_model("cnn", 10, 1, 28).load_state_dict(state)
@@ -53,3 +54,37 @@ def test_a_raising_client_is_recorded_and_the_round_goes_on(tmp_path) -> None:
     assert [r["replies-accepted"] for r in rows] == [2, 2]
     assert "disk full on partition 1" in rows[0]["rejected"]["2"]
     assert rows[-1]["test-accuracy"] > 0.2
+
+
+@needs_fashion_mnist
+def test_progress_lines_round_zero_plots_and_tensorboard(tmp_path, caplog, tiny_data) -> None:
+    import logging
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = RunConfig.of(results_dir=str(tmp_path), tensorboard=True, model="mlp",
+                       data_dir=tiny_data["fashion-mnist"], **SMALL)
+    with caplog.at_level(logging.INFO, logger="adaptfl"):
+        out = run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    lines = [r.getMessage() for r in caplog.records if "[ROUND" in r.getMessage()]
+    assert lines[0].startswith("[ROUND 0/2] the initial model")
+    assert lines[1].startswith("[ROUND 1/2] accuracy") and "ETA" in lines[1] and "2/2 replies" in lines[1]
+    rows = metric_rows(out, initial=True)
+    assert [r["round"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"round", "test-accuracy", "test-loss"}
+    assert (out / "plot.png").stat().st_size > 1000 and (out / "diagnostics.png").stat().st_size > 1000
+    events = EventAccumulator(str(out / "tensorboard")).Reload()
+    steps = [e.step for e in events.Scalars("test-accuracy")]
+    assert steps == [0, 1, 2]
+    assert [e.value for e in events.Scalars("test-accuracy")] == pytest.approx([r["test-accuracy"] for r in rows])
+
+
+def test_engine_cli_errors_are_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    for args, expected in ((["tua=0.3"], "config error: unknown run-config key 'tua' (did you mean 'tau'"),
+                           ([f"results-dir={tmp_path}", "task=nope"], "error: unknown task 'nope'")):
+        done = subprocess.run([sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and done.stderr.strip().startswith(expected), done.stderr
+        assert done.stderr.strip().count("\n") == 0, done.stderr

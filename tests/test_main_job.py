@@ -99,7 +99,7 @@ def test_two_concurrent_main_jobs_finish_with_their_own_results_and_kill_nothing
             config = json.loads((run_dir / "config.json").read_text())
             assert (config["num-server-rounds"], config["seed"]) == (rounds, rounds)
             rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-            assert len(rows) == rounds, rows
+            assert len(rows) == rounds + 1, rows  # round 0 is the initial model
         assert len({results_line(out) for out, _ in outputs.values()}) == 2
 
         # Each job stopped its own SuperLink: nothing runs from its private Flower home any more.
