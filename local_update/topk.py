@@ -23,10 +23,10 @@ the floats' bit patterns, with a FIXED sequence of kernels whose shapes depend o
 The result is exactly `torch.topk`'s set with ties to the lower index, for every input without
 NaN (inputs must not hold NaN; checking would need a sync): ±0.0 tie, ±inf, denormals (with
 torch's default of no flush-to-zero), all-equal, k = 0 and k = D. Passes over the D entries
-for float32: +0.0 fused with the first digit pass, the two digit passes (int arithmetic,
-widening to int64, `scatter_add_`), the final compare; the rest runs on 65,600 bins per block
-or on one block. On CPU the digit passes go two blocks at a time, so that the int64 digits
-stay in cache. Below `_SMALL` entries one stable sort is cheaper and is used instead (exact
+for float32: the two digit passes (+0.0, int arithmetic, widening to int64, `scatter_add_`)
+and the final compare; the rest runs on 65,600 bins per block or on one block. On CPU the
+digit passes go a few blocks at a time, so that the values and their int64 digits stay in
+cache from the arithmetic to the scatter. Below `_SMALL` entries one stable sort is cheaper and is used instead (exact
 and sync-free as well). Nothing reads a value on the host, so the same code runs on CUDA
 without a sync (`torch.cuda.set_sync_debug_mode("error")` holds in the tests).
 """
@@ -41,7 +41,9 @@ from adaptfl.local_update.workspace import Workspace, scratch
 
 _SMALL = 1 << 14  # below this many entries one stable sort is the cheapest exact selection
 _ROWS = 16  # blocks of y: one histogram row each; the tie fix-up touches one block
-_CPU_ROWS = 2  # CPU: rows whose digits are made and counted at a time (one per thread)
+_CPU_ROWS = 2  # CPU: digit passes go by multiples of this many rows (one per thread) ...
+_CHUNK = 1 << 20  # ... of about this many entries: their int64 digits stay in cache
+_SUB = 1 << 10  # the straddling block's ties are counted in sub-blocks of this many entries
 _BINS = 1 << 16  # one 16-bit digit per pass
 _HALF = 1 << 15
 _SPARE = 64  # bins for the entries outside the prefix (see `_digits`)
@@ -97,30 +99,35 @@ def _digits(y: torch.Tensor, prefix: torch.Tensor | None, low: int, tmp: torch.T
     return z if z is index else index.copy_(z)
 
 
-def _count_rows(x: torch.Tensor, y: torch.Tensor, prefix: torch.Tensor | None, low: int,
-                ws: Workspace, hist: torch.Tensor) -> None:
-    """hist[r] = histogram of the digit bins of y[r] (y [rows, L], hist [rows, bins]).
+def _count_rows(x: torch.Tensor, prefix: torch.Tensor | None, low: int, ws: Workspace,
+                hist: torch.Tensor, in_place: bool) -> None:
+    """hist[r] = histogram of the digit bins of y[r] = x[r] + 0.0 (x [rows, L], hist
+    [rows, bins]); with `in_place` the first pass (prefix None) writes y over x and the later
+    ones read it, otherwise y is made again in a chunk buffer by every pass.
 
-    One `scatter_add_` of ones at the int64 digits, the rows in parallel. On CPU two rows at a
-    time (one per thread), so that the digits (twice the size of the data) stay in cache
-    between the arithmetic that makes them and the scatter that reads them. The first pass
-    (prefix None) also writes y = x + 0.0 (-0.0 -> +0.0) while x's rows are in cache.
+    One `scatter_add_` of ones at the int64 digits, the rows in parallel. On CPU `_CPU_ROWS`
+    rows at a time, so that y and its int64 digits (twice the size of the data) stay in cache
+    between the arithmetic that makes them and the scatter that reads them.
     """
-    rows, length = y.shape
-    step = _CPU_ROWS if y.device.type == "cpu" else rows
-    size = min(step, rows) * length
-    index = ws.get("topk.index", size, y, torch.int64)
-    integer = _INT[y.element_size()]
-    tmp = index if integer == torch.int64 else ws.get("topk.digits", size, y, integer)
-    ones = ws.constant("topk.ones", size, y, 1, hist.dtype)
+    rows, length = x.shape
+    step = rows  # one chunk; on CPU a multiple of _CPU_ROWS rows of about _CHUNK entries
+    if x.device.type == "cpu":
+        step = min(rows, max(_CPU_ROWS, _CHUNK // max(length, 1) // _CPU_ROWS * _CPU_ROWS))
+    size = step * length
+    index = ws.get("topk.index", size, x, torch.int64)
+    integer = _INT[x.element_size()]
+    tmp = index if integer == torch.int64 else ws.get("topk.digits", size, x, integer)
+    ones = ws.constant("topk.ones", size, x, 1, hist.dtype)
     hist.zero_()
     for r0 in range(0, rows, step):
-        part = y[r0:r0 + step]
-        if prefix is None:
-            torch.add(x[r0:r0 + step], 0.0, out=part)
-        m = part.numel()
-        d = _digits(part, prefix, low, tmp[:m].view(part.shape), index[:m].view(part.shape), ws)
-        hist[r0:r0 + step].scatter_add_(1, d, ones[:m].view(part.shape))
+        part = x[r0:r0 + step]
+        shape, m = part.shape, part.numel()
+        if not in_place:
+            y = torch.add(part, 0.0, out=ws.get("topk.canonical", size, x)[:m].view(shape))
+        else:
+            y = part.add_(0.0) if prefix is None else part  # -0.0 -> +0.0
+        d = _digits(y, prefix, low, tmp[:m].view(shape), index[:m].view(shape), ws)
+        hist[r0:r0 + step].scatter_add_(1, d, ones[:m].view(shape))
 
 
 # --- the radix selection -----------------------------------------------------------------
@@ -178,14 +185,13 @@ def _prefix(digits: list[torch.Tensor]) -> torch.Tensor:
     return bits
 
 
-def _threshold(x: torch.Tensor, k: int, ws: Workspace, y: torch.Tensor) -> _Threshold:
-    """Radix selection of the k-th largest of x (1 <= k <= n, n >= _ROWS); writes y = x + 0.0
-    (y may be x itself)."""
+def _threshold(x: torch.Tensor, k: int, ws: Workspace, in_place: bool) -> _Threshold:
+    """Radix selection of the k-th largest of x (1 <= k <= n, n >= _ROWS); with `in_place`,
+    x ends as x + 0.0 (-0.0 -> +0.0, equal as floats)."""
     n, w = x.numel(), x.element_size() // 2
     length = n // _ROWS
     head = _ROWS * length
-    x2, tail_x = x[:head].view(_ROWS, length), x[head:].view(1, n - head)
-    y2, tail_y = y[:head].view(_ROWS, length), y[head:].view(1, n - head)
+    x2, tail = x[:head].view(_ROWS, length), x[head:].view(1, n - head)
     hist = ws.get("topk.hist", (_ROWS + 1) * (_BINS + _SPARE), x, torch.int32)
 
     rank: torch.Tensor | int = k  # rank of the k-th largest among the entries with the prefix
@@ -197,8 +203,11 @@ def _threshold(x: torch.Tensor, k: int, ws: Workspace, y: torch.Tensor) -> _Thre
         low = 16 * (w - p)  # bits below the prefix
         bins = _BINS if p == 0 else _BINS + _SPARE  # spare bins: patterns outside the prefix
         h = hist[: (_ROWS + 1) * bins].view(_ROWS + 1, bins)
-        _count_rows(x2, y2, prefix, low, ws, h[:_ROWS])
-        _count_rows(tail_x, tail_y, prefix, low, ws, h[_ROWS:])
+        _count_rows(x2, prefix, low, ws, h[:_ROWS], in_place)
+        if head < n:
+            _count_rows(tail, prefix, low, ws, h[_ROWS:], in_place)
+        else:
+            h[_ROWS:].zero_()
         total = h.sum(0, dtype=torch.int32)[:_BINS]
         digit, higher = _select_bin(total, rank, p == 0, negative)
         if p == 0:
@@ -225,41 +234,74 @@ def _sorted_mask(x: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
 # --- writing the selection ------------------------------------------------------------------
 
 def _keep_ties(v: torch.Tensor, t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """v > t, plus the first `keep` entries equal to t (along the last dim)."""
+    """v > t, plus the first `keep` entries equal to t (1-D v; a cumulative sum over all of v)."""
     tied = v == t
-    first = torch.cumsum(tied, dim=-1, dtype=torch.int32) <= keep
+    first = torch.cumsum(tied, dim=0, dtype=torch.int32) <= keep
     return (v > t) | (tied & first)
 
 
-def _write_top(x: torch.Tensor, k: int, ws: Workspace, y: torch.Tensor,
-               out: torch.Tensor) -> torch.Tensor:
-    """out = 1 on the top k of x, 0 elsewhere, via y = x + 0.0; y and out may be x itself."""
-    th = _threshold(x, k, ws, y)
+def _write_blocks(v: torch.Tensor, t: torch.Tensor, up: torch.Tensor, tied: torch.Tensor,
+                  keep: torch.Tensor, length: int, out: torch.Tensor) -> None:
+    """out = (v > t) plus, from the lowest index, keep[b] of the tied[b] entries equal to t in
+    each block b of v: rows = n // length blocks of `length` entries, then the tail, shorter
+    than a block (tied, keep: [rows + 1]; out may be v itself).
+
+    One compare per block against its own threshold: t where the block keeps all its ties, the
+    next float above t where it keeps none. The one block that keeps only some (or block 0, if
+    none does, rewritten unchanged) is redone by `_fix_block`.
+    """
+    n = v.numel()
+    rows = n // length
+    head = rows * length
+    bound = torch.where(keep == tied, t, up)
+    partial = (keep > 0) & (keep < tied)
+    b = torch.argmax(partial[:rows].to(torch.int32)).reshape(1)  # [1]: the block to fix
+    v2, out2 = v[:head].view(rows, length), out[:head].view(rows, length)
+    block = v2.index_select(0, b).squeeze(0)  # copies: read before `out` (maybe v) is written
+    tail = v[head:].clone()
+    torch.ge(v2, bound[:rows, None], out=out2)
+    fixed = _fix_block(block, t, up, keep.index_select(0, b))
+    out2.index_copy_(0, b, fixed.to(out.dtype).unsqueeze(0))
+    if head < n:
+        out[head:] = _keep_ties(tail, t, keep[rows:])
+
+
+def _fix_block(v: torch.Tensor, t: torch.Tensor, up: torch.Tensor,
+               keep: torch.Tensor) -> torch.Tensor:
+    """v > t plus the first `keep` ([1]) entries equal to t, as float32 1.0 / 0.0.
+
+    A long block goes through `_write_blocks` once more, in sub-blocks of `_SUB` whose ties are
+    counted by one compare and a row sum, so that the cumulative sum runs over one sub-block
+    instead of serially over the whole block.
+    """
+    rows = v.numel() // _SUB
+    if rows < 2:
+        return _keep_ties(v, t, keep).float()
+    head = rows * _SUB
+    # float32 1.0 / 0.0: sums up to 2^24 are exact (16-bit floats would round them)
+    equal = torch.eq(v, t, out=torch.empty(v.shape, dtype=torch.float32, device=v.device))
+    tied = torch.cat((equal[:head].view(rows, _SUB).sum(1), equal[head:].sum().reshape(1)))
+    tied = tied.to(torch.int64)  # [rows + 1]
+    before = tied.cumsum(0) - tied
+    kept = torch.clamp(torch.minimum(keep - before, tied), min=0)
+    _write_blocks(v, t, up, tied, kept, _SUB, equal)
+    return equal
+
+
+def _write_top(x: torch.Tensor, k: int, ws: Workspace, out: torch.Tensor) -> torch.Tensor:
+    """out = 1 on the top k of x, 0 elsewhere; out may be x itself.
+
+    Float comparisons: -0.0 == +0.0 as the selection requires, with no +0.0 pass.
+    """
+    th = _threshold(x, k, ws, in_place=out is x)
     t = th.t
     up = torch.nextafter(t, t.new_full((), float("inf")))
     up = torch.where(up > t, up, float("nan"))  # above +inf: nothing (x >= nan is False)
-    bound = torch.where(th.keep == th.tied, t, up)  # >= t keeps a block's ties, >= up none
-    n = y.numel()
-    length = n // _ROWS
-    head = _ROWS * length
-    y2, out2 = y[:head].view(_ROWS, length), out[:head].view(_ROWS, length)
-    partial = (th.keep > 0) & (th.keep < th.tied)
-    row = torch.argmax(partial[:_ROWS].to(torch.int32)).reshape(1)  # the block (or 0) to fix
-    block = y2.index_select(0, row)  # [1, L], read before `out` (maybe y) is written
-    tail = y[head:].clone()
-    torch.ge(y2, bound[:_ROWS, None], out=out2)
-    keep_row = th.keep.index_select(0, row)  # [1]
-    out2.index_copy_(0, row, _keep_ties(block, t, keep_row).to(out.dtype))
-    out[head:] = _keep_ties(tail, t, th.keep[_ROWS:])
+    _write_blocks(x, t, up, th.tied, th.keep, x.numel() // _ROWS, out)  # n // L = _ROWS
     return out
 
 
 # --- the public API ---------------------------------------------------------------------
-
-def _canonical_buffer(x: torch.Tensor, ws: Workspace) -> torch.Tensor:
-    """Where y = x + 0.0 goes when x must stay as it is."""
-    return ws.get("topk.canonical", x.numel(), x)
-
 
 def kth_largest(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:
     """The k-th largest entry of the 1-D tensor `x` (1 <= k <= numel), exact, as a 0-dim
@@ -270,8 +312,7 @@ def kth_largest(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.T
         raise ValueError(f"k={k} must be in [1, {n}]")
     if n < _SMALL:
         return torch.sort(x, descending=True).values[k - 1] + 0.0
-    ws = scratch(ws)
-    return _threshold(x, k, ws, _canonical_buffer(x, ws)).t
+    return _threshold(x, k, scratch(ws), in_place=False).t
 
 
 def topk_mask(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:
@@ -285,8 +326,7 @@ def topk_mask(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Ten
         return out.fill_(True)
     if n < _SMALL:
         return _sorted_mask(x, k, out)
-    ws = scratch(ws)
-    return _write_top(x, k, ws, _canonical_buffer(x, ws), out)
+    return _write_top(x, k, scratch(ws), out)
 
 
 def topk_indicator_(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:
@@ -299,7 +339,7 @@ def topk_indicator_(x: torch.Tensor, k: int, ws: Workspace | None = None) -> tor
         return x.fill_(1.0)
     if n < _SMALL:
         return x.copy_(_sorted_mask(x, k, torch.empty_like(x)))
-    return _write_top(x, k, scratch(ws), x, x)
+    return _write_top(x, k, scratch(ws), x)
 
 
 def topk_sum_positive(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:

@@ -46,13 +46,17 @@ def test_topk_mask_and_indicator_match_a_stable_sort(name: str, frac: float) -> 
     assert torch.equal(ind, expected.to(ind.dtype))
 
 
-@pytest.mark.parametrize(("rows", "cpu_rows"), [(1, 1), (3, 2), (16, 16), (64, 5)])
+@pytest.mark.parametrize(("rows", "cpu_rows", "chunk"),
+                         [(1, 1, 1 << 20), (3, 2, 1), (16, 2, 40_000), (16, 16, 1 << 20),
+                          (64, 5, 1)])
 def test_indicator_does_not_depend_on_the_block_layout(monkeypatch: pytest.MonkeyPatch,
-                                                         rows: int, cpu_rows: int) -> None:
-    # Blocks decide where the tie fix-up happens, chunks how the digits are counted: neither
-    # may change the selection.
+                                                         rows: int, cpu_rows: int,
+                                                         chunk: int) -> None:
+    # Blocks decide where the tie fix-up happens, chunks how the digits are counted (as on
+    # CUDA: all rows at once): neither may change the selection.
     monkeypatch.setattr(topk, "_ROWS", rows)
     monkeypatch.setattr(topk, "_CPU_ROWS", cpu_rows)
+    monkeypatch.setattr(topk, "_CHUNK", chunk)
     for x in _vectors().values():
         for k in (1, x.numel() // 3, x.numel() - 1):
             assert torch.equal(topk.topk_indicator_(x.clone(), k), _reference_mask(x, k).float())

@@ -54,6 +54,8 @@ INPUTS: dict[str, Callable[[int, torch.Generator, torch.dtype], torch.Tensor]] =
     "mostly zero": lambda n, g, dt: torch.where(
         torch.rand(n, generator=g) < 0.9, torch.where(torch.rand(n, generator=g) < 0.5, -0.0, 0.0),
         torch.randn(n, generator=g, dtype=torch.float64)),
+    "mostly -inf": lambda n, g, dt: torch.where(torch.rand(n, generator=g) < 0.7, -math.inf,
+                                                torch.randn(n, generator=g, dtype=torch.float64)),
     "negative": lambda n, g, dt: -torch.rand(n, generator=g, dtype=torch.float64) - 1.0,
     "denormals": lambda n, g, dt: torch.randint(-40, 40, (n,), generator=g).double() * _tiny(dt),
     "wide range": lambda n, g, dt: torch.randn(n, generator=g, dtype=torch.float64).sign()
