@@ -13,7 +13,7 @@ import pytest
 import torch
 from adaptfl.local_update import LocalUpdate, LocalUpdateConfig
 from adaptfl.local_update.preconditioners import AdamHyper
-from adaptfl.local_update.trust import pos_ratio, top_mass
+from adaptfl.local_update.trust import modulate_, pos_ratio, top_mass
 
 
 def _reference_mask(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -130,3 +130,13 @@ def test_fedact_step_is_bitwise_the_plain_formula(tau: float) -> None:
         assert torch.equal(opt.flat_state["exp_avg_sq"], state["exp_avg_sq"])
         assert float(opt.pos_ratios[-1]) == diag[0]
         assert float(opt.top_masses[-1]) == pytest.approx(diag[1], rel=1e-5)
+
+
+def test_cautious_scale_is_the_python_float_formula() -> None:
+    # The rescaling D / (nnz + 1) is now a device tensor; it must round as the float did.
+    gen = torch.Generator().manual_seed(11)
+    u, g = torch.randn(100_003, generator=gen), torch.randn(100_003, generator=gen)
+    s = u * g
+    expected = u * (s > 0).float() * (u.numel() / (int((s > 0).sum()) + 1))
+    got = modulate_(u.clone(), g, "cautious", 0.5, 2.0, 0.5, [u.numel()], per_tensor=False)
+    assert torch.equal(got, expected)
