@@ -18,17 +18,21 @@ the floats' bit patterns, with a FIXED sequence of kernels whose shapes depend o
    `_ROWS` entries), so the last pass also counts the entries tied with t in each block.
    Ties are kept from the lowest index up: blocks before the one where the kept ties run out
    keep all of theirs (threshold t), blocks after keep none (threshold: the next float above
-   t), and the one straddling block is fixed with a cumulative sum over it.
+   t), and the one straddling block is redone the same way in sub-blocks of `_SUB`, the last
+   of them with a cumulative sum (`_write_blocks`).
 
 The result is exactly `torch.topk`'s set with ties to the lower index, for every input without
 NaN (inputs must not hold NaN; checking would need a sync): ±0.0 tie, ±inf, denormals (with
-torch's default of no flush-to-zero), all-equal, k = 0 and k = D. Passes over the D entries
-for float32: the two digit passes (+0.0, int arithmetic, widening to int64, `scatter_add_`)
-and the final compare; the rest runs on 65,600 bins per block or on one block. On CPU the
-digit passes go a few blocks at a time, so that the values and their int64 digits stay in
-cache from the arithmetic to the scatter. Below `_SMALL` entries one stable sort is cheaper and is used instead (exact
-and sync-free as well). Nothing reads a value on the host, so the same code runs on CUDA
-without a sync (`torch.cuda.set_sync_debug_mode("error")` holds in the tests).
+torch's default of no flush-to-zero), all-equal, k = 0 and k = D.
+
+Cost for float32, in passes over the D entries: two digit passes (+0.0 in the first, int
+arithmetic, widening to int64, `scatter_add_`) and the final compare; everything else runs on
+65,600 bins per block, on one block or on one sub-block. On CPU a digit pass goes about
+`_CHUNK` entries at a time, so that the values and their int64 digits stay in cache from the
+arithmetic to the scatter; on CUDA it is one kernel each. Below `_SMALL` entries one stable
+sort is cheaper and is used instead (exact and sync-free as well). Nothing reads a value on
+the host, so the same code runs on CUDA without a sync (the tests hold it on CPU by counting
+host reads with the profiler, and on CUDA under `torch.cuda.set_sync_debug_mode("error")`).
 """
 
 from __future__ import annotations
@@ -141,40 +145,42 @@ class _Threshold(NamedTuple):
     keep: torch.Tensor  # [_ROWS + 1]
 
 
-def _at_least(hist: torch.Tensor, first: bool, negative: torch.Tensor | None) -> torch.Tensor:
-    """[65536] for each raw digit: how many entries have a value >= the values in its bin.
+def _value_order(first: bool, negative: torch.Tensor | None, ws: Workspace,
+                 like: torch.Tensor) -> torch.Tensor:
+    """[65536] int64: the raw digits in ascending order of the values in their bins.
 
-    Raw digits order the values by magnitude. The top digit holds the sign: raw 0..0x7FFF are
-    the positives (smallest first), 0x8000..0xFFFF the negatives (smallest magnitude, i.e.
-    largest value, first). Below the top digit, a negative prefix reverses the order.
+    Raw digits order the values by magnitude. The top digit holds the sign: raw 0x8000..0xFFFF
+    are the negatives, largest magnitude (smallest value) last, then come the positives 0..0x7FFF.
+    Below the top digit a negative prefix reverses the order.
     """
-    c = hist.cumsum(0)  # entries in raw bins <= d
+    def top(buf: torch.Tensor) -> None:  # 0xFFFF down to 0x8000, then 0 up to 0x7FFF
+        torch.arange(_BINS, out=buf).sub_(_HALF)
+        buf.copy_(torch.where(buf < 0, -1 - buf, buf))  # 0x7FFF..0, 0..0x7FFF
+        buf[:_HALF].add_(_HALF)
+
     if first:
-        positive = c[_HALF - 1:_HALF]  # [1] all positive entries
-        return torch.cat((positive - c[:_HALF] + hist[:_HALF], c[_HALF:]))
+        return ws.filled("topk.order.top", _BINS, like, torch.int64, "top", top)
     assert negative is not None
-    return torch.where(negative, c, c[-1:] - c + hist)
-
-
-def _digit_of_rank(r: torch.Tensor, first: bool, negative: torch.Tensor | None) -> torch.Tensor:
-    """The raw digit at position r of ascending value order (the order `_at_least` assumes)."""
-    if first:  # negatives (raw 0xFFFF down to 0x8000), then positives (raw 0 up to 0x7FFF)
-        return torch.where(r >= _HALF, r - _HALF, _BINS - 1 - r)
-    assert negative is not None
-    return torch.where(negative, _BINS - 1 - r, r)
+    up = ws.filled("topk.order.up", _BINS, like, torch.int64, "up",
+                   lambda buf: torch.arange(_BINS, out=buf))
+    return torch.where(negative, _BINS - 1 - up, up)
 
 
 def _select_bin(hist: torch.Tensor, k: torch.Tensor | int, first: bool,
-                negative: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d, above): the raw digit whose bin holds the k-th largest, and #entries above its bin.
+                negative: torch.Tensor | None, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d, above): the raw digit whose bin holds the k-th largest, and #entries above its bin
+    (hist: int32 [65536] in raw digit order; k, above: int32 [1]).
 
-    In value order `_at_least` does not increase, so the bins with at least k entries at or
-    above them are the lowest-valued ones up to the answer: counting them gives its rank.
+    In ascending value order, the entries at or above bin i are total - below[i], which does not
+    increase with i; the answer is the last bin where it is still >= k, so counting the bins
+    with below[i] <= total - k gives its position. All on the device, all int32.
     """
-    at_least = _at_least(hist, first, negative)
-    rank = torch.ge(at_least, k).sum().reshape(1) - 1  # [1]: a 0-dim index is read on host
-    d = _digit_of_rank(rank, first, negative)
-    return d, at_least.index_select(0, d) - hist.index_select(0, d)
+    order = _value_order(first, negative, ws, hist)
+    counts = hist.index_select(0, order)
+    upto = torch.cumsum(counts, 0, dtype=torch.int32)  # entries in bins <= i
+    total = upto[-1:]
+    i = torch.le(upto - counts, total - k).sum(dtype=torch.int64).reshape(1) - 1  # [1]: a 0-dim
+    return order.index_select(0, i), total - upto.index_select(0, i)  # index is read on host
 
 
 def _prefix(digits: list[torch.Tensor]) -> torch.Tensor:
@@ -197,7 +203,7 @@ def _threshold(x: torch.Tensor, k: int, ws: Workspace, in_place: bool) -> _Thres
     rank: torch.Tensor | int = k  # rank of the k-th largest among the entries with the prefix
     digits: list[torch.Tensor] = []  # raw digits of t found so far, most significant first
     negative: torch.Tensor | None = None
-    above = torch.zeros(1, dtype=torch.int64, device=x.device)  # #entries above the prefix
+    above = torch.zeros(1, dtype=torch.int32, device=x.device)  # #entries above the prefix
     for p in range(w):
         prefix = _prefix(digits) if p else None
         low = 16 * (w - p)  # bits below the prefix
@@ -209,7 +215,7 @@ def _threshold(x: torch.Tensor, k: int, ws: Workspace, in_place: bool) -> _Thres
         else:
             h[_ROWS:].zero_()
         total = h.sum(0, dtype=torch.int32)[:_BINS]
-        digit, higher = _select_bin(total, rank, p == 0, negative)
+        digit, higher = _select_bin(total, rank, p == 0, negative, ws)
         if p == 0:
             negative = digit >= _HALF
         digits.append(digit)
