@@ -30,7 +30,6 @@ from adaptfl.algorithms.params import PRESET, Component, FieldInfo, all_fields, 
 from adaptfl.algorithms.settings import SETTINGS, Data, Federation, LocalTraining, Output, Runtime
 from adaptfl.algorithms.stage import RoundInfo
 
-
 # Fields a title leaves out: numerical details, not what tells runs apart.
 _QUIET = {"eps", "beta2", "muon-adam-eps", "muon-adam-beta1", "muon-adam-beta2", "max-precond-dim",
           "bias-correction", "trust-scope", "server-tau", "adamom-eps"}
@@ -130,7 +129,8 @@ class RunConfig:
                               if v is not None and not isinstance(v, bool) and k not in _QUIET)
             parts.append(f"{c.name}({knobs})" if knobs else c.name)
         data = self.data
-        split = f"dirichlet α={data.dirichlet_alpha:g}" if data.partitioning == "dirichlet" else data.partitioning
+        split = f"dirichlet α={data.dirichlet_alpha:g}" if data.partitioning == "dirichlet" \
+            else data.partitioning
         return (f"{self.algorithm.name}: {' + '.join(parts)}\n{data.model} on {data.task}, {split}, "
                 f"K={self.local.local_steps}, batch {self.local.batch_size}, lr={self.lr:g}")
 

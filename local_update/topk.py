@@ -1,149 +1,364 @@
-"""Exact top-k selection over millions of coordinates without a full sort.
+"""Exact top-k selection over millions of coordinates, on the device, without a sort or a sync.
 
-FedACT needs the exact top-⌊τD⌋ trust scores over ALL D coordinates at every local step. A full
-`torch.kthvalue` over D = 5.4M costs several AdamW updates, so we first estimate the threshold
-from a random sample, then find the exact k-th largest value inside a narrow band around the
-estimate. The answer never depends on the sample (only the speed does): if the band misses the
-k-th value we fall back to the exact full selection.
+FedACT needs the exact top-⌊τD⌋ trust scores over ALL D coordinates at every local step
+(seed 000, Eq. 8). A sort or `torch.topk` costs many optimizer steps at D = 5.4M, and any
+selection that reads a count back to the host (`.item()`, `nonzero`, a data-dependent branch)
+stalls a GPU at every step. This module finds the k-th largest value t by a radix selection on
+the floats' bit patterns, with a FIXED sequence of kernels whose shapes depend on D and k only:
 
-Cost per call, in passes over the D values: two comparisons into reused bool buffers, a count
-and a `nonzero` of the band mask. Everything else (the k-th value, the ties, the sums for
-TopMass) runs on the band, a few percent of D.
+1. Canonicalise: y = x + 0.0 turns -0.0 into +0.0 (they tie, as in `torch.topk`); then the
+   bit pattern orders the values: by sign, then by magnitude (reversed for negatives).
+2. One pass per 16-bit digit of the pattern, most significant first: 2 passes for float32, 4
+   for float64, 1 for float16/bfloat16. Each pass scatters a histogram of that digit over the
+   entries whose higher digits equal the prefix found so far; the others are moved to spare
+   bins by one `minimum`, so a pass counts all of y without a mask (`_digits`). A cumulative
+   sum over the 65,536 bins, on the device, picks the digit that holds the k-th largest and
+   counts the entries above it (`_select_bin`).
+3. The histograms keep one row per block of y (`_ROWS` blocks and a tail of fewer than
+   `_ROWS` entries), so the last pass also counts the entries tied with t in each block.
+   Ties are kept from the lowest index up: blocks before the one where the kept ties run out
+   keep all of theirs (threshold t), blocks after keep none (threshold: the next float above
+   t), and the one straddling block is redone the same way in sub-blocks of `_SUB`, the last
+   of them with a cumulative sum (`_write_blocks`).
+
+The result is exactly `torch.topk`'s set with ties to the lower index, for every input without
+NaN (inputs must not hold NaN; checking would need a sync): ±0.0 tie, ±inf, denormals (with
+torch's default of no flush-to-zero), all-equal, k = 0 and k = D.
+
+Cost for float32, in passes over the D entries: two digit passes (+0.0 in the first, int
+arithmetic, widening to int64, `scatter_add_`) and the final compare; everything else runs on
+65,600 bins per block, on one block or on one sub-block. On CPU a digit pass goes about
+`_CHUNK` entries at a time, so that the values and their int64 digits stay in cache from the
+arithmetic to the scatter; on CUDA it is one kernel each. Below `_SMALL` entries one stable
+sort is cheaper and is used instead (exact and sync-free as well). Nothing reads a value on
+the host, so the same code runs on CUDA without a sync (the tests hold it on CPU by counting
+host reads with the profiler, and on CUDA under `torch.cuda.set_sync_debug_mode("error")`).
 """
 
 from __future__ import annotations
 
-import math
+import sys
 from typing import NamedTuple
 
 import torch
 from adaptfl.local_update.workspace import Workspace, scratch
 
-_SAMPLE = 1 << 15  # sample size for the threshold estimate
-_SMALL = 1 << 17  # below this many coordinates a direct kthvalue is cheapest
-_Z = 5.0  # band half-width in binomial standard deviations (miss probability ~1e-6)
+_SMALL = 1 << 14  # below this many entries one stable sort is the cheapest exact selection
+_ROWS = 16  # blocks of y: one histogram row each; the tie fix-up touches one block
+_CPU_ROWS = 2  # CPU: digit passes go by multiples of this many rows (one per thread) ...
+_CHUNK = 1 << 20  # ... of about this many entries: their int64 digits stay in cache
+_SUB = 1 << 10  # the straddling block's ties are counted in sub-blocks of this many entries
+_BINS = 1 << 16  # one 16-bit digit per pass
+_HALF = 1 << 15
+_SPARE = 64  # bins for the entries outside the prefix (see `_digits`)
+_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # same-width integer for the bit views
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+if sys.byteorder != "little":  # float <-> integer bit views assume the usual byte order
+    raise ImportError("adaptfl.local_update.topk assumes a little-endian machine")
 
 
-def _sample_generator(device: torch.device) -> torch.Generator:
-    # A fixed seed keeps runs reproducible in time as well as in value.
-    return torch.Generator(device=device).manual_seed(0x5EED)
+def _check(x: torch.Tensor) -> None:
+    if x.dtype not in DTYPES:
+        raise TypeError(f"top-k selection supports {DTYPES}, got {x.dtype}")
+    if x.dim() != 1 or not x.is_contiguous():
+        raise ValueError(f"top-k selection needs a contiguous 1-D tensor, got {tuple(x.shape)}")
 
 
-def _bounds(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A band [lo, hi] of values that holds the k-th largest of x (unless unlucky)."""
-    n = x.numel()
-    idx = torch.randint(n, (_SAMPLE,), device=x.device, generator=_sample_generator(x.device))
-    sample = x[idx]
-    q = 1.0 - k / n  # the threshold's quantile in ascending order
-    half = _Z * math.sqrt(max(q * (1.0 - q), 1.0 / _SAMPLE) / _SAMPLE)
-    i_lo = max(int((q - half) * _SAMPLE), 0)
-    i_hi = min(int(math.ceil((q + half) * _SAMPLE)), _SAMPLE - 1)
-    # Two order statistics of the sample; selecting them is cheaper than sorting it.
-    return (torch.kthvalue(sample, i_lo + 1).values, torch.kthvalue(sample, i_hi + 1).values)
+# --- one digit pass -----------------------------------------------------------------------
 
+def _digits(y: torch.Tensor, prefix: torch.Tensor | None, low: int, tmp: torch.Tensor,
+            index: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """index = the histogram bin of every entry of y for the next 16-bit digit (int64, y's
+    shape; tmp: an integer scratch of y's width, or index itself for 64-bit floats).
 
-class _Band(NamedTuple):
-    """The entries of x in a band [lo, hi] around the k-th largest, and how many lie above."""
-
-    above: int  # #{x > hi}
-    values: torch.Tensor  # the entries in [lo, hi]
-    index: torch.Tensor | None  # their positions in x, ascending; None: `values` is all of x
-
-
-def _band(x: torch.Tensor, k: int, ws: Workspace | None, tail: bool) -> _Band:
-    """A band holding the k-th largest of x, which is then the (k - above)-th largest of its
-    values. With `tail`, hi = +∞: above = 0 and the band holds all of the top k.
+    prefix None (first pass): the top digit, 0..65535. Otherwise the digit below `prefix` (the
+    top bits found so far, `low` bits below it), and 65,536 + (position mod 64) for every
+    pattern outside the prefix. z = bits ^ (prefix << low) lies in [0, 2^low) exactly for the
+    patterns with the prefix, i.e. z < 2^low as an unsigned number; flipping the sign bit turns
+    that unsigned order into the signed one, so a single `minimum` with a fixed bound moves all
+    other patterns out of the way. The bound cycles over 64 spare bins: a scatter into one or
+    two hot bins, between a few entries spread at random over the histogram, serialises on
+    the same counter; 64 independent ones do not. Only xor and min: nothing can overflow.
     """
-    n = x.numel()
-    if n <= _SMALL:
-        return _Band(0, x, None)
-    ws = scratch(ws)
-    lo, hi = _bounds(x, k)
-    inside = torch.ge(x, lo, out=ws.get("topk.inside", n, x, torch.bool))
-    at_least_lo = None if tail else int(torch.count_nonzero(inside))
-    if not tail:  # above = #{x >= lo} - #{lo <= x <= hi}: no pass for x > hi of its own
-        inside.logical_and_(torch.le(x, hi, out=ws.get("topk.le", n, x, torch.bool)))
-    index = inside.nonzero().squeeze(1)
-    values = torch.index_select(x, 0, index)
-    above = 0 if at_least_lo is None else at_least_lo - values.numel()
-    # The k-th largest lies in [lo, hi] iff `above` < k <= above + |band|.
-    if above < k <= above + values.numel():
-        return _Band(above, values, index)
-    return _Band(0, x, None)  # the sample misled us: select over all of x
+    bits = y.view(_INT[y.element_size()])
+    width = 8 * y.element_size()
+    if width == 16:  # 16-bit floats: one pass, the whole pattern read as an unsigned number
+        return index.copy_(bits).bitwise_and_(_BINS - 1)
+    if prefix is None:  # the top 16 bits, read as an unsigned number
+        top = torch.bitwise_right_shift(bits, width - 16, out=tmp).bitwise_and_(_BINS - 1)
+        return top if top is index else index.copy_(top)
+    sign = -(1 << (width - 1))
+    flip = ((prefix * (1 << low)) ^ sign).reshape(()).to(bits.dtype)  # 0-dim: no promotion
+
+    def spare_bins(buf: torch.Tensor) -> None:  # sign + 2^low + (i mod 64) << (low - 16)
+        torch.arange(buf.numel(), out=buf).bitwise_and_(_SPARE - 1)
+        buf.bitwise_left_shift_(low - 16).add_(sign + (1 << low))
+
+    bound = ws.filled("topk.bound", y.numel(), y, bits.dtype, (bits.dtype, low), spare_bins)
+    z = torch.bitwise_xor(bits, flip, out=tmp)
+    torch.minimum(z, bound.view(z.shape), out=z).bitwise_xor_(sign)
+    if low > 16:
+        z.bitwise_right_shift_(low - 16)
+    return z if z is index else index.copy_(z)
 
 
-def _kth(x: torch.Tensor, k: int, ws: Workspace | None = None,
-         tail: bool = False) -> tuple[torch.Tensor, _Band]:
-    """(t, band): t is the exact k-th largest of x."""
-    band = _band(x, k, ws, tail)
-    t = torch.kthvalue(band.values, band.values.numel() - (k - band.above) + 1).values
-    return t, band
+def _count_rows(x: torch.Tensor, prefix: torch.Tensor | None, low: int, ws: Workspace,
+                hist: torch.Tensor, in_place: bool) -> None:
+    """hist[r] = histogram of the digit bins of y[r] = x[r] + 0.0 (x [rows, L], hist
+    [rows, bins]); with `in_place` the first pass (prefix None) writes y over x and the later
+    ones read it, otherwise y is made again in a chunk buffer by every pass.
+
+    One `scatter_add_` of ones at the int64 digits, the rows in parallel. On CPU `_CPU_ROWS`
+    rows at a time, so that y and its int64 digits (twice the size of the data) stay in cache
+    between the arithmetic that makes them and the scatter that reads them.
+    """
+    rows, length = x.shape
+    step = rows  # one chunk; on CPU a multiple of _CPU_ROWS rows of about _CHUNK entries
+    if x.device.type == "cpu":
+        step = min(rows, max(_CPU_ROWS, _CHUNK // max(length, 1) // _CPU_ROWS * _CPU_ROWS))
+    size = step * length
+    index = ws.get("topk.index", size, x, torch.int64)
+    integer = _INT[x.element_size()]
+    tmp = index if integer == torch.int64 else ws.get("topk.digits", size, x, integer)
+    ones = ws.constant("topk.ones", size, x, 1, hist.dtype)
+    hist.zero_()
+    for r0 in range(0, rows, step):
+        part = x[r0:r0 + step]
+        shape, m = part.shape, part.numel()
+        if not in_place:
+            y = torch.add(part, 0.0, out=ws.get("topk.canonical", size, x)[:m].view(shape))
+        else:
+            y = part.add_(0.0) if prefix is None else part  # -0.0 -> +0.0
+        d = _digits(y, prefix, low, tmp[:m].view(shape), index[:m].view(shape), ws)
+        hist[r0:r0 + step].scatter_add_(1, d, ones[:m].view(shape))
 
 
-def kth_largest(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The k-th largest entry of the 1-D tensor `x` (1 <= k <= numel), exact."""
+# --- the radix selection -----------------------------------------------------------------
+
+class _Threshold(NamedTuple):
+    """The k-th largest t of y and, per block, how many entries equal t and how many of them
+    the top k keeps (blocks: the `_ROWS` rows of y's head, then the tail)."""
+
+    t: torch.Tensor  # 0-dim, y's dtype
+    tied: torch.Tensor  # [_ROWS + 1]
+    keep: torch.Tensor  # [_ROWS + 1]
+
+
+def _value_order(first: bool, negative: torch.Tensor | None, ws: Workspace,
+                 like: torch.Tensor) -> torch.Tensor:
+    """[65536] int64: the raw digits in ascending order of the values in their bins.
+
+    Raw digits order the values by magnitude. The top digit holds the sign: raw 0x8000..0xFFFF
+    are the negatives, largest magnitude (smallest value) last, then come the positives 0..0x7FFF.
+    Below the top digit a negative prefix reverses the order.
+    """
+    def top(buf: torch.Tensor) -> None:  # 0xFFFF down to 0x8000, then 0 up to 0x7FFF
+        torch.arange(_BINS, out=buf).sub_(_HALF)
+        buf.copy_(torch.where(buf < 0, -1 - buf, buf))  # 0x7FFF..0, 0..0x7FFF
+        buf[:_HALF].add_(_HALF)
+
+    if first:
+        return ws.filled("topk.order.top", _BINS, like, torch.int64, "top", top)
+    assert negative is not None
+    up = ws.filled("topk.order.up", _BINS, like, torch.int64, "up",
+                   lambda buf: torch.arange(_BINS, out=buf))
+    return torch.where(negative, _BINS - 1 - up, up)
+
+
+def _select_bin(hist: torch.Tensor, k: torch.Tensor | int, first: bool,
+                negative: torch.Tensor | None, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d, above): the raw digit whose bin holds the k-th largest, and #entries above its bin
+    (hist: int32 [65536] in raw digit order; k, above: int32 [1]).
+
+    In ascending value order, the entries at or above bin i are total - below[i], which does not
+    increase with i; the answer is the last bin where it is still >= k, so counting the bins
+    with below[i] <= total - k gives its position. All on the device, all int32.
+    """
+    order = _value_order(first, negative, ws, hist)
+    counts = hist.index_select(0, order)
+    upto = torch.cumsum(counts, 0, dtype=torch.int32)  # entries in bins <= i
+    total = upto[-1:]
+    i = torch.le(upto - counts, total - k).sum(dtype=torch.int64).reshape(1) - 1  # [1]: a 0-dim
+    return order.index_select(0, i), total - upto.index_select(0, i)  # index is read on host
+
+
+def _prefix(digits: list[torch.Tensor]) -> torch.Tensor:
+    """The signed integer whose 16-bit digits these are (most significant first), int64 [1]."""
+    bits = torch.where(digits[0] >= _HALF, digits[0] - _BINS, digits[0])  # the sign, no overflow
+    for d in digits[1:]:
+        bits = bits * _BINS + d
+    return bits
+
+
+def _threshold(x: torch.Tensor, k: int, ws: Workspace, in_place: bool) -> _Threshold:
+    """Radix selection of the k-th largest of x (1 <= k <= n, n >= _ROWS); with `in_place`,
+    x ends as x + 0.0 (-0.0 -> +0.0, equal as floats)."""
+    n, w = x.numel(), x.element_size() // 2
+    length = n // _ROWS
+    head = _ROWS * length
+    x2, tail = x[:head].view(_ROWS, length), x[head:].view(1, n - head)
+    hist = ws.get("topk.hist", (_ROWS + 1) * (_BINS + _SPARE), x, torch.int32)
+
+    rank: torch.Tensor | int = k  # rank of the k-th largest among the entries with the prefix
+    digits: list[torch.Tensor] = []  # raw digits of t found so far, most significant first
+    negative: torch.Tensor | None = None
+    above = torch.zeros(1, dtype=torch.int32, device=x.device)  # #entries above the prefix
+    for p in range(w):
+        prefix = _prefix(digits) if p else None
+        low = 16 * (w - p)  # bits below the prefix
+        bins = _BINS if p == 0 else _BINS + _SPARE  # spare bins: patterns outside the prefix
+        h = hist[: (_ROWS + 1) * bins].view(_ROWS + 1, bins)
+        _count_rows(x2, prefix, low, ws, h[:_ROWS], in_place)
+        if head < n:
+            _count_rows(tail, prefix, low, ws, h[_ROWS:], in_place)
+        else:
+            h[_ROWS:].zero_()
+        total = h.sum(0, dtype=torch.int32)[:_BINS]
+        digit, higher = _select_bin(total, rank, p == 0, negative, ws)
+        if p == 0:
+            negative = digit >= _HALF
+        digits.append(digit)
+        above = above + higher
+        rank = rank - higher
+    tied = h.index_select(1, digit).squeeze(1)  # [_ROWS + 1] entries equal to t per block
+    need = k - above  # ties the top k takes, 1 <= need <= tied.sum()
+    before = tied.cumsum(0) - tied  # ties in earlier blocks
+    keep = torch.clamp(torch.minimum(need - before, tied), min=0)
+    t = _prefix(digits).to(_INT[x.element_size()]).view(x.dtype).reshape(())
+    return _Threshold(t, tied, keep)
+
+
+# --- small inputs: one stable sort ----------------------------------------------------------
+
+def _sorted_mask(x: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
+    """out[i] = 1 for the k largest of x, ties to the lower index (a stable sort keeps order)."""
+    order = torch.sort(x, descending=True, stable=True).indices[:k]
+    return out.zero_().index_fill_(0, order, 1)
+
+
+# --- writing the selection ------------------------------------------------------------------
+
+def _keep_ties(v: torch.Tensor, t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """v > t, plus the first `keep` entries equal to t (1-D v; a cumulative sum over all of v)."""
+    tied = v == t
+    first = torch.cumsum(tied, dim=0, dtype=torch.int32) <= keep
+    return (v > t) | (tied & first)
+
+
+def _write_blocks(v: torch.Tensor, t: torch.Tensor, up: torch.Tensor, tied: torch.Tensor,
+                  keep: torch.Tensor, length: int, out: torch.Tensor) -> None:
+    """out = (v > t) plus, from the lowest index, keep[b] of the tied[b] entries equal to t in
+    each block b of v: rows = n // length blocks of `length` entries, then the tail, shorter
+    than a block (tied, keep: [rows + 1]; out may be v itself).
+
+    One compare per block against its own threshold: t where the block keeps all its ties, the
+    next float above t where it keeps none. The one block that keeps only some (or block 0, if
+    none does, rewritten unchanged) is redone by `_fix_block`.
+    """
+    n = v.numel()
+    rows = n // length
+    head = rows * length
+    bound = torch.where(keep == tied, t, up)
+    partial = (keep > 0) & (keep < tied)
+    b = torch.argmax(partial[:rows].to(torch.int32)).reshape(1)  # [1]: the block to fix
+    v2, out2 = v[:head].view(rows, length), out[:head].view(rows, length)
+    block = v2.index_select(0, b).squeeze(0)  # copies: read before `out` (maybe v) is written
+    tail = v[head:].clone()
+    torch.ge(v2, bound[:rows, None], out=out2)
+    fixed = _fix_block(block, t, up, keep.index_select(0, b))
+    out2.index_copy_(0, b, fixed.to(out.dtype).unsqueeze(0))
+    if head < n:
+        out[head:] = _keep_ties(tail, t, keep[rows:])
+
+
+def _fix_block(v: torch.Tensor, t: torch.Tensor, up: torch.Tensor,
+               keep: torch.Tensor) -> torch.Tensor:
+    """v > t plus the first `keep` ([1]) entries equal to t, as float32 1.0 / 0.0.
+
+    A long block goes through `_write_blocks` once more, in sub-blocks of `_SUB` whose ties are
+    counted by one compare and a row sum, so that the cumulative sum runs over one sub-block
+    instead of serially over the whole block.
+    """
+    rows = v.numel() // _SUB
+    if rows < 2:
+        return _keep_ties(v, t, keep).float()
+    head = rows * _SUB
+    # float32 1.0 / 0.0: sums up to 2^24 are exact (16-bit floats would round them)
+    equal = torch.eq(v, t, out=torch.empty(v.shape, dtype=torch.float32, device=v.device))
+    tied = torch.cat((equal[:head].view(rows, _SUB).sum(1), equal[head:].sum().reshape(1)))
+    tied = tied.to(torch.int64)  # [rows + 1]
+    before = tied.cumsum(0) - tied
+    kept = torch.clamp(torch.minimum(keep - before, tied), min=0)
+    _write_blocks(v, t, up, tied, kept, _SUB, equal)
+    return equal
+
+
+def _write_top(x: torch.Tensor, k: int, ws: Workspace, out: torch.Tensor) -> torch.Tensor:
+    """out = 1 on the top k of x, 0 elsewhere; out may be x itself.
+
+    Float comparisons: -0.0 == +0.0 as the selection requires, with no +0.0 pass.
+    """
+    th = _threshold(x, k, ws, in_place=out is x)
+    t = th.t
+    up = torch.nextafter(t, t.new_full((), float("inf")))
+    up = torch.where(up > t, up, float("nan"))  # above +inf: nothing (x >= nan is False)
+    _write_blocks(x, t, up, th.tied, th.keep, x.numel() // _ROWS, out)  # n // L = _ROWS
+    return out
+
+
+# --- the public API ---------------------------------------------------------------------
+
+def kth_largest(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:
+    """The k-th largest entry of the 1-D tensor `x` (1 <= k <= numel), exact, as a 0-dim
+    tensor on x's device (+0.0 where the k-th largest is a zero of either sign)."""
+    _check(x)
     n = x.numel()
     if not 1 <= k <= n:
         raise ValueError(f"k={k} must be in [1, {n}]")
-    return _kth(x, k)[0]
-
-
-def _ties_to_drop(t: torch.Tensor, band: _Band, k: int) -> torch.Tensor | None:
-    """Positions of the entries equal to t that `x >= t` selects beyond k: the highest ones.
-
-    Every entry equal to t lies in the band, so both the count and the positions come from it.
-    """
-    surplus = band.above + int(torch.count_nonzero(band.values >= t)) - k  # #{x >= t} - k
-    if surplus <= 0:
-        return None
-    tied = torch.nonzero(band.values == t).squeeze(1)
-    if band.index is not None:
-        tied = band.index[tied]
-    return tied[tied.numel() - surplus:]
+    if n < _SMALL:
+        return torch.sort(x, descending=True).values[k - 1] + 0.0
+    return _threshold(x, k, scratch(ws), in_place=False).t
 
 
 def topk_mask(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:
     """Boolean mask of exactly k entries of 1-D `x`: the k largest, ties broken by lower index."""
+    _check(x)
     n = x.numel()
+    out = torch.zeros(n, dtype=torch.bool, device=x.device)
     if k <= 0:
-        return torch.zeros(n, dtype=torch.bool, device=x.device)
+        return out
     if k >= n:
-        return torch.ones(n, dtype=torch.bool, device=x.device)
-    t, band = _kth(x, k, ws)
-    drop = _ties_to_drop(t, band, k)
-    mask = x >= t
-    if drop is not None:
-        mask[drop] = False
-    return mask
+        return out.fill_(True)
+    if n < _SMALL:
+        return _sorted_mask(x, k, out)
+    return _write_top(x, k, scratch(ws), out)
 
 
 def topk_indicator_(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:
     """`topk_mask` as 1.0 / 0.0 written over `x` itself (saves a D-sized buffer and a pass)."""
+    _check(x)
     n = x.numel()
     if k <= 0:
         return x.zero_()
     if k >= n:
         return x.fill_(1.0)
-    t, band = _kth(x, k, ws)
-    drop = _ties_to_drop(t, band, k)  # before x is overwritten
-    torch.ge(x, t, out=x)
-    if drop is not None:
-        x[drop] = 0.0
-    return x
+    if n < _SMALL:
+        return x.copy_(_sorted_mask(x, k, torch.empty_like(x)))
+    return _write_top(x, k, scratch(ws), x)
 
 
 def topk_sum_positive(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:
-    """Sum of max(x, 0) over the k largest entries (ties do not change the sum).
+    """Sum of max(x, 0) over the k largest entries (ties do not change the sum), 0-dim.
 
-    Cheap for a small k (TopMass takes the top 1%): the sums run on the sampled tail only.
+    With t the k-th largest and t⁺ = max(t, 0), the top k hold every entry above t and
+    (k - #above) copies of t, so their positive sum is Σ max(x - t⁺, 0) + k·t⁺ (if t < 0 this
+    is the whole positive mass): one selection and one fused pass, no mask.
     """
     if k <= 0:
         return x.new_zeros(())
     if k >= x.numel():
         return x.clamp(min=0).sum()
-    t, band = _kth(x, k, ws, tail=True)
-    tail = band.values  # every entry > t is in it
-    strictly = tail > t
-    count = int(torch.count_nonzero(strictly))
-    total = torch.where(strictly, tail, 0.0).clamp_(min=0).sum()
-    return total + (k - count) * t.clamp(min=0)
+    t = kth_largest(x, k, ws).clamp(min=0)
+    over = torch.sub(x, t, out=scratch(ws).get("topk.over", x.numel(), x)).clamp_(min=0)
+    return over.sum() + k * t

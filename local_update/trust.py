@@ -4,6 +4,11 @@
   ALL coordinates of the model; `per-tensor` ranks within each tensor.
 - `mgup`: the same α/γ split ranked within each tensor, as MGUP's code does (Chang & Yuan 2025).
 - `cautious`: φ = 1[s > 0] rescaled by D / (nnz + 1) (Liang et al. 2024, C-AdamW's mask).
+
+Nothing here reads a value back to the host: the top-k is the radix selection of `topk.py` (a
+fixed kernel sequence), the cautious rescaling multiplies by a 0-dim device tensor, and the
+diagnostics return 0-dim float64 tensors on the scores' device, for the caller to accumulate
+and read once per round. A step therefore never waits for the GPU.
 """
 
 from __future__ import annotations
@@ -41,26 +46,37 @@ def modulate_(u: torch.Tensor, g: torch.Tensor, mode: str, tau: float, alpha: fl
         return u
     s = u * g if scores is None else scores
     if mode == "cautious":
+        # count on a bool mask: count_nonzero over floats is an order of magnitude slower
         keep = torch.gt(s, 0, out=scratch(ws).get("trust.mask", s.numel(), s, torch.bool))
-        nnz = int(torch.count_nonzero(keep))
-        return u.mul_(torch.gt(s, 0, out=s)).mul_(u.numel() / (nnz + 1))  # s -> 1.0 / 0.0
+        # D / (nnz + 1) in float64, as the Python float it replaces (same rounding to u's dtype)
+        denominator = torch.count_nonzero(keep).add_(1).double()
+        scale = torch.full_like(denominator, u.numel()).div_(denominator).to(u.dtype)
+        return u.mul_(torch.gt(s, 0, out=s)).mul_(scale)  # s -> 1.0 / 0.0
     if mode not in ("act", "mgup"):
         raise ValueError(f"unknown trust mode {mode!r}; known: {TRUST_MODES}")
     per_tensor = per_tensor or mode == "mgup"
     return u.mul_(act_phi_(s, tau, alpha, gamma, tensor_sizes if per_tensor else None, ws))
 
 
-def pos_ratio(scores: torch.Tensor, ws: Workspace | None = None) -> float:
-    """PosRatio: the share of coordinates with a positive trust score (seed 000, App. A)."""
+def pos_ratio(scores: torch.Tensor, ws: Workspace | None = None) -> torch.Tensor:
+    """PosRatio: the share of coordinates with a positive trust score (seed 000, App. A).
+
+    A 0-dim float64 tensor on the scores' device (exactly #positive / D, as a Python float).
+    """
     n = scores.numel()
     positive = torch.gt(scores, 0, out=scratch(ws).get("trust.mask", n, scores, torch.bool))
-    return int(torch.count_nonzero(positive)) / max(n, 1)
+    return torch.count_nonzero(positive).double() / max(n, 1)
 
 
-def top_mass(scores: torch.Tensor, p: float = 0.01, ws: Workspace | None = None) -> float:
-    """TopMass_p: share of the positive score mass in the top ⌈p·D⌉ scores (0 if none)."""
+def top_mass(scores: torch.Tensor, p: float = 0.01, ws: Workspace | None = None) -> torch.Tensor:
+    """TopMass_p: share of the positive score mass in the top ⌈p·D⌉ scores (0 if none).
+
+    A 0-dim float64 tensor on the scores' device; one radix selection of the ⌈p·D⌉-th score.
+    """
     n = scores.numel()
-    positive = float(torch.clamp(scores, min=0, out=scratch(ws).get("trust.tmp", n, scores)).sum())
-    if positive <= 0.0:
-        return 0.0
-    return float(topk_sum_positive(scores, math.ceil(p * n), ws)) / positive
+    if n == 0:
+        return scores.new_zeros((), dtype=torch.float64)
+    positive = torch.clamp(scores, min=0, out=scratch(ws).get("trust.tmp", n, scores)).sum()
+    top = topk_sum_positive(scores, math.ceil(p * n), ws)
+    share = top.double() / positive.double()  # nan where positive == 0, replaced below
+    return torch.where(positive > 0, share, 0.0)

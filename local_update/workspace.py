@@ -9,6 +9,8 @@ every step instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+
 import torch
 
 
@@ -17,6 +19,7 @@ class Workspace:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self._filled: dict[str, Hashable] = {}  # name -> key of what `filled` wrote
 
     def get(self, name: str, n: int, like: torch.Tensor,
             dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -28,7 +31,26 @@ class Workspace:
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != like.device:
             buf = self._buffers[name] = torch.empty(n, dtype=dtype, device=like.device)
+            self._filled.pop(name, None)
         return buf[:n]
+
+    def constant(self, name: str, n: int, like: torch.Tensor, value: float,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A buffer of n elements all equal to `value`, filled only when (re)allocated."""
+        return self.filled(name, n, like, dtype, value, lambda buf: buf.fill_(value))
+
+    def filled(self, name: str, n: int, like: torch.Tensor, dtype: torch.dtype | None,
+               key: Hashable, fill: Callable[[torch.Tensor], object]) -> torch.Tensor:
+        """A buffer of n elements that `fill` wrote, kept as long as `key` stays the same.
+
+        `fill` gets the whole (fresh or re-keyed) buffer and must write every element. Callers
+        must only read the result: a name used here must never be used with `get`.
+        """
+        buf = self.get(name, n, like, dtype)
+        if name not in self._filled or self._filled[name] != key:
+            fill(self._buffers[name])  # a fresh buffer is exactly n long: all of it
+            self._filled[name] = key
+        return buf
 
 
 def scratch(ws: Workspace | None) -> Workspace:

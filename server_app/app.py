@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 import sys
 
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
-
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.server_app.loop import run_federated
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
 
 app = ServerApp()
 log = logging.getLogger("adaptfl")

@@ -9,9 +9,9 @@ pipeline a node will run (one local step on the server, its reply checked agains
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch

@@ -30,7 +30,8 @@ def test_a_bad_override_is_one_line_naming_the_key(capsys, override: str, named:
 def test_overrides_merge_over_the_defaults_as_flower_merges_them(capsys, tmp_path: Path) -> None:
     code, out, _ = run(capsys, "-c", "tau=0.3 run-name='a b'", "-c", "tau=0.2",
                        "--get", "tau", "--get", "run-name", "--get", "rho", "--get", "resume")
-    assert code == 0 and out.splitlines() == ["0.2", "a b", "preset", "false"]  # later flags win; rho: the preset's
+    # later flags win; rho is the preset's
+    assert code == 0 and out.splitlines() == ["0.2", "a b", "preset", "false"]
 
     settings = tmp_path / "settings.toml"
     settings.write_text("rho = 0.25\nalgorithm = 'fedadamw'\n")

@@ -75,7 +75,8 @@ def test_progress_lines_round_zero_plots_and_tensorboard(tmp_path, caplog, tiny_
     events = EventAccumulator(str(out / "tensorboard")).Reload()
     steps = [e.step for e in events.Scalars("test-accuracy")]
     assert steps == [0, 1, 2]
-    assert [e.value for e in events.Scalars("test-accuracy")] == pytest.approx([r["test-accuracy"] for r in rows])
+    values = [e.value for e in events.Scalars("test-accuracy")]
+    assert values == pytest.approx([r["test-accuracy"] for r in rows])
 
 
 def test_engine_cli_errors_are_one_line(tmp_path) -> None:

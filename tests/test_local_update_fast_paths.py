@@ -1,4 +1,4 @@
-"""The fast paths of local_update (reused buffers, band selection) against plain references.
+"""The fast paths of local_update (reused buffers, radix selection) against plain references.
 
 The references are written the obvious way (a stable sort for the top-k, fresh tensors for every
 temporary); the fast paths must agree bit for bit (TopMass: to float rounding).
@@ -13,7 +13,7 @@ import adaptfl.local_update.topk as topk
 import pytest
 import torch
 from adaptfl.local_update import LocalUpdate
-from adaptfl.local_update.trust import pos_ratio, top_mass
+from adaptfl.local_update.trust import modulate_, pos_ratio, top_mass
 
 
 def _reference_mask(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -25,7 +25,7 @@ def _reference_mask(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def _vectors() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    n = 300_000  # above topk._SMALL: the sampled band path
+    n = 300_000  # above topk._SMALL: the radix path
     return {
         "gaussian": torch.randn(n, generator=gen),
         "heavy ties": torch.randint(-5, 5, (n,), generator=gen).float(),
@@ -46,11 +46,20 @@ def test_topk_mask_and_indicator_match_a_stable_sort(name: str, frac: float) -> 
     assert torch.equal(ind, expected.to(ind.dtype))
 
 
-def test_indicator_is_exact_when_the_band_misses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(topk, "_Z", 0.0)  # a zero-width band misses almost surely
+@pytest.mark.parametrize(("rows", "cpu_rows", "chunk"),
+                         [(1, 1, 1 << 20), (3, 2, 1), (16, 2, 40_000), (16, 16, 1 << 20),
+                          (64, 5, 1)])
+def test_indicator_does_not_depend_on_the_block_layout(monkeypatch: pytest.MonkeyPatch,
+                                                         rows: int, cpu_rows: int,
+                                                         chunk: int) -> None:
+    # Blocks decide where the tie fix-up happens, chunks how the digits are counted (as on
+    # CUDA: all rows at once): neither may change the selection.
+    monkeypatch.setattr(topk, "_ROWS", rows)
+    monkeypatch.setattr(topk, "_CPU_ROWS", cpu_rows)
+    monkeypatch.setattr(topk, "_CHUNK", chunk)
     for x in _vectors().values():
-        k = x.numel() // 3
-        assert torch.equal(topk.topk_indicator_(x.clone(), k), _reference_mask(x, k).float())
+        for k in (1, x.numel() // 3, x.numel() - 1):
+            assert torch.equal(topk.topk_indicator_(x.clone(), k), _reference_mask(x, k).float())
 
 
 @pytest.mark.parametrize("name", list(_vectors()))
@@ -62,13 +71,15 @@ def test_topk_sum_positive_and_diagnostics(name: str) -> None:
     positive = float(x.clamp(min=0).sum())
     ref_mass = float(torch.sort(x, descending=True).values[:math.ceil(0.01 * x.numel())]
                      .clamp(min=0).sum()) / positive if positive > 0 else 0.0
-    assert top_mass(x) == pytest.approx(ref_mass, rel=1e-12)
-    assert pos_ratio(x) == int((x > 0).sum()) / x.numel()
+    mass, ratio = top_mass(x), pos_ratio(x)
+    assert mass.shape == ratio.shape == () and mass.dtype == ratio.dtype == torch.float64
+    assert float(mass) == pytest.approx(ref_mass, rel=1e-12)
+    assert float(ratio) == int((x > 0).sum()) / x.numel()
 
 
 def _params(gen: torch.Generator) -> dict[str, torch.nn.Parameter]:
     shapes = {"w1": (300, 400), "b1": (300,), "w2": (10, 300), "b2": (10,)}
-    shapes["w0"] = (256, 256)  # D = 188,846 > topk._SMALL: the sampled band path
+    shapes["w0"] = (256, 256)  # D = 188,846 > topk._SMALL: the radix path
     return {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in shapes.items()}
 
 
@@ -125,3 +136,13 @@ def test_fedact_step_is_bitwise_the_plain_formula(tau: float) -> None:
         got = opt.diagnostics()  # the mean over the steps so far
         assert got["pos-ratio"] == pytest.approx(sum(d[0] for d in diags) / step, rel=1e-12)
         assert got["top-mass"] == pytest.approx(sum(d[1] for d in diags) / step, rel=1e-5)
+
+
+def test_cautious_scale_is_the_python_float_formula() -> None:
+    # The rescaling D / (nnz + 1) is now a device tensor; it must round as the float did.
+    gen = torch.Generator().manual_seed(11)
+    u, g = torch.randn(100_003, generator=gen), torch.randn(100_003, generator=gen)
+    s = u * g
+    expected = u * (s > 0).float() * (u.numel() / (int((s > 0).sum()) + 1))
+    got = modulate_(u.clone(), g, "cautious", 0.5, 2.0, 0.5, [u.numel()], per_tensor=False)
+    assert torch.equal(got, expected)
