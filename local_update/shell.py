@@ -95,6 +95,8 @@ class LocalUpdate(torch.optim.Optimizer):
         self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
         self._diag: dict[str, torch.Tensor] = {}
         self._diag_count = 0
+        self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
+        self._scaled_key: tuple | None = None
         for gi, group in enumerate(self.param_groups):
             for p in group["params"]:
                 self.state[p].update({"step": 0, **self.rule(group).init(p)})
@@ -271,9 +273,9 @@ class LocalUpdate(torch.optim.Optimizer):
             active = [p for p in group["params"] if p.grad is not None]
             if active:
                 blocks.extend(self._directions(gi, group, active))
-        if blocks:
-            diagnose = self.diagnostics_every > 0 and self.steps % self.diagnostics_every == 0
-            if self.trust.active or diagnose:
+        if blocks:  # diagnostics on steps 1, 1+N, 1+2N, …: a short round still measures
+            diagnose = self.diagnostics_every > 0 and (self.steps - 1) % self.diagnostics_every == 0
+            if self.trust.active or diagnose or any(b.corrected for b in blocks):
                 self._chain(blocks, diagnose)
             else:  # each rule's own step in its authors' order, then the correction (spec §3)
                 ref_lr = self.param_groups[0]["lr"]
@@ -302,30 +304,50 @@ class LocalUpdate(torch.optim.Optimizer):
                 g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
                        alpha=wd)
             st = self._flat[gi]
-            d, scale = rule.direction(g, st, Step(k, self.step_offset + k, self.mix_lambda, self.bs,
-                                                  out=self.work.get(f"u{gi}", n, like)))
+            # One group alone in the optimizer: the rule may fuse u = ρ·Δ_G + (1-ρ)·d itself.
+            fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
+            step = Step(k, self.step_offset + k, self.mix_lambda, self.bs,
+                        out=self.work.get(f"u{gi}", n, like), mix=1.0 - self.rho,
+                        addend=self._scaled_direction(st["global_direction"]) if fuse else None)
+            d, scale, corrected = rule.direction(g, st, step)
             return [_Block(active, d, g, lr * scale, decay, rule.decay_after,
-                           st.get("global_direction"), flat=True)]
+                           st.get("global_direction"), flat=True, corrected=corrected)]
         blocks = []
         for p in active:
             st, k = self.state[p], self.state[p]["step"]
             g = p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd)
-            d, scale = rule.direction(g, st, Step(k, self.step_offset + k, self.mix_lambda, self.bs))
+            d, scale, _ = rule.direction(g, st, Step(k, self.step_offset + k, self.mix_lambda, self.bs))
             blocks.append(_Block([p], d, g, lr * scale, decay, rule.decay_after,
                                  st.get("global_direction")))
         return blocks
 
+    def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
+        """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""
+        key = (direction.data_ptr(), direction._version, self.rho)
+        if self._scaled_key != key:
+            self._scaled = torch.mul(direction, self.rho, out=self.work.get("rho-dg", direction.numel(),
+                                                                           direction))
+            self._scaled_key = key
+        return self._scaled
+
     def _chain(self, blocks: list[_Block], diagnose: bool) -> None:
         """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped."""
         ref_lr = self.param_groups[0]["lr"]
+        at_step = 1.0  # a factor of u left to the step itself (the scores are scale-invariant)
         if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
             b = blocks[0]
             u, g = b.d, b.g
             ratio = b.coef / ref_lr if ref_lr else 1.0
-            if ratio != 1.0:
-                u.mul_(ratio)
             sizes = [p.numel() for p in b.params]
-            dg = b.global_direction
+            dg = None
+            if b.corrected:  # u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it)
+                pass
+            elif self.rho > 0.0:
+                u.mul_((1.0 - self.rho) * ratio)
+                if b.global_direction is not None:  # Δ_G = 0 before the first aggregation
+                    u.add_(b.global_direction, alpha=self.rho)
+            else:  # no correction: the ranking of s = u ⊙ g and the diagnostics do not change
+                at_step = ratio  # with a positive factor, so it is applied in the step's pass
         else:
             sizes = [p.numel() for b in blocks for p in b.params]
             n, like = sum(sizes), blocks[0].params[0].detach()
@@ -336,10 +358,10 @@ class LocalUpdate(torch.optim.Optimizer):
             if self.rho > 0.0 and all(b.global_direction is not None for b in blocks):
                 dg = torch.cat([b.global_direction.reshape(-1) for b in blocks],
                                out=self.work.get("dg", n, like))
-        if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
-            u.mul_(1.0 - self.rho)
-            if dg is not None:
-                u.add_(dg, alpha=self.rho)
+            if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
+                u.mul_(1.0 - self.rho)
+                if dg is not None:
+                    u.add_(dg, alpha=self.rho)
         if self.trust.active or diagnose:
             scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
             if diagnose:
@@ -356,7 +378,7 @@ class LocalUpdate(torch.optim.Optimizer):
                 else:
                     for p, dec in zip(params, decays, strict=True):
                         p.mul_(1.0 - dec)
-            torch._foreach_add_(params, steps, alpha=-ref_lr)
+            torch._foreach_add_(params, steps, alpha=-ref_lr * at_step)
             return
         i = 0
         for b in blocks:  # SOAP: x = (x - L·u)(1-δ), the correction's share given back undecayed
@@ -391,8 +413,10 @@ class _Block:
 
     def __init__(self, params: list[torch.Tensor], d: torch.Tensor | None, g: torch.Tensor,
                  coef: float, decay: float, decay_after: bool,
-                 global_direction: torch.Tensor | None, flat: bool = False) -> None:
+                 global_direction: torch.Tensor | None, flat: bool = False,
+                 corrected: bool = False) -> None:
         self.params, self.d, self.g, self.coef, self.flat = params, d, g, coef, flat
+        self.corrected = corrected  # d is u: the correction is in it already
         self.decay, self.decay_after, self.global_direction = decay, decay_after, global_direction
 
     def scaled_direction(self, ref_lr: float) -> torch.Tensor:

@@ -91,9 +91,11 @@ def _reference_step(x: list[torch.Tensor], grads: list[torch.Tensor], state: dic
     m, v = state["exp_avg"], state["exp_avg_sq"]
     m.lerp_(g, 1 - hp.beta1)
     v.mul_(hp.beta2).addcmul_(g, g, value=1 - hp.beta2)
-    bc1, bc2 = 1 - hp.beta1**k_step, 1 - hp.beta2**k_step
-    d = torch.div(m, v.sqrt().div_(math.sqrt(bc2)).add_(hp.eps)).div_(bc1)
-    u = d.mul_(1 - cfg.rho).add_(dg, alpha=cfg.rho)
+    bc1, root_bc2 = 1 - hp.beta1**k_step, math.sqrt(1 - hp.beta2**k_step)
+    # u = ρ·Δ_G + (1-ρ)·m̂/(sqrt(v̂)+ε), with the bias corrections folded into scalars:
+    # m̂/(sqrt(v̂)+ε) = (sqrt(bc2)/bc1)·m/(sqrt(v) + ε·sqrt(bc2))
+    denom = v.sqrt().add_(hp.eps * root_bc2)
+    u = torch.addcdiv(torch.mul(dg, cfg.rho), m, denom, value=(1 - cfg.rho) * root_bc2 / bc1)
     s = u * g
     phi = torch.where(_reference_mask(s, math.floor(cfg.tau * s.numel())), cfg.alpha, cfg.gamma)
     u = u * phi.to(u.dtype)

@@ -5,7 +5,10 @@ also its run-config keys) with pure per-tensor math behind one interface:
 
     slots                     state tensors shaped like the parameter, zero at the start
     init(p)                   any other state (SOAP's Kronecker factors)
-    direction(g, st, step)    d for this step and the scale its lr is multiplied by; updates st
+    direction(g, st, step)    Direction(d, scale): d and the factor its lr is multiplied by;
+                              updates st. A rule may fuse the correction into its last pass:
+                              given step.addend it returns u = addend + step.mix·scale·d,
+                              flagged `corrected` (AdamW and SGD do: two passes fewer)
     theta_shapes(name, shape) what of st is shared with the server (FedPAC Θ, FedMIX-P P)
 
 `elementwise` rules (sgd, adam, adamw, sophia) are run by the shell on one flat vector per param
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from adaptfl.algorithms.params import Component
@@ -35,6 +38,14 @@ class Step:
     lam: float = 1.0  # FedMIX-P's λ_r: weight of the client's own state against the reference
     bs: int = 1  # examples (tokens for language models) in the batch: Sophia's bs
     out: torch.Tensor | None = None  # a buffer the direction may be written to
+    mix: float = 1.0  # weight of the local direction when the rule fuses the correction: 1-ρ
+    addend: torch.Tensor | None = None  # ρ·Δ_G to fuse in (None: the shell corrects)
+
+
+class Direction(NamedTuple):
+    d: torch.Tensor | None  # None: no move of the rule's own this step (SOAP's first)
+    scale: float = 1.0  # the rule's lr factor (SOAP's bias-corrected size, Muon's shape scale)
+    corrected: bool = False  # d is already u = addend + mix·scale·d
 
 
 class Preconditioner(Component):
@@ -52,8 +63,7 @@ class Preconditioner(Component):
     def init(self, p: torch.Tensor) -> dict[str, Any]:
         return {}
 
-    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
-                  ) -> tuple[torch.Tensor | None, float]:
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         raise NotImplementedError
 
     def theta_shapes(self, name: str, shape: Shape) -> dict[str, Shape]:

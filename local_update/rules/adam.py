@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from adaptfl.algorithms.params import component, param
-from adaptfl.local_update.rules import Preconditioner, Step
+from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
 BIAS_MODES = ("paper", "single-counter", "local", "off")
 
@@ -29,17 +29,24 @@ def bias_steps(mode: str, k: int, t: int) -> tuple[int, int]:
 
 def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Tensor,
                     beta1: float, beta2: float, eps: float, n_m: int, n_v: int,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """d = m̂ / (sqrt(v̂) + ε), written to `out` (fresh if None); updates m and v in place.
+                    out: torch.Tensor | None = None, mix: float = 1.0,
+                    addend: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """(d, scale) with scale·d = m̂ / (sqrt(v̂) + ε); updates m and v in place; d is written to
+    `out` (fresh if None). With `addend`, d is addend + mix·m̂ / (sqrt(v̂) + ε) and scale 1.
 
-    n_m, n_v: exponents of the bias corrections (0: none).
+    The bias corrections are folded into scalars, so the direction costs six passes over D:
+    m̂/(sqrt(v̂)+ε) = (sqrt(bc2)/bc1)·m / (sqrt(v) + ε·sqrt(bc2)). n_m, n_v: the exponents
+    of the corrections (0: none).
     """
     exp_avg.lerp_(g, 1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
     bc1 = 1.0 - beta1**n_m if n_m else 1.0
-    bc2 = 1.0 - beta2**n_v if n_v else 1.0
-    denom = torch.sqrt(exp_avg_sq, out=out).div_(math.sqrt(bc2)).add_(eps)
-    return torch.div(exp_avg, denom, out=denom).div_(bc1)
+    root_bc2 = math.sqrt(1.0 - beta2**n_v) if n_v else 1.0
+    denom = torch.sqrt(exp_avg_sq, out=out).add_(eps * root_bc2)
+    scale = root_bc2 / bc1
+    if addend is not None:
+        return torch.addcdiv(addend, exp_avg, denom, value=mix * scale, out=denom), 1.0
+    return torch.div(exp_avg, denom, out=denom), scale
 
 
 @component("preconditioner", "adamw")
@@ -58,12 +65,11 @@ class AdamW(Preconditioner):
     default_weight_decay = 0.01
     slots = ("exp_avg", "exp_avg_sq")
 
-    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
-                  ) -> tuple[torch.Tensor, float]:
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         n_m, n_v = bias_steps(self.bias_correction, step.k, step.t)
-        d = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1, self.beta2, self.eps,
-                            n_m, n_v, out=step.out)
-        return d, 1.0
+        d, scale = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1, self.beta2,
+                                   self.eps, n_m, n_v, out=step.out, mix=step.mix, addend=step.addend)
+        return Direction(d, scale, corrected=step.addend is not None)
 
 
 @component("preconditioner", "adam")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from adaptfl.algorithms.params import component, param
 from adaptfl.local_update.routing import ROUTINGS, route_muon
-from adaptfl.local_update.rules import Preconditioner, Step, group_values
+from adaptfl.local_update.rules import Direction, Preconditioner, Step, group_values
 from adaptfl.local_update.rules.adam import AdamW
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -83,11 +83,10 @@ class Muon(Preconditioner):
     theta_slots = ("momentum_buffer",)
     shareable = True
 
-    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
-                  ) -> tuple[torch.Tensor, float]:
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         o = muon_direction(g, st["momentum_buffer"], self.muon_momentum,
                            st.get("ref_momentum_buffer"), step.lam)
-        return o.to(g.dtype), shape_scale(g.shape)
+        return Direction(o.to(g.dtype), shape_scale(g.shape))
 
     def adam_half(self) -> AdamW:
         return AdamW(beta1=self.muon_adam_beta1, beta2=self.muon_adam_beta2, eps=self.muon_adam_eps,

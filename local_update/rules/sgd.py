@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from adaptfl.algorithms.params import component
-from adaptfl.local_update.rules import Preconditioner, Step
+from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
 
 @component("preconditioner", "sgd")
@@ -19,7 +19,8 @@ class SGD(Preconditioner):
     default_lr = 0.1  # FedACT's Table 6 for SGD
     default_weight_decay = 1e-3
 
-    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
-                  ) -> tuple[torch.Tensor, float]:
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
+        if step.addend is not None:  # u = ρ·Δ_G + (1-ρ)·g in one pass
+            return Direction(torch.add(step.addend, g, alpha=step.mix, out=step.out), 1.0, True)
         # A copy: the chain scales u in place and still needs g for the trust scores.
-        return (g.clone() if step.out is None else step.out.copy_(g)), 1.0
+        return Direction(g.clone() if step.out is None else step.out.copy_(g))

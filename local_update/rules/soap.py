@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from adaptfl.algorithms.params import component, param
-from adaptfl.local_update.rules import Preconditioner, Shape, Step
+from adaptfl.local_update.rules import Direction, Preconditioner, Shape, Step
 
 Factors = list[torch.Tensor | None]
 
@@ -116,15 +116,14 @@ class SOAP(Preconditioner):
     def theta_shapes(self, name: str, shape: Shape) -> dict[str, Shape]:
         return {f"gg{i}": (shape[i], shape[i]) for i in self.modes(shape)}
 
-    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
-                  ) -> tuple[torch.Tensor | None, float]:
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         n = g.ndim
         factors: Factors = [st.get(f"gg{i}") for i in range(n)] if n >= 2 else [None]
         if "Q_ready" not in st:
             if not st.get("warm"):  # fresh: the first step only initialises gg and Q
                 update_factors_(factors, g, self.shampoo_beta)
                 self._set_basis(st, eigenbasis(factors))
-                return None, 1.0
+                return Direction(None)
             self._set_basis(st, eigenbasis(self._mixed(st, factors, step.lam)))  # warm: full step
         basis = [st.get(f"Q{i}") for i in range(len(factors))]
         st["adam_step"] += 1
@@ -137,7 +136,7 @@ class SOAP(Preconditioner):
             new_basis, st["exp_avg_sq"] = refresh_basis(self._mixed(st, factors, step.lam), basis,
                                                         st["exp_avg_sq"])
             self._set_basis(st, new_basis)
-        return d, size
+        return Direction(d, size)
 
     @staticmethod
     def _set_basis(st: dict[str, Any], basis: Factors) -> None:

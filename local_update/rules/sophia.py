@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from adaptfl.algorithms.params import component, param
-from adaptfl.local_update.rules import Preconditioner, Step
+from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
 
 def sophia_direction(g: torch.Tensor, exp_avg: torch.Tensor, hessian: torch.Tensor, beta1: float,
@@ -61,11 +61,10 @@ class Sophia(Preconditioner):
     theta_slots = ("hessian",)
     shareable = True
 
-    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step
-                  ) -> tuple[torch.Tensor, float]:
+    def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         d = sophia_direction(g, st["exp_avg"], st["hessian"], self.sophia_beta1, self.sophia_rho,
                              step.bs, st.get("ref_hessian"), step.lam)
-        return d, 1.0
+        return Direction(d)
 
     def refresh_due(self, k: int) -> bool:
         """Refresh after local steps 1, 1+k_h, 1+2k_h, … (so a short round still refreshes)."""

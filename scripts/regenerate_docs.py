@@ -1,0 +1,25 @@
+"""Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and README.md (the key
+table) from the declarations: `python scripts/regenerate_docs.py` (tests/test_config.py fails
+while either is stale)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adaptfl.algorithms.config import key_table, pyproject_block
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def replace_between(path: Path, start: str, end: str, new: str) -> None:
+    text = path.read_text()
+    a, b = text.index(start), text.index(end)
+    path.write_text(text[:a] + new + text[b:])
+
+
+if __name__ == "__main__":
+    replace_between(ROOT / "pyproject.toml", "[tool.flwr.app.config]", "[tool.ruff]",
+                    pyproject_block() + "\n")
+    replace_between(ROOT / "README.md", "| key | read by | default | meaning |", "<!-- end of key table -->",
+                    key_table())
+    print("pyproject.toml and README.md regenerated")
