@@ -312,14 +312,19 @@ class LocalUpdate(torch.optim.Optimizer):
             d, scale, corrected = rule.direction(g, st, step)
             return [_Block(active, d, g, lr * scale, decay, rule.decay_after,
                            st.get("global_direction"), flat=True, corrected=corrected)]
-        blocks = []
-        for p in active:
-            st, k = self.state[p], self.state[p]["step"]
-            g = p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd)
-            d, scale, _ = rule.direction(g, st, Step(k, self.step_offset + k, self.mix_lambda, self.bs))
-            blocks.append(_Block([p], d, g, lr * scale, decay, rule.decay_after,
-                                 st.get("global_direction")))
-        return blocks
+        grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
+        if hasattr(rule, "directions") and len(steps) == 1:  # the whole group at once (Muon)
+            k = steps.pop()
+            directions = rule.directions(grads, [self.state[p] for p in active],
+                                         Step(k, self.step_offset + k, self.mix_lambda, self.bs))
+        else:
+            directions = [rule.direction(g, self.state[p], Step(self.state[p]["step"],
+                                                                self.step_offset + self.state[p]["step"],
+                                                                self.mix_lambda, self.bs))
+                          for p, g in zip(active, grads, strict=True)]
+        return [_Block([p], d, g, lr * scale, decay, rule.decay_after,
+                       self.state[p].get("global_direction"))
+                for p, g, (d, scale, _) in zip(active, grads, directions, strict=True)]
 
     def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
         """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""

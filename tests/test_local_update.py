@@ -463,3 +463,16 @@ def test_routing_sends_hidden_matrices_to_muon_and_the_rest_to_adamw() -> None:
     assert all(vit.get_parameter(n).ndim == 2 for n in chosen) and len(chosen) == 4 * 12
     shapes = [(n, p.shape) for n, p in _cnn().named_parameters()]
     assert route_muon(shapes, "all-2d") == ["0.weight", "3.weight"]  # FedPAC's code: every ≥2-D weight
+
+
+def test_muon_batches_same_shaped_matrices_and_gets_each_ones_direction() -> None:
+    from adaptfl.local_update.rules.muon import muon_direction, muon_directions
+
+    gen = torch.Generator().manual_seed(3)
+    gs = [torch.randn(48, 16, generator=gen) for _ in range(4)] + [torch.randn(16, 48, generator=gen),
+                                                                 torch.randn(6, 2, 3, 3, generator=gen)]
+    batched = muon_directions(gs, [torch.zeros_like(g) for g in gs], 0.9, [None] * len(gs), 1.0)
+    alone = [muon_direction(g, torch.zeros_like(g), 0.9) for g in gs]
+    for a, b in zip(batched, alone, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-2)  # bf16 iterations: equal to bf16 precision

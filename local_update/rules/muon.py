@@ -29,20 +29,23 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 def newton_schulz5(g: torch.Tensor, steps: int = 5, eps: float = 1e-7,
                    dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """≈ U·Vᵀ of the 2-D `g` (singular values pushed into ~[0.5, 1.5]), in `g`'s dtype."""
-    if g.ndim != 2:
-        raise ValueError(f"Newton-Schulz needs a matrix, got shape {tuple(g.shape)}")
+    """≈ U·Vᵀ of the matrix `g` [m, n], or of each matrix of a batch [b, m, n] (singular values
+    pushed into ~[0.5, 1.5]), in `g`'s dtype."""
+    if g.ndim not in (2, 3):
+        raise ValueError(f"Newton-Schulz needs a matrix or a batch of them, got shape {tuple(g.shape)}")
     a, b, c = NS_COEFFICIENTS
     x = g.to(dtype)
-    tall = g.size(0) > g.size(1)
+    tall = g.size(-2) > g.size(-1)
     if tall:  # iterate on the wide side: the Gram matrix x·xᵀ is the smaller one
-        x = x.T
-    x = x / x.norm().clamp(min=eps)  # spectral norm ≤ Frobenius norm ≤ 1
+        x = x.mT
+    # spectral norm ≤ Frobenius norm ≤ 1
+    x = x / (x.norm() if x.ndim == 2 else x.norm(dim=(-2, -1), keepdim=True)).clamp(min=eps)
+    mm = torch.addmm if x.ndim == 2 else torch.baddbmm
     for _ in range(steps):
-        gram = x @ x.T
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
-        x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
-    return (x.T if tall else x).to(g.dtype)
+        gram = x @ x.mT
+        poly = mm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
+        x = mm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
+    return (x.mT if tall else x).to(g.dtype)
 
 
 def shape_scale(shape: Sequence[int]) -> float:
@@ -50,14 +53,37 @@ def shape_scale(shape: Sequence[int]) -> float:
     return math.sqrt(max(1.0, shape[0] / math.prod(shape[1:])))
 
 
-def muon_direction(g: torch.Tensor, momentum_buffer: torch.Tensor, beta: float,
-                   reference: torch.Tensor | None = None, lam: float = 1.0) -> torch.Tensor:
-    """O for this step (without the shape scale); updates `momentum_buffer` in place."""
+def _momentum_update(g: torch.Tensor, momentum_buffer: torch.Tensor, beta: float,
+                     reference: torch.Tensor | None, lam: float) -> torch.Tensor:
+    """U = (1-β)·g + β·M̃ as [out, -1]; updates `momentum_buffer` in place."""
     momentum_buffer.lerp_(g, 1.0 - beta)
     mixed = momentum_buffer if reference is None or lam == 1.0 else \
         torch.lerp(reference, momentum_buffer, lam)  # (1-λ)·M^r + λ·M
-    update = g.lerp(mixed, beta)  # (1-β)·g + β·M̃
-    return newton_schulz5(update.reshape(g.shape[0], -1)).reshape(g.shape)
+    return g.lerp(mixed, beta).reshape(g.shape[0], -1)  # (1-β)·g + β·M̃
+
+
+def muon_direction(g: torch.Tensor, momentum_buffer: torch.Tensor, beta: float,
+                   reference: torch.Tensor | None = None, lam: float = 1.0) -> torch.Tensor:
+    """O for this step (without the shape scale); updates `momentum_buffer` in place."""
+    return newton_schulz5(_momentum_update(g, momentum_buffer, beta, reference, lam)).reshape(g.shape)
+
+
+def muon_directions(gs: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], beta: float,
+                    references: Sequence[torch.Tensor | None], lam: float) -> list[torch.Tensor]:
+    """`muon_direction` of many matrices, with one batched Newton-Schulz per shape (as the
+    authors' distributed code batches them): a ViT's 12 blocks are 4 batches, not 48 calls."""
+    updates = [_momentum_update(g, m, beta, r, lam) for g, m, r in zip(gs, buffers, references, strict=True)]
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, u in enumerate(updates):
+        by_shape.setdefault(tuple(u.shape), []).append(i)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(gs)
+    for members in by_shape.values():
+        if len(members) == 1:
+            out[members[0]] = newton_schulz5(updates[members[0]])
+            continue
+        for i, o in zip(members, newton_schulz5(torch.stack([updates[i] for i in members])), strict=True):
+            out[i] = o
+    return [o.reshape(g.shape) for o, g in zip(out, gs, strict=True)]
 
 
 @component("preconditioner", "muon")
@@ -87,6 +113,13 @@ class Muon(Preconditioner):
         o = muon_direction(g, st["momentum_buffer"], self.muon_momentum,
                            st.get("ref_momentum_buffer"), step.lam)
         return Direction(o.to(g.dtype), shape_scale(g.shape))
+
+    def directions(self, gs: Sequence[torch.Tensor], sts: Sequence[dict[str, Any]], step: Step
+                   ) -> list[Direction]:
+        """All of the group's matrices at once (batched Newton-Schulz per shape)."""
+        os = muon_directions(gs, [st["momentum_buffer"] for st in sts], self.muon_momentum,
+                             [st.get("ref_momentum_buffer") for st in sts], step.lam)
+        return [Direction(o.to(g.dtype), shape_scale(g.shape)) for o, g in zip(os, gs, strict=True)]
 
     def adam_half(self) -> AdamW:
         return AdamW(beta1=self.muon_adam_beta1, beta2=self.muon_adam_beta2, eps=self.muon_adam_eps,
