@@ -184,5 +184,23 @@ def key_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def algorithm_table() -> str:
+    """The README's algorithm table: every named algorithm, its paper, its components and what
+    crosses the wire (the model `arrays` goes down and Δ `delta` comes back in every round)."""
+    from adaptfl.algorithms.catalog import catalog
+
+    rows = ["| `algorithm=` | paper | components | also down / also up |", "|---|---|---|---|"]
+    for name, a in catalog().items():
+        parts = [f"{slot.replace('_', '-')} `{c.name}`" for slot, c in
+                 (("preconditioner", a.preconditioner), ("correction", a.correction), ("trust", a.trust),
+                  ("v-sync", a.moments), ("sharing", a.sharing), ("server-opt", a.server_opt))
+                 if c.name != "none" or slot == "preconditioner"]
+        parts += [f"term `{t.name}`" for t in a.terms]
+        down = ", ".join(f"`{r.name}`" for s in a.stages() for r in s.records_down()) or "–"
+        up = ", ".join(f"`{r.name}`" for s in a.stages() for r in s.records_up()) or "–"
+        rows.append(f"| `{name}` | {a.paper} | {', '.join(parts)} | {down} / {up} |")
+    return "\n".join(rows) + "\n"
+
+
 if __name__ == "__main__":
     print(pyproject_block() if "--pyproject" in sys.argv else key_table(), end="")

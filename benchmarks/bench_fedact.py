@@ -1,12 +1,18 @@
-"""FedACT's local update vs torch's AdamW on ViT-Tiny parameters, side by side in one process.
+"""FedACT's local update vs torch's AdamW, side by side in one process, on CPU or CUDA.
 
-    python benchmarks/bench_fedact.py [--threads N] [--repeats R]
+    python benchmarks/bench_fedact.py [--device cpu|cuda] [--model vit-tiny|vit-s]
+                                      [--threads N] [--repeats R] [--diagnostics-every N]
 
-A script, not a test. (a) times the optimizer step alone (gradients already set), (b) a full
-local step (forward, backward, update) on a batch of 50 Fashion-MNIST-shaped images. Every
-variant runs once per repetition, in alternating order (A B C .. / .. C B A), so drift and
-bursts of load from other processes on a shared machine fall on all of them alike; we report
-medians, the ratio of the medians, and the median of the per-repetition (paired) ratios.
+A script, not a test. It prints, as ratios against torch's AdamW (`foreach=True` on CPU,
+`fused=True` on CUDA) timed in the same process:
+  (a) the optimizer step alone (gradients set): FedACT, and FedACT with PosRatio/TopMass on
+      that step (what a diagnostics step costs);
+  (b) a full local step (forward, backward, update) on a batch of images;
+  (c) the diagnostics' share of a local round: K steps with PosRatio/TopMass on every N-th
+      step against K steps without.
+Every variant runs once per repetition, in alternating order, so bursts of load from other
+processes fall on all alike; medians and the ratio of the medians are reported. On CUDA every
+timing is synchronised. Before timing, FedACT's selection is checked against torch.topk.
 """
 
 from __future__ import annotations
@@ -15,43 +21,26 @@ import argparse
 import copy
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from adaptfl.local_update import LocalUpdate
+from adaptfl.local_update.topk import topk_mask
+from adaptfl.workloads import build_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, uninstalled
-
-import adaptfl.local_update.topk as topk  # noqa: E402
-from adaptfl.local_update import LocalUpdate  # noqa: E402
-from adaptfl.workloads import build_model  # noqa: E402
-
-GOAL_UPDATE = 2.0  # (a) FedACT update / AdamW update
-GOAL_STEP = 1.05  # (b) FedACT local step / AdamW local step
-BATCH = 50
+GOALS = {"update": 2.0, "step": 1.05, "diagnostics": 0.05}
 WD = 0.01  # torch AdamW's default and FedACT's preset
 FEDACT = dict(preconditioner="adamw", lr=1e-3, weight_decay=WD, rho=0.5, trust="act", tau=0.5)
 
 
-def fedact(model: torch.nn.Module, dg: dict[str, torch.Tensor], diagnostics: bool = False) -> LocalUpdate:
-    opt = LocalUpdate(model.named_parameters(), **FEDACT, diagnostics_every=int(diagnostics))
-    opt.set_global_direction(dg)
-    return opt
-
-
-def vit_with_dense_grads() -> torch.nn.Module:
-    """ViT-Tiny (1x28x28, 10 classes) after two AdamW steps, with a fresh gradient set.
-
-    torchvision zero-initialises the classifier head, so at the very first step every gradient
-    outside the head is exactly 0 (5.35M tied trust scores). Two steps make them dense, as
-    they are at every later step of a run.
-    """
+def model_with_dense_grads(name: str, device: str, batch: int) -> torch.nn.Module:
+    """The model after two AdamW steps, with a fresh gradient set: torchvision zero-initialises
+    the classifier head, so the very first gradients are exactly 0 outside it (all scores tie)."""
     torch.manual_seed(0)
-    model = build_model("vit-tiny", 10, 1, 28)
-    x, y = torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))
+    model = build_model(name, 10, 1, 28).to(device)
+    x, y = torch.randn(batch, 1, 28, 28, device=device), torch.randint(0, 10, (batch,), device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for i in range(3):
         opt.zero_grad(set_to_none=True)
@@ -61,145 +50,149 @@ def vit_with_dense_grads() -> torch.nn.Module:
     return model
 
 
-def delta_g_for(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1)
-    return {n: 1e-3 * torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
-
-
-def naive_threshold(fn: Callable[[], object]) -> Callable[[], object]:
-    """Run `fn` with every exact k-th-largest computed by one torch.kthvalue over all of D."""
-    def run() -> object:
-        saved, topk._SMALL = topk._SMALL, float("inf")
-        try:
-            return fn()
-        finally:
-            topk._SMALL = saved
-    return run
-
-
-def twin_with_grads(model: torch.nn.Module) -> torch.nn.Module:
-    twin = copy.deepcopy(model)
-    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+def twin(model: torch.nn.Module) -> torch.nn.Module:
+    copy_ = copy.deepcopy(model)
+    for p, q in zip(model.parameters(), copy_.parameters(), strict=True):
         q.grad = p.grad.clone()  # deepcopy drops .grad
-    return twin
+    return copy_
 
 
-def optimizers(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer,
-                                                         bool]]:
-    """name -> (its own copy of the model, optimizer, naive threshold?)."""
-    dg = delta_g_for(model)
-    out = {}
-    for name, kind in (("AdamW (foreach)", "adamw"), ("FedACT", "act"),
-                       ("FedACT + diagnostics", "diag"), ("FedACT, naive kthvalue", "naive")):
-        twin = twin_with_grads(model)
-        if kind == "adamw":
-            opt = torch.optim.AdamW(twin.parameters(), lr=1e-3, weight_decay=WD, foreach=True)
-        else:
-            opt = fedact(twin, dg, diagnostics=kind == "diag")
-        out[name] = (twin, opt, kind == "naive")
-    return out
+def fedact(model: torch.nn.Module, diagnostics_every: int = 0) -> LocalUpdate:
+    opt = LocalUpdate(model.named_parameters(), **FEDACT, diagnostics_every=diagnostics_every)
+    gen = torch.Generator().manual_seed(1)
+    opt.set_global_direction({n: 1e-3 * torch.randn(p.shape, generator=gen).to(p)
+                              for n, p in model.named_parameters()})
+    return opt
 
 
-def check_naive_matches(model: torch.nn.Module) -> None:
-    """The sampled threshold must select exactly what the naive one does: same parameters."""
-    a, b = twin_with_grads(model), twin_with_grads(model)
-    dg = delta_g_for(model)
-    opt_a, opt_b = fedact(a, dg), fedact(b, dg)
-    opt_a.step()
-    naive_threshold(opt_b.step)()
-    same = all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-    moved = not torch.equal(next(a.parameters()), next(model.parameters()))
-    if not (same and moved):
-        raise SystemExit("FAILED: the sampled and the naive exact threshold disagree")
+def adamw(model: torch.nn.Module, device: str) -> torch.optim.Optimizer:
+    fast = {"fused": True} if device == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=WD, **fast)
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int
+def check_selection(model: torch.nn.Module) -> None:
+    """The exact top-⌊τD⌋ of FedACT's scores is torch.topk's set (ties to the lower index)."""
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(sum(p.numel() for p in model.parameters()), generator=gen)
+    scores[::7] = 0.0  # ties
+    k = scores.numel() // 2
+    ours = topk_mask(scores.to(next(model.parameters()).device), k).cpu()
+    order = torch.sort(scores, descending=True, stable=True).indices[:k]
+    expected = torch.zeros_like(ours)
+    expected[order] = True
+    if not torch.equal(ours, expected):
+        raise SystemExit("FAILED: the selection differs from torch.topk's set")
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int, device: str
                 ) -> dict[str, list[float]]:
-    """Seconds per call for each fn, measured in alternating order, after `warmup` rounds."""
+    """Seconds per call for each fn, in alternating order, after `warmup` rounds."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     names = list(fns)
     for _ in range(warmup):
         for name in names:
             fns[name]()
+    sync()
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             fns[name]()
+            sync()
             times[name].append(time.perf_counter() - t0)
     return times
 
 
-def table(title: str, times: dict[str, list[float]], base: str,
-          goals: dict[str, float]) -> None:
+def table(title: str, times: dict[str, list[float]], base: str, goals: dict[str, float]) -> dict:
     print(f"\n{title}")
-    print(f"  {'variant':26s} {'median ms':>10s} {'p25-p75 ms':>15s} {'ratio':>7s} "
-          f"{'paired':>7s}  goal")
+    print(f"  {'variant':30s} {'median ms':>10s} {'ratio':>7s}  goal")
     ref = statistics.median(times[base])
+    ratios = {}
     for name, ts in times.items():
         med = statistics.median(ts)
-        q = statistics.quantiles(ts, n=4)
-        paired = statistics.median(t / b for t, b in zip(ts, times[base], strict=True))
+        ratios[name] = med / ref
         goal = goals.get(name)
-        verdict = "" if goal is None else (f"<= {goal:.2f}x  "
-                                           + ("met" if med / ref <= goal else "NOT MET"))
-        print(f"  {name:26s} {1e3 * med:10.2f} {1e3 * q[0]:7.2f}-{1e3 * q[2]:<7.2f} "
-              f"{med / ref:6.2f}x {paired:6.2f}x  {verdict}")
+        verdict = "" if goal is None else f"<= {goal:.2f}x  " + ("met" if med / ref <= goal else "NOT MET")
+        print(f"  {name:30s} {1e3 * med:10.3f} {med / ref:6.2f}x  {verdict}")
+    return ratios
 
 
-def bench_update(model: torch.nn.Module, repeats: int, warmup: int) -> None:
-    fns = {}
-    for name, (_, opt, naive) in optimizers(model).items():
-        fns[name] = naive_threshold(opt.step) if naive else opt.step
-    times = interleaved(fns, repeats, warmup)
-    table("(a) optimizer step alone (grads set; ratio = variant / AdamW)", times,
-          "AdamW (foreach)", {"FedACT": GOAL_UPDATE})
-
-
-def bench_local_step(model: torch.nn.Module, repeats: int, warmup: int) -> None:
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(BATCH, 1, 28, 28, generator=gen)
-    y = torch.randint(0, 10, (BATCH,), generator=gen)
-
-    def local_step(twin: torch.nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
-        def run() -> None:
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(twin(x), y).backward()
-            opt.step()
-        return run
-
-    fns = {name: local_step(twin, opt) for name, (twin, opt, naive) in optimizers(model).items()
-           if not naive}
-    times = interleaved(fns, repeats, warmup)
-    table(f"(b) full local step: forward + backward + update, batch {BATCH} x 1x28x28",
-          times, "AdamW (foreach)", {"FedACT": GOAL_STEP})
+def local_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+               y: torch.Tensor) -> Callable[[], None]:
+    def run() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's default)")
-    parser.add_argument("--repeats", type=int, default=21,
-                        help="timed repetitions per variant (default 21; (b) uses half)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model", choices=("vit-tiny", "vit-s"), default="vit-tiny")
+    parser.add_argument("--batch", type=int, default=None, help="default: 50 on CPU, 128 on CUDA")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--diagnostics-every", type=int, default=10, help="N for (c)")
+    parser.add_argument("--round-steps", type=int, default=20, help="K for (c)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    batch = args.batch or (128 if args.device == "cuda" else 50)
     start = time.perf_counter()
-    model = vit_with_dense_grads()
+    model = model_with_dense_grads(args.model, args.device, batch)
     params = sum(p.numel() for p in model.parameters())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    print(f"ViT-Tiny 1x28x28 -> 10: D = {params:,} parameters in "
-          f"{len(list(model.parameters()))} tensors; FedACT: adamw, rho=0.5 with a Delta_G, "
-          f"act tau=0.5 (top {int(0.5 * params):,} of D); weight decay {WD} in both")
-    check_naive_matches(model)
-    print("check: sampled and naive kthvalue thresholds give bit-identical updates")
-    bench_update(model, args.repeats, args.warmup)
-    bench_local_step(model, max(args.repeats // 2, 3), max(args.warmup - 1, 1))
-    print(f"\ngoals: (a) FedACT update <= {GOAL_UPDATE:.2f}x AdamW, "
-          f"(b) FedACT local step <= {GOAL_STEP:.2f}x AdamW")
-    print(f"p25-p75 spread shows the noise; load average now {os.getloadavg()[0]:.2f}; "
-          f"total {time.perf_counter() - start:.0f} s")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else \
+        f"{torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+    print(f"torch {torch.__version__} on {args.device} ({where})")
+    print(f"{args.model} 1x28x28 -> 10: D = {params:,} in {len(list(model.parameters()))} tensors; "
+          f"FedACT: adamw, rho=0.5 with a Delta_G, act tau=0.5; weight decay {WD} in both")
+    check_selection(model)
+    print("check: the selection is torch.topk's set")
+    base = f"AdamW ({'fused' if args.device == 'cuda' else 'foreach'})"
+    m_a, m_f, m_d = twin(model), twin(model), twin(model)
+    update = {base: adamw(m_a, args.device).step, "FedACT": fedact(m_f).step,
+              "FedACT, diagnostics this step": fedact(m_d, diagnostics_every=1).step}
+    ratio_a = table("(a) optimizer step alone (grads set)",
+                   interleaved(update, args.repeats, args.warmup, args.device), base,
+                   {"FedACT": GOALS["update"]})
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(batch, 1, 28, 28, generator=gen).to(args.device)
+    y = torch.randint(0, 10, (batch,), generator=gen).to(args.device)
+    m_a, m_f = twin(model), twin(model)
+    steps = {base: local_step(m_a, adamw(m_a, args.device), x, y),
+             "FedACT": local_step(m_f, fedact(m_f), x, y)}
+    ratio_b = table(f"(b) full local step: forward + backward + update, batch {batch}",
+                    interleaved(steps, max(args.repeats // 2, 3), 1, args.device), base,
+                    {"FedACT": GOALS["step"]})
+    m_off, m_on = twin(model), twin(model)
+    off, on = fedact(m_off), fedact(m_on, diagnostics_every=args.diagnostics_every)
+    k = args.round_steps
+
+    def round_of(m: torch.nn.Module, opt: LocalUpdate) -> Callable[[], None]:
+        step = local_step(m, opt, x, y)
+
+        def run() -> None:
+            opt.steps = 0  # a fresh round: diagnostics on steps 1, 1+N, …
+            for _ in range(k):
+                step()
+            opt.diagnostics()  # read once per round, as a client does
+        return run
+
+    rounds = {"round, no diagnostics": round_of(m_off, off),
+              f"round, diagnostics every {args.diagnostics_every}": round_of(m_on, on)}
+    times = interleaved(rounds, max(args.repeats // 4, 3), 1, args.device)
+    share = statistics.median(times[f"round, diagnostics every {args.diagnostics_every}"]) / \
+        statistics.median(times["round, no diagnostics"]) - 1.0
+    verdict = "met" if share <= GOALS["diagnostics"] else "NOT MET"
+    print(f"\n(c) a local round of K={k} steps: diagnostics cost {100 * share:+.1f}% "
+          f"(goal <= {100 * GOALS['diagnostics']:.0f}%: {verdict})")
+    print(f"\nsummary {args.device} {args.model}: update {ratio_a['FedACT']:.2f}x, with diagnostics "
+          f"{ratio_a['FedACT, diagnostics this step']:.2f}x, full step {ratio_b['FedACT']:.2f}x, "
+          f"diagnostics {100 * share:+.1f}% of a round; {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and README.md (the key
-table) from the declarations: `python scripts/regenerate_docs.py` (tests/test_config.py fails
-while either is stale)."""
+table, the algorithm table) from the declarations: `python scripts/regenerate_docs.py`
+(tests/test_config.py fails while any is stale)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from adaptfl.algorithms.config import key_table, pyproject_block
+from adaptfl.algorithms.config import algorithm_table, key_table, pyproject_block
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,4 +22,6 @@ if __name__ == "__main__":
                     pyproject_block() + "\n")
     replace_between(ROOT / "README.md", "| key | read by | default | meaning |", "<!-- end of key table -->",
                     key_table())
+    replace_between(ROOT / "README.md", "| `algorithm=` | paper |", "<!-- end of algorithm table -->",
+                    algorithm_table())
     print("pyproject.toml and README.md regenerated")

@@ -25,6 +25,7 @@ WIRE = {
     "fedlada": (2, 1),
 }
 
+pytestmark = pytest.mark.slow  # the every-algorithm matrix covers the quick version
 
 @needs_fashion_mnist
 @pytest.mark.parametrize("algorithm", sorted(WIRE))

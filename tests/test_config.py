@@ -7,7 +7,7 @@ import re
 import tomllib
 
 import pytest
-from adaptfl.algorithms.config import RunConfig, declared_keys, key_table, pyproject_block
+from adaptfl.algorithms.config import RunConfig, algorithm_table, declared_keys, key_table, pyproject_block
 from adaptfl.algorithms.params import PRESET
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.modulation import ACT, Cautious
@@ -25,9 +25,10 @@ def _pyproject_config() -> dict:
 
 def test_pyproject_and_readme_are_generated_from_the_declarations() -> None:
     text = (PROJECT / "pyproject.toml").read_text()
-    assert pyproject_block() in text, "run `python -m adaptfl.algorithms.config --pyproject`"
-    assert key_table() in (PROJECT / "README.md").read_text(), \
-        "README's key table is stale: `python -m adaptfl.algorithms.config --markdown`"
+    assert pyproject_block() in text, "pyproject.toml is stale: python scripts/regenerate_docs.py"
+    readme = (PROJECT / "README.md").read_text()
+    assert key_table() in readme and algorithm_table() in readme, \
+        "README's tables are stale: python scripts/regenerate_docs.py"
     assert RunConfig.from_flower(_pyproject_config()).to_flower() == RunConfig.of().to_flower()
 
 

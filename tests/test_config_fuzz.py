@@ -1,6 +1,9 @@
 """Random run configs (seeded): each is refused before round 1, in one line, or completes a
-round with every reply accepted. Validation runs once, before round 1, on the very objects the
-clients build (a preflight step of the client pipeline), so the two sides cannot disagree."""
+round in which every sampled client replies without an error. Validation runs once, before
+round 1, on the very objects the clients build (a preflight step of the client pipeline), so
+the two sides cannot disagree. A valid setting can still diverge (lr = 10 at its sane bound,
+with trust amplification): its non-finite replies are refused by the server, as they must be;
+such draws are counted and must stay rare."""
 
 from __future__ import annotations
 
@@ -80,8 +83,10 @@ def test_random_configs_are_refused_before_round_1_or_complete_a_round(tiny_data
             outcomes["refused"] += 1
             continue
         rows = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
-        row = rows[0]
-        assert row["replies-accepted"] == row["replies-sampled"] >= 1 and not row["rejected"], \
-            (draw, {k: v for k, v in values.items() if v != PRESET}, row["rejected"])
-        outcomes["ran"] += 1
+        row, drawn = rows[0], {k: v for k, v in values.items() if v != PRESET}
+        assert row["replies-sampled"] >= 1 and len(rows) == 1, (draw, drawn)
+        reasons = list(row["rejected"].values())
+        assert not [r for r in reasons if "non-finite values" not in r], (draw, drawn, reasons)
+        outcomes["diverged" if reasons else "ran"] += 1
     assert outcomes["refused"] >= DRAWS // 5 and outcomes["ran"] >= DRAWS // 5, outcomes
+    assert outcomes["diverged"] <= DRAWS // 20, outcomes

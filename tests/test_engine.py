@@ -18,9 +18,8 @@ from tests.run_outputs import final_model, metric_rows
 SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t")
 
 
-@needs_fashion_mnist
-def test_fedact_run_writes_metrics_plot_and_model(tmp_path) -> None:
-    cfg = RunConfig.of(results_dir=str(tmp_path), **SMALL)
+def test_fedact_run_writes_metrics_plot_and_model(tmp_path, tiny_data) -> None:
+    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)
     rows = metric_rows(out)
     assert [r["round"] for r in rows] == [1, 2]
@@ -79,6 +78,7 @@ def test_progress_lines_round_zero_plots_and_tensorboard(tmp_path, caplog, tiny_
     assert values == pytest.approx([r["test-accuracy"] for r in rows])
 
 
+@pytest.mark.slow
 def test_engine_cli_errors_are_one_line(tmp_path) -> None:
     import subprocess
     import sys

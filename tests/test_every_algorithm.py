@@ -1,4 +1,4 @@
-"""Every algorithm of the catalog, end to end on small real data:
+"""Every algorithm of the catalog, end to end on small real data (marked slow: ~1 minute):
 
 - runs 2 rounds on an image task (Fashion-MNIST) and on a text task (fortunes), every reply
   accepted;
@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from tests.run_outputs import metric_rows
 
+pytestmark = pytest.mark.slow
 ALGORITHMS = sorted(catalog())
 TASKS = {"fashion-mnist": "mlp", "fortunes": "llama-tiny"}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import handle_train
@@ -30,6 +31,7 @@ def faulty(msg, context):
     return reply
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path) -> None:
     cfg = RunConfig.of(results_dir=str(tmp_path), min_replies=2, **SMALL)
@@ -50,6 +52,7 @@ def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path)
     assert rows[-1]["test-accuracy"] > 0.2 and rows[-1]["test-loss"] < rows[0]["test-loss"]
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_below_min_replies_every_round_is_skipped_and_the_model_unchanged(tmp_path) -> None:
     cfg = RunConfig.of(results_dir=str(tmp_path), min_replies=3, **SMALL)

@@ -82,6 +82,7 @@ def test_interrupted_sweep_resumes_without_redoing_cells(tmp_path: Path) -> None
     assert rows[1]["model"] == "mlp" and rows[1]["seed"] == "1"
 
 
+@pytest.mark.slow
 def test_parallel_jobs_fill_the_same_table(tmp_path: Path) -> None:
     grid = parse_grid(TINY_GRID.replace("[0, 1, 2]", "[5, 6]").replace("num-server-rounds = 2",
                                                                          "num-server-rounds = 1"),

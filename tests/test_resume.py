@@ -60,6 +60,7 @@ def _kill_after_round(command: list[str], run_dir: Path, target: int, limit: flo
     return _completed_round(run_dir)
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_killed_after_round_2_of_4_then_resumed_equals_uninterrupted(tmp_path) -> None:
     results = tmp_path / "results"

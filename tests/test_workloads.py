@@ -289,6 +289,7 @@ def test_numpy_and_torch_labels_agree() -> None:
     assert np.array_equal(from_numpy, partition_indices(SKEWED_LABELS, 4, 1, "dirichlet", 0.3, 7))
 
 
+@pytest.mark.slow
 def test_partitions_identical_in_a_fresh_process() -> None:
     script = (
         "import torch; from workloads import partition_indices as p;"
@@ -450,7 +451,7 @@ def test_model_sizes(in_channels: int, image_size: int) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("resnet", 10, 1, 28), "cnn, vit-tiny, mlp"),
+        (("resnet", 10, 1, 28), "cnn, vit-tiny, vit-s, mlp"),
         (("cnn", 0, 1, 28), "num_classes"),
         (("cnn", 10, 1, 8), "image_size"),
         (("vit-tiny", 10, 1, 30), "divisible"),

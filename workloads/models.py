@@ -59,29 +59,38 @@ VIT_HIDDEN_DIM = 192
 
 def build_vit_tiny(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """ViT-Tiny (12 layers, 3 heads, width 192) on 4x4 patches, ~5.4M params."""
+    return _vit(num_classes, in_channels, image_size, hidden=VIT_HIDDEN_DIM, heads=3, mlp=768)
+
+
+def _vit(num_classes: int, in_channels: int, image_size: int, hidden: int, heads: int,
+         mlp: int) -> nn.Module:
     if image_size % VIT_PATCH_SIZE != 0:
         raise ValueError(
-            f"vit-tiny needs image_size divisible by {VIT_PATCH_SIZE}, got {image_size!r}"
+            f"vit models need image_size divisible by {VIT_PATCH_SIZE}, got {image_size!r}"
         )
     model = VisionTransformer(
         image_size=image_size,
         patch_size=VIT_PATCH_SIZE,
         num_layers=12,
-        num_heads=3,
-        hidden_dim=VIT_HIDDEN_DIM,
-        mlp_dim=768,
+        num_heads=heads,
+        hidden_dim=hidden,
+        mlp_dim=mlp,
         num_classes=num_classes,
     )
     # torchvision hard-codes 3 input channels; swap in a patch embedding for
     # ours, initialized the way torchvision initializes its own.
-    patch_embedding = nn.Conv2d(
-        in_channels, VIT_HIDDEN_DIM, kernel_size=VIT_PATCH_SIZE, stride=VIT_PATCH_SIZE
-    )
+    patch_embedding = nn.Conv2d(in_channels, hidden, kernel_size=VIT_PATCH_SIZE, stride=VIT_PATCH_SIZE)
     fan_in = in_channels * VIT_PATCH_SIZE * VIT_PATCH_SIZE
     nn.init.trunc_normal_(patch_embedding.weight, std=math.sqrt(1 / fan_in))
     nn.init.zeros_(patch_embedding.bias)
     model.conv_proj = patch_embedding
     return model
+
+
+def build_vit_s(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    """ViT-S-like (12 layers, 6 heads, width 384, MLP 1536) on 4x4 patches, ~21.3M params: the
+    size at which the GPU benchmarks compare the local update (benchmarks/)."""
+    return _vit(num_classes, in_channels, image_size, hidden=384, heads=6, mlp=1536)
 
 
 def build_mlp(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
@@ -122,6 +131,7 @@ def build_swin_lite(num_classes: int, in_channels: int, image_size: int) -> nn.M
 MODEL_BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "cnn": build_cnn,
     "vit-tiny": build_vit_tiny,
+    "vit-s": build_vit_s,
     "mlp": build_mlp,
     "resnet18": build_resnet18,
     "swin-lite": build_swin_lite,
