@@ -37,6 +37,15 @@ deviation over 3 seeds (seed changes the partition, the initial model and the cl
 accuracy in that setting, averaged over the seeds that reach it. Read small gaps with care:
 3 seeds on a short run cannot resolve differences smaller than the spread shown.
 
+**What changed since the previous page.** FedPAC's correction now reaches the clients: the
+server sent g_G (`g-g`) but the ClientApp read only `delta-g`, so every FedPAC row before ran
+local Sophia/Muon/SOAP at lr·(1-β) plus the warm start, without `x -= β·lr·g_G`; FedPAC's
+"MB down" figure already counted g_G. With the correction, SOAP's decoupled decay no longer
+applies to the correction, and the correction also applies on SOAP's initialising first step.
+Independently, every algorithm now runs on one redesigned optimizer shell: AdamW's bias
+corrections are folded into scalars (last-bit differences), PosRatio/TopMass are sampled on
+local steps 1, 11, 21, … instead of every step, and each row's round 0 is the initial model.
+
 """
 
 

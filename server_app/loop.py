@@ -42,6 +42,9 @@ def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
     model = build_task_model(cfg.data.model, task)
     strategy = AdaptiveStrategy(cfg)
     strategy.initialize(model.state_dict(), ModelSpec.of(model))
+    if cfg.local.batch_size > len(task.train):
+        log.warning("batch-size=%d exceeds the %d training examples of the whole task: every "
+                    "client step will use its whole partition", cfg.local.batch_size, len(task.train))
     preflight(strategy, model, task)
     return strategy, model, task
 

@@ -205,3 +205,11 @@ def test_state_round_trips_through_bytes() -> None:
     again = ServerState.from_bytes(strategy.state.to_bytes())
     assert again.to_bytes() == strategy.state.to_bytes()
     assert _tensors(again.extras[wire.V_BAR]) == _tensors(strategy.state.extras[wire.V_BAR])
+
+
+def test_flowers_train_config_reaches_the_clients() -> None:
+    strategy = _strategy()
+    messages = strategy.configure_train(1, ArrayRecord(strategy.state.model),
+                                        ConfigRecord({"epochs-hint": 3, "note": "hi"}), GRID)
+    config = next(iter(messages)).content.config_records[wire.CONFIG]
+    assert (config["epochs-hint"], config["note"], config["server-round"]) == (3, "hi", 1)
