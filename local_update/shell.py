@@ -28,8 +28,10 @@ from typing import Any
 
 import torch
 from adaptfl.algorithms.params import Component, fields_of, lookup
+from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.modulation import Trust
 from adaptfl.local_update.rules import Preconditioner, Step, group_values
+from adaptfl.local_update.slots import NamedSlots
 from adaptfl.local_update.trust import pos_ratio, top_mass
 from adaptfl.local_update.workspace import Workspace
 
@@ -45,7 +47,7 @@ def _build(kind: str, spec: str | Component, overrides: dict[str, Any]) -> Any:
     return cls(**mine) if isinstance(spec, str) else spec.replace(**mine)
 
 
-class LocalUpdate(torch.optim.Optimizer):
+class LocalUpdate(NamedSlots, torch.optim.Optimizer):
     """precondition → mix → correct → modulate → step (see the module docstring).
 
     Args:
@@ -114,136 +116,6 @@ class LocalUpdate(torch.optim.Optimizer):
             self._rules[key] = cls(**dict(values))
         return self._rules[key]
 
-    def named(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, parameter) in order; unnamed parameters are called by their position."""
-        out, i = [], 0
-        for group in self.param_groups:
-            names = group.get("param_names") or [str(i + j) for j in range(len(group["params"]))]
-            out.extend(zip(names, group["params"], strict=True))
-            i += len(group["params"])
-        return out
-
-    def _by_name(self) -> dict[str, tuple[int, torch.Tensor]]:
-        out = {}
-        for gi, group in enumerate(self.param_groups):
-            names = group.get("param_names")
-            for j, p in enumerate(group["params"]):
-                out[names[j] if names else str(len(out))] = (gi, p)
-        return out
-
-    # --- per-parameter slots (views into one flat buffer per elementwise group) ---------------
-    def _new_slot(self, gi: int, slot: str, values: Mapping[torch.Tensor, torch.Tensor] | None = None
-                  ) -> None:
-        group = self.param_groups[gi]
-        params = group["params"]
-        if not self.rule(group).elementwise:
-            for p in params:
-                src = None if values is None else values.get(p)
-                self.state[p][slot] = torch.zeros_like(p) if src is None else src.detach().to(p).clone()
-            return
-        like = params[0].detach()
-        flat = like.new_zeros(sum(p.numel() for p in params))
-        self._flat[gi][slot] = flat
-        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
-            view = view.view_as(p)
-            if values is not None and p in values:
-                view.copy_(values[p])
-            self.state[p][slot] = view
-
-    def _repack(self) -> None:
-        """After `load_state_dict`: loaded slots are separate tensors; put them back in the flat
-        buffers so the flat path sees them."""
-        self._flat = [{} for _ in self.param_groups]
-        for gi, group in enumerate(self.param_groups):
-            if not self.rule(group).elementwise:  # torch's load may alias the source's tensors
-                for p in group["params"]:
-                    self.state[p].update({k: v.clone() for k, v in self.state[p].items()
-                                          if torch.is_tensor(v)})
-                continue
-            slots = {k for p in group["params"] for k, v in self.state[p].items()
-                     if torch.is_tensor(v) and v.shape == p.shape}
-            for slot in sorted(slots):
-                self._new_slot(gi, slot, {p: self.state[p][slot] for p in group["params"]
-                                          if slot in self.state[p]})
-
-    def _set_slot(self, slot: str, tensors: Mapping[str, torch.Tensor], require_all: bool) -> None:
-        by_name = self._by_name()
-        unknown = sorted(set(tensors) - set(by_name))
-        if unknown:
-            raise ValueError(f"{slot}: tensors for parameters this optimizer lacks: {unknown[:5]}")
-        if require_all:
-            missing = sorted(set(by_name) - set(tensors))
-            if missing:
-                raise ValueError(f"{slot}: tensors missing for parameters {missing[:5]}")
-        for name, t in tensors.items():
-            p = by_name[name][1]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"{slot}[{name}] has shape {tuple(t.shape)}, parameter has "
-                                 f"{tuple(p.shape)}")
-        for gi, group in enumerate(self.param_groups):
-            mine = {p: tensors[n] for n, (g, p) in by_name.items() if g == gi and n in tensors}
-            if mine and (slot not in self.state[group["params"][0]]):
-                self._new_slot(gi, slot, mine)
-            else:
-                for p, t in mine.items():
-                    self.state[p][slot].copy_(t)
-
-    def export_state(self, slot: str) -> Tensors:
-        """A copy of one state slot (e.g. `exp_avg_sq`) as {parameter name: tensor}."""
-        return {n: self.state[p][slot].detach().clone() for n, p in self.named() if slot in self.state[p]}
-
-    def import_state(self, slot: str, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Warm-start one slot from {parameter name: tensor} (FedACT's v̄)."""
-        self._set_slot(slot, tensors, require_all=False)
-
-    def set_global_direction(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Δ_G (or FedPAC's g_G, MimeLite's m) for every parameter, by name."""
-        self._set_slot("global_direction", tensors, require_all=True)
-
-    # --- Θ: what FedPAC / FedMIX-P share ------------------------------------------------------
-    def export_theta(self) -> Tensors:
-        out = {}
-        for n, p in self.named():
-            st = self.state[p]
-            group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
-            for slot in self.rule(group).theta_shapes(n, tuple(p.shape)):
-                if slot in st:
-                    out[f"{n}/{slot}"] = st[slot].detach().clone()
-        return out
-
-    def import_theta(self, theta: Mapping[str, torch.Tensor], keep_reference: bool = False) -> None:
-        """FedPAC's alignment: Θ^r becomes this client's state, and every parameter counts as
-        warm-started (SOAP then steps fully at once). With `keep_reference` (FedMIX-P) a frozen
-        copy stays as `ref_<slot>` for the mixing."""
-        own = self.export_theta()
-        unknown = sorted(set(theta) - set(own))
-        if unknown:
-            raise ValueError(f"Θ has entries this model lacks: {unknown[:5]}")
-        by_name = self._by_name()
-        for slot in sorted({k.rsplit("/", 1)[1] for k in theta}):
-            entries = {k.rsplit("/", 1)[0]: v for k, v in theta.items() if k.rsplit("/", 1)[1] == slot}
-            for name, t in entries.items():
-                if tuple(t.shape) != tuple(own[f"{name}/{slot}"].shape):
-                    raise ValueError(f"Θ[{name}/{slot}] has shape {tuple(t.shape)}, expected "
-                                     f"{tuple(own[f'{name}/{slot}'].shape)}")
-                self.state[by_name[name][1]][slot].copy_(t)
-            if keep_reference:
-                self._set_reference(f"ref_{slot}", entries, by_name)
-        for _, p in self.named():
-            self.state[p]["warm"] = True
-
-    def _set_reference(self, slot: str, entries: Mapping[str, torch.Tensor],
-                       by_name: Mapping[str, tuple[int, torch.Tensor]]) -> None:
-        for gi, group in enumerate(self.param_groups):
-            mine = {p: entries[n] for n, (g, p) in by_name.items() if g == gi and n in entries}
-            if not mine:
-                continue
-            if self.rule(group).elementwise:
-                self._new_slot(gi, slot, mine)
-            else:
-                for p, t in mine.items():
-                    self.state[p][slot] = t.detach().to(p).clone()
-
     # --- diagnostics --------------------------------------------------------------------------
     def diagnostics(self) -> dict[str, float]:
         """Mean PosRatio and TopMass over the steps that computed them (read once per round)."""
@@ -286,7 +158,7 @@ class LocalUpdate(torch.optim.Optimizer):
             self._refresh_hessian(g_hat)
         return loss
 
-    def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor]) -> list[_Block]:
+    def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor]) -> list[Block]:
         rule = self.rule(group)
         lr, wd = group["lr"], group["weight_decay"]
         for p in active:
@@ -310,7 +182,7 @@ class LocalUpdate(torch.optim.Optimizer):
                         out=self.work.get(f"u{gi}", n, like), mix=1.0 - self.rho,
                         addend=self._scaled_direction(st["global_direction"]) if fuse else None)
             d, scale, corrected = rule.direction(g, st, step)
-            return [_Block(active, d, g, lr * scale, decay, rule.decay_after,
+            return [Block(active, d, g, lr * scale, decay, rule.decay_after,
                            st.get("global_direction"), flat=True, corrected=corrected)]
         grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
         if hasattr(rule, "directions") and len(steps) == 1:  # the whole group at once (Muon)
@@ -322,7 +194,7 @@ class LocalUpdate(torch.optim.Optimizer):
                                                                 self.step_offset + self.state[p]["step"],
                                                                 self.mix_lambda, self.bs))
                           for p, g in zip(active, grads, strict=True)]
-        return [_Block([p], d, g, lr * scale, decay, rule.decay_after,
+        return [Block([p], d, g, lr * scale, decay, rule.decay_after,
                        self.state[p].get("global_direction"))
                 for p, g, (d, scale, _) in zip(active, grads, directions, strict=True)]
 
@@ -335,7 +207,7 @@ class LocalUpdate(torch.optim.Optimizer):
             self._scaled_key = key
         return self._scaled
 
-    def _chain(self, blocks: list[_Block], diagnose: bool) -> None:
+    def _chain(self, blocks: list[Block], diagnose: bool) -> None:
         """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped."""
         ref_lr = self.param_groups[0]["lr"]
         at_step = 1.0  # a factor of u left to the step itself (the scores are scale-invariant)
@@ -411,52 +283,6 @@ class LocalUpdate(torch.optim.Optimizer):
             rule = self.rule(self.param_groups[gi])
             if rule.name == "sophia":
                 rule.refresh(self.state[p], grad)  # type: ignore[attr-defined]
-
-
-class _Block:
-    """The direction of one flat group, or of one tensor, and how it steps on its own."""
-
-    def __init__(self, params: list[torch.Tensor], d: torch.Tensor | None, g: torch.Tensor,
-                 coef: float, decay: float, decay_after: bool,
-                 global_direction: torch.Tensor | None, flat: bool = False,
-                 corrected: bool = False) -> None:
-        self.params, self.d, self.g, self.coef, self.flat = params, d, g, coef, flat
-        self.corrected = corrected  # d is u: the correction is in it already
-        self.decay, self.decay_after, self.global_direction = decay, decay_after, global_direction
-
-    def scaled_direction(self, ref_lr: float) -> torch.Tensor:
-        """(c/L)·d: this block's direction in the units of the reference lr L."""
-        if self.d is None:  # SOAP's initialising step: no local move
-            return torch.zeros_like(self.g)
-        factor = self.coef / ref_lr if ref_lr else 1.0
-        return self.d * factor if factor != 1.0 else self.d
-
-    def _steps(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if self.flat:
-            return [v.view_as(p) for v, p in zip(x.split([p.numel() for p in self.params]),
-                                                 self.params, strict=True)]
-        return [x.view_as(self.params[0])]
-
-    def apply_own_step(self, share: float = 1.0) -> None:
-        """The rule's own step at `share` of its lr, exactly as its authors write it."""
-        if self.d is None:
-            return
-        steps, coef = self._steps(self.d), self.coef * share
-        if self.decay_after:
-            for p, s in zip(self.params, steps, strict=True):
-                p.add_(s, alpha=-coef).mul_(1.0 - self.decay)
-            return
-        if self.decay:
-            torch._foreach_mul_(self.params, 1.0 - self.decay)
-        torch._foreach_add_(self.params, steps, alpha=-coef)
-
-    def add_correction(self, alpha: float, only: torch.Tensor | None = None) -> None:
-        """x += alpha·Δ_G (nothing before the server has a Δ_G, or when alpha is 0)."""
-        if self.global_direction is None or alpha == 0.0:
-            return
-        for p, dg in zip(self.params, self._steps(self.global_direction), strict=True):
-            if only is None or p is only:
-                p.add_(dg, alpha=alpha)
 
 
 def _as_groups(params: Iterable[Any], rule: Preconditioner) -> list[dict[str, Any]]:

@@ -1,0 +1,51 @@
+"""One step's direction of a flat group or of one tensor, and how it steps on its own."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Block:
+    """The direction of one flat group, or of one tensor, and how it steps on its own."""
+
+    def __init__(self, params: list[torch.Tensor], d: torch.Tensor | None, g: torch.Tensor,
+                 coef: float, decay: float, decay_after: bool,
+                 global_direction: torch.Tensor | None, flat: bool = False,
+                 corrected: bool = False) -> None:
+        self.params, self.d, self.g, self.coef, self.flat = params, d, g, coef, flat
+        self.corrected = corrected  # d is u: the correction is in it already
+        self.decay, self.decay_after, self.global_direction = decay, decay_after, global_direction
+
+    def scaled_direction(self, ref_lr: float) -> torch.Tensor:
+        """(c/L)·d: this block's direction in the units of the reference lr L."""
+        if self.d is None:  # SOAP's initialising step: no local move
+            return torch.zeros_like(self.g)
+        factor = self.coef / ref_lr if ref_lr else 1.0
+        return self.d * factor if factor != 1.0 else self.d
+
+    def _steps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.flat:
+            return [v.view_as(p) for v, p in zip(x.split([p.numel() for p in self.params]),
+                                                 self.params, strict=True)]
+        return [x.view_as(self.params[0])]
+
+    def apply_own_step(self, share: float = 1.0) -> None:
+        """The rule's own step at `share` of its lr, exactly as its authors write it."""
+        if self.d is None:
+            return
+        steps, coef = self._steps(self.d), self.coef * share
+        if self.decay_after:
+            for p, s in zip(self.params, steps, strict=True):
+                p.add_(s, alpha=-coef).mul_(1.0 - self.decay)
+            return
+        if self.decay:
+            torch._foreach_mul_(self.params, 1.0 - self.decay)
+        torch._foreach_add_(self.params, steps, alpha=-coef)
+
+    def add_correction(self, alpha: float, only: torch.Tensor | None = None) -> None:
+        """x += alpha·Δ_G (nothing before the server has a Δ_G, or when alpha is 0)."""
+        if self.global_direction is None or alpha == 0.0:
+            return
+        for p, dg in zip(self.params, self._steps(self.global_direction), strict=True):
+            if only is None or p is only:
+                p.add_(dg, alpha=alpha)

@@ -1,0 +1,156 @@
+"""Per-parameter state of `LocalUpdate` by NAME: slots that are views into one flat buffer per
+elementwise group (so the flat step and torch's per-parameter `state` see the same memory),
+warm starts of v̄, Δ_G and Θ by parameter name, and the repacking after `load_state_dict`.
+
+Torch's own `state_dict` keys parameters by position; names are how state crosses the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+Tensors = dict[str, torch.Tensor]
+
+
+class NamedSlots:
+    """Mixin of `LocalUpdate` (needs `param_groups`, `state`, `rule(group)` and `_flat`)."""
+
+    param_groups: list[dict[str, Any]]
+    state: Any
+    _flat: list[dict[str, torch.Tensor]]
+
+    def rule(self, group: dict[str, Any]) -> Any:  # provided by LocalUpdate
+        raise NotImplementedError
+
+    def named(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, parameter) in order; unnamed parameters are called by their position."""
+        out, i = [], 0
+        for group in self.param_groups:
+            names = group.get("param_names") or [str(i + j) for j in range(len(group["params"]))]
+            out.extend(zip(names, group["params"], strict=True))
+            i += len(group["params"])
+        return out
+
+    def _by_name(self) -> dict[str, tuple[int, torch.Tensor]]:
+        out = {}
+        for gi, group in enumerate(self.param_groups):
+            names = group.get("param_names")
+            for j, p in enumerate(group["params"]):
+                out[names[j] if names else str(len(out))] = (gi, p)
+        return out
+
+    def _new_slot(self, gi: int, slot: str, values: Mapping[torch.Tensor, torch.Tensor] | None = None
+                  ) -> None:
+        group = self.param_groups[gi]
+        params = group["params"]
+        if not self.rule(group).elementwise:
+            for p in params:
+                src = None if values is None else values.get(p)
+                self.state[p][slot] = torch.zeros_like(p) if src is None else src.detach().to(p).clone()
+            return
+        like = params[0].detach()
+        flat = like.new_zeros(sum(p.numel() for p in params))
+        self._flat[gi][slot] = flat
+        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            view = view.view_as(p)
+            if values is not None and p in values:
+                view.copy_(values[p])
+            self.state[p][slot] = view
+
+    def _repack(self) -> None:
+        """After `load_state_dict`: loaded slots are separate tensors; put them back in the flat
+        buffers so the flat path sees them."""
+        self._flat = [{} for _ in self.param_groups]
+        for gi, group in enumerate(self.param_groups):
+            if not self.rule(group).elementwise:  # torch's load may alias the source's tensors
+                for p in group["params"]:
+                    self.state[p].update({k: v.clone() for k, v in self.state[p].items()
+                                          if torch.is_tensor(v)})
+                continue
+            slots = {k for p in group["params"] for k, v in self.state[p].items()
+                     if torch.is_tensor(v) and v.shape == p.shape}
+            for slot in sorted(slots):
+                self._new_slot(gi, slot, {p: self.state[p][slot] for p in group["params"]
+                                          if slot in self.state[p]})
+
+    def _set_slot(self, slot: str, tensors: Mapping[str, torch.Tensor], require_all: bool) -> None:
+        by_name = self._by_name()
+        unknown = sorted(set(tensors) - set(by_name))
+        if unknown:
+            raise ValueError(f"{slot}: tensors for parameters this optimizer lacks: {unknown[:5]}")
+        if require_all:
+            missing = sorted(set(by_name) - set(tensors))
+            if missing:
+                raise ValueError(f"{slot}: tensors missing for parameters {missing[:5]}")
+        for name, t in tensors.items():
+            p = by_name[name][1]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"{slot}[{name}] has shape {tuple(t.shape)}, parameter has "
+                                 f"{tuple(p.shape)}")
+        for gi, group in enumerate(self.param_groups):
+            mine = {p: tensors[n] for n, (g, p) in by_name.items() if g == gi and n in tensors}
+            if mine and (slot not in self.state[group["params"][0]]):
+                self._new_slot(gi, slot, mine)
+            else:
+                for p, t in mine.items():
+                    self.state[p][slot].copy_(t)
+
+    def export_state(self, slot: str) -> Tensors:
+        """A copy of one state slot (e.g. `exp_avg_sq`) as {parameter name: tensor}."""
+        return {n: self.state[p][slot].detach().clone() for n, p in self.named() if slot in self.state[p]}
+
+    def import_state(self, slot: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Warm-start one slot from {parameter name: tensor} (FedACT's v̄)."""
+        self._set_slot(slot, tensors, require_all=False)
+
+    def set_global_direction(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Δ_G (or FedPAC's g_G, MimeLite's m) for every parameter, by name."""
+        self._set_slot("global_direction", tensors, require_all=True)
+
+    # --- Θ: what FedPAC / FedMIX-P share ------------------------------------------------------
+    def export_theta(self) -> Tensors:
+        out = {}
+        for n, p in self.named():
+            st = self.state[p]
+            group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+            for slot in self.rule(group).theta_shapes(n, tuple(p.shape)):
+                if slot in st:
+                    out[f"{n}/{slot}"] = st[slot].detach().clone()
+        return out
+
+    def import_theta(self, theta: Mapping[str, torch.Tensor], keep_reference: bool = False) -> None:
+        """FedPAC's alignment: Θ^r becomes this client's state, and every parameter counts as
+        warm-started (SOAP then steps fully at once). With `keep_reference` (FedMIX-P) a frozen
+        copy stays as `ref_<slot>` for the mixing."""
+        own = self.export_theta()
+        unknown = sorted(set(theta) - set(own))
+        if unknown:
+            raise ValueError(f"Θ has entries this model lacks: {unknown[:5]}")
+        by_name = self._by_name()
+        for slot in sorted({k.rsplit("/", 1)[1] for k in theta}):
+            entries = {k.rsplit("/", 1)[0]: v for k, v in theta.items() if k.rsplit("/", 1)[1] == slot}
+            for name, t in entries.items():
+                if tuple(t.shape) != tuple(own[f"{name}/{slot}"].shape):
+                    raise ValueError(f"Θ[{name}/{slot}] has shape {tuple(t.shape)}, expected "
+                                     f"{tuple(own[f'{name}/{slot}'].shape)}")
+                self.state[by_name[name][1]][slot].copy_(t)
+            if keep_reference:
+                self._set_reference(f"ref_{slot}", entries, by_name)
+        for _, p in self.named():
+            self.state[p]["warm"] = True
+
+    def _set_reference(self, slot: str, entries: Mapping[str, torch.Tensor],
+                       by_name: Mapping[str, tuple[int, torch.Tensor]]) -> None:
+        for gi, group in enumerate(self.param_groups):
+            mine = {p: entries[n] for n, (g, p) in by_name.items() if g == gi and n in entries}
+            if not mine:
+                continue
+            if self.rule(group).elementwise:
+                self._new_slot(gi, slot, mine)
+            else:
+                for p, t in mine.items():
+                    self.state[p][slot] = t.detach().to(p).clone()
+
