@@ -177,7 +177,9 @@ def key_table() -> str:
     """The README's key table: every key, who reads it, its default and what it means."""
     rows = ["| key | read by | default | meaning |", "|---|---|---|---|"]
     for key, decls in sorted(declared_keys().items()):
-        for cls, info in decls:
+        # (kind, name) order, not the registry's: that follows import order, which a test or a
+        # program importing one component first changes.
+        for cls, info in sorted(decls, key=lambda decl: (decl[0].kind, decl[0].name)):
             who = f"{cls.kind.replace('_', '-')} `{cls.name}`"
             default = "preset" if info.default is None else _toml(info.default)
             rows.append(f"| `{key}` | {who} | {default} | {_doc(key, info)} |")
