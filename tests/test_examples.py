@@ -170,6 +170,7 @@ def test_stock_flower_app_runs_fedact_two_rounds_under_flwr_run(tmp_path: Path) 
 
 
 # --- (c) LocalUpdate as a plain torch optimizer -------------------------------------------------
+@pytest.mark.slow  # a subprocess that imports torch and reads Fashion-MNIST: ~9 s
 @needs_fashion_mnist
 def test_torch_optimizer_example_resumes_bit_for_bit_under_a_scheduler() -> None:
     done = subprocess.run([sys.executable, "train.py", "--steps", "40"], cwd=TORCH, env=example_env(),
