@@ -26,7 +26,7 @@ from typing import Any
 
 from adaptfl.algorithms.algorithm import SLOTS, Algorithm, Selection
 from adaptfl.algorithms.catalog import get_algorithm
-from adaptfl.algorithms.params import PRESET, Component, FieldInfo, all_fields, fields_of
+from adaptfl.algorithms.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
 from adaptfl.algorithms.settings import SETTINGS, Data, Federation, LocalTraining, Output, Runtime
 from adaptfl.algorithms.stage import RoundInfo
 
@@ -177,11 +177,22 @@ def key_table() -> str:
     """The README's key table: every key, who reads it, its default and what it means."""
     rows = ["| key | read by | default | meaning |", "|---|---|---|---|"]
     for key, decls in sorted(declared_keys().items()):
-        for cls, info in decls:
+        # (kind, name) order, not the registry's: that follows import order, which a test or a
+        # program importing one component first changes.
+        for cls, info in sorted(decls, key=lambda decl: (decl[0].kind, decl[0].name)):
             who = f"{cls.kind.replace('_', '-')} `{cls.name}`"
             default = "preset" if info.default is None else _toml(info.default)
-            rows.append(f"| `{key}` | {who} | {default} | {info.param.doc} |")
+            rows.append(f"| `{key}` | {who} | {default} | {_doc(key, info)} |")
     return "\n".join(rows) + "\n"
+
+
+def _doc(key: str, info: FieldInfo) -> str:
+    """A field's doc; for a switch (`server-opt`, `trust`, …) the choices after its ':' are the
+    registered components, so a new component file is listed without editing the switch."""
+    kind = next((kind for kind, switch in SLOTS.values() if switch == key), None)
+    if kind is None:
+        return info.param.doc
+    return f"{info.param.doc.split(':', 1)[0]}: {', '.join(sorted(registry(kind)))}"
 
 
 def algorithm_table() -> str:

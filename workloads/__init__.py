@@ -7,6 +7,7 @@ from .image_data import ImageData
 from .losses import count_correct, task_loss
 from .models import KNOWN_MODELS, LANGUAGE_MODELS, build_model
 from .partitioning import PARTITION_SCHEMES, partition_indices, sample_batches
+from .tabular import TabularData
 from .task import Split, Task
 from .tasks import KNOWN_TASKS, build_task_model, load_task
 from .text_corpora import load_c4, load_fortunes
@@ -20,6 +21,7 @@ __all__ = [
     "PARTITION_SCHEMES",
     "ImageData",
     "Split",
+    "TabularData",
     "Task",
     "TextData",
     "build_model",

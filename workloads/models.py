@@ -38,7 +38,7 @@ def build_cnn(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """
     side = ((image_size - 4) // 2 - 4) // 2  # after conv5, pool2, conv5, pool2
     if side < 1:
-        raise ValueError(f"cnn needs image_size >= 12, got {image_size!r}")
+        raise ValueError(f"cnn needs image_size >= 16, got {image_size!r}")
     return nn.Sequential(
         nn.Conv2d(in_channels, 32, kernel_size=5),
         nn.ReLU(),

@@ -1,0 +1,1 @@
+"""The app before the switch: Flower's FedAvg and a plain SGD training loop."""

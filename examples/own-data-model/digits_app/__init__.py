@@ -1,0 +1,1 @@
+"""scikit-learn's handwritten digits as your own adaptfl task (task.py)."""

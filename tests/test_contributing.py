@@ -1,0 +1,116 @@
+"""README's "Contributing: a new component" holds: the server optimizer it shows, dropped as one
+file into the server-optimizer folder, is found by the registry, selected by `server-opt=` and
+by the strategies' keywords, listed in the key table, runs in a strategy's rounds with its
+moments in the server state, and the test the section shows passes against it.
+
+The file goes into a temporary folder added to the package's search path (never into the
+checkout), and everything it registered is removed afterwards, so other tests see the registry
+(and the README's key table) as the checkout declares it."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from adaptfl.algorithms import params, wire
+from adaptfl.algorithms.config import RunConfig, key_table
+from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.strategies import AdaptiveStrategy, FedACT
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from tests.flower_processes import PROJECT
+
+MODULE = "adaptfl.strategies.server_opt.nesterov"
+
+
+def readme_block(first_line: str) -> str:
+    """The ```python block of README's contributor section that starts with `first_line`."""
+    text = (PROJECT / "README.md").read_text()
+    section = text[text.index("## Contributing: a new component"):]
+    section = section[:section.index("\n## ", 1)]
+    for block in re.findall(r"```python\n(.*?)```", section, re.S):
+        if block.startswith(first_line + "\n"):
+            return block
+    raise AssertionError(f"README's contributor section has no block starting {first_line!r}")
+
+
+@pytest.fixture
+def nesterov_file(tmp_path: Path) -> Iterator[ModuleType]:
+    """README's file, as strategies/server_opt/nesterov.py would be, found by the registry's own
+    discovery; unregistered afterwards."""
+    import adaptfl.strategies.server_opt as package
+
+    folder = tmp_path / "server_opt"
+    folder.mkdir()
+    (folder / "nesterov.py").write_text(readme_block("# strategies/server_opt/nesterov.py"))
+    package.__path__.append(str(folder))
+    params._discovered = False  # discover again, as a fresh process would
+    try:
+        params.registry("server_opt")
+        yield sys.modules[MODULE]
+    finally:
+        package.__path__.remove(str(folder))
+        params._REGISTRY["server_opt"].pop("nesterov", None)
+        sys.modules.pop(MODULE, None)
+        params._discovered = True
+
+
+def test_without_the_file_the_name_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"invalid server-opt='nesterov': choose one of \["):
+        RunConfig.of(algorithm="fedavg", server_opt="nesterov")
+    assert "nesterov" not in key_table()
+
+
+def test_one_new_file_is_selectable_and_documented(nesterov_file: ModuleType) -> None:
+    cls = params.registry("server_opt")["nesterov"]
+    assert cls.__module__ == MODULE  # found as a file of the folder, not imported by hand
+    cfg = RunConfig.from_flower({"algorithm": "fedavg", "server-opt": "nesterov", "server-momentum": 0.7})
+    assert isinstance(cfg.algorithm.server_opt, cls) and cfg.algorithm.server_opt.server_momentum == 0.7
+    with pytest.raises(ValueError, match=r"invalid server-momentum=1\.5"):  # its declared range
+        RunConfig.of(algorithm="fedavg", server_opt="nesterov", server_momentum=1.5)
+    strategy = FedACT(fraction_train=1.0, rho=0.5, tau=0.3, server_opt="nesterov")
+    assert type(strategy.cfg.algorithm.server_opt) is cls
+    table = key_table()
+    assert "| `server-momentum` | server-opt `nesterov` | 0.9 | Nesterov momentum β |" in table
+    assert "| `eta` | server-opt `nesterov` | 1.0 | server learning rate η |" in table
+    server_opt_row = next(r for r in table.splitlines() if r.startswith("| `server-opt` |"))
+    assert "nesterov" in server_opt_row.split("|")[4]
+
+
+def test_its_moments_live_in_the_strategy_state(nesterov_file: ModuleType) -> None:
+    """Two rounds of hand-built replies: the model follows Nesterov on the mean Δ, and the
+    momentum is kept in the (checkpointed) server state."""
+    x0 = {"w": torch.tensor([1.0, -2.0])}
+    strategy = AdaptiveStrategy(RunConfig.of(algorithm="fedavg", server_opt="nesterov", eta=0.5,
+                                             server_momentum=0.5))
+    strategy.initialize(dict(x0), ModelSpec({"w": ((2,), torch.float32)}, ("w",)))
+    grid = InProcessGrid(2, {})
+    x, m = x0["w"].clone(), torch.zeros(2)
+    for server_round, deltas in enumerate(([[0.5, 0.0], [0.0, 1.0]], [[-1.0, 0.5], [1.0, 0.5]]), start=1):
+        sent = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model), ConfigRecord(),
+                                             grid))
+        replies = [Message(content=RecordDict({wire.DELTA: ArrayRecord({"w": torch.tensor(d)}),
+                                               wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: 1})}),
+                           reply_to=msg) for msg, d in zip(sent, deltas, strict=True)]
+        strategy.aggregate_train(server_round, replies)
+        mean = torch.tensor(deltas).mean(0)
+        m = 0.5 * m - mean
+        x = x - 0.5 * (0.5 * m - mean)
+        torch.testing.assert_close(strategy.state.model["w"], x)
+        torch.testing.assert_close(strategy.state.extras["server-opt/momentum"]["w"], m)
+
+
+def test_the_test_the_section_shows_passes(nesterov_file: ModuleType) -> None:
+    namespace: dict = {}
+    exec(compile(readme_block("# tests/test_server_opt_nesterov.py"), "test_server_opt_nesterov.py",
+                 "exec"), namespace)
+    tests = [f for name, f in namespace.items() if name.startswith("test_")]
+    assert tests
+    for test in tests:
+        test()
