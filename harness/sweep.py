@@ -21,6 +21,7 @@ from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.harness.grid import Cell, Grid, load_grid
 from adaptfl.harness.table import SERIES_PREFIX, append_row, finished_cells
+from tqdm import tqdm
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent.parent / "results" / "sweeps"
 CellRunner = Callable[[Cell, Path], dict[str, Any]]
@@ -104,16 +105,16 @@ def run_sweep(grid: Grid, results_dir: Path, jobs: int = 1, runner: CellRunner =
         print(f"{grid.name}: skipping algorithms not in the catalog: {grid.skipped_algorithms}", file=out)
     print(f"{grid.name}: {len(cells)} cells, {len(cells) - len(todo)} already in {table}, "
           f"{len(todo)} to run with {jobs} job(s)", file=out)
-    started, finished = time.perf_counter(), 0
-    for row in _results(todo, results_dir, jobs, runner):
-        append_row(table, row)
-        finished += 1
-        elapsed = time.perf_counter() - started
-        eta = elapsed / finished * (len(todo) - finished)
-        bar = "#" * (20 * finished // len(todo)) + "." * (20 - 20 * finished // len(todo))
-        print(f"[{bar}] {finished}/{len(todo)} {row['algorithm']} α={row['dirichlet-alpha']} "
-              f"p={row['fraction-train']} seed={row['seed']}: acc {row['final-test-accuracy']:.4f} "
-              f"({row['seconds']:.0f} s; {elapsed:.0f} s elapsed, ~{eta:.0f} s left)", file=out, flush=True)
+    finished = 0
+    # tqdm draws the bar (elapsed, ETA) on a terminal; each finished cell also gets one line.
+    with tqdm(total=len(todo), desc=grid.name, unit="cell", file=out, disable=not todo) as bar:
+        for row in _results(todo, results_dir, jobs, runner):
+            append_row(table, row)
+            finished += 1
+            bar.write(f"{finished}/{len(todo)} {row['algorithm']} α={row['dirichlet-alpha']} "
+                      f"p={row['fraction-train']} seed={row['seed']}: acc "
+                      f"{row['final-test-accuracy']:.4f} ({row['seconds']:.0f} s)", file=out)
+            bar.update()
     return finished
 
 

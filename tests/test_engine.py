@@ -89,3 +89,15 @@ def test_engine_cli_errors_are_one_line(tmp_path) -> None:
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and done.stderr.strip().startswith(expected), done.stderr
         assert done.stderr.strip().count("\n") == 0, done.stderr
+
+
+def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, tiny_data, caplog) -> None:
+    import logging
+
+    cfg = RunConfig.of(results_dir=str(tmp_path), model="mlp", data_dir=tiny_data["fashion-mnist"],
+                       num_server_rounds=1, local_steps=1, batch_size=1_000_000, run_name="big")
+    with caplog.at_level(logging.WARNING, logger="adaptfl"):
+        run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "batch-size=1000000 exceeds the 600 training examples" in messages  # the server, first
+    assert "exceeds this client's" in messages  # and each client
