@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--diagnostics-every", type=int, default=10, help="N for (c)")
     parser.add_argument("--round-steps", type=int, default=20, help="K for (c)")
+    parser.add_argument("--only", choices=("update",), default=None, help="just (a)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
@@ -159,6 +160,8 @@ def main() -> None:
     ratio_a = table("(a) optimizer step alone (grads set)",
                    interleaved(update, args.repeats, args.warmup, args.device), base,
                    {"FedACT": GOALS["update"]})
+    if args.only == "update":
+        return
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(batch, 1, 28, 28, generator=gen).to(args.device)
     y = torch.randint(0, 10, (batch,), generator=gen).to(args.device)
