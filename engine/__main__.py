@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import tomllib
 from pathlib import Path
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
+from adaptfl.server_app.abort import EXIT_CODE as ABORT_EXIT_CODE
+from adaptfl.server_app.abort import RunAborted
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, object]:
@@ -35,7 +38,11 @@ def main() -> None:
         cfg = RunConfig.from_flower(parse_overrides(args.overrides))
     except ValueError as err:  # one line naming the key, no traceback
         raise SystemExit(f"config error: {err}") from None
-    out: Path = run_inprocess(cfg, args.num_nodes)
+    try:
+        out: Path = run_inprocess(cfg, args.num_nodes)
+    except RunAborted as err:  # too many skipped rounds, a non-finite model: one line, exit 3
+        print(err, file=sys.stderr)
+        raise SystemExit(ABORT_EXIT_CODE) from None
     print(f"results: {out}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import time
@@ -14,6 +15,7 @@ from urllib.request import url2pathname
 
 import torch
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.server_app.durable import append_durable, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +58,24 @@ def results_root(cfg: RunConfig) -> Path:
     return project / "results" if project else Path.home() / ".adaptfl" / "results"
 
 
+def unused_name(root: Path, name: str) -> str:
+    """`name`, or `name-2`, `name-3`, … where two runs start in the same second."""
+    candidate, n = name, 1
+    while (root / candidate).exists():
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
+
+
 class RunOutputs:
     """One run's results directory."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        name = cfg.output.run_name or f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cfg.output.run_name or unused_name(results_root(cfg),
+                                                  f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.dir = results_root(cfg) / name
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(cfg.to_flower(), indent=2))
+        write_atomic(self.dir / "config.json", json.dumps(cfg.to_flower(), indent=2).encode())
         self.rows: list[dict[str, Any]] = []
         log.info("results of this run go to %s", self.dir)
 
@@ -77,8 +89,7 @@ class RunOutputs:
     def record(self, row: dict[str, Any]) -> None:
         """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
         self.rows.append(row)
-        with (self.dir / "metrics.jsonl").open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_durable(self.dir / "metrics.jsonl", json.dumps(row) + "\n")  # before the checkpoint
         columns = list(dict.fromkeys(k for r in self.rows for k in r
                                      if k not in ("rejected", "missing")))  # JSONL only
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
@@ -87,7 +98,9 @@ class RunOutputs:
             writer.writerows(self.rows)
 
     def finish(self, model_state: dict[str, torch.Tensor]) -> None:
-        torch.save(model_state, self.dir / "model.pt")
+        buffer = io.BytesIO()
+        torch.save(model_state, buffer)
+        write_atomic(self.dir / "model.pt", buffer.getvalue())  # never a half-written model
         self.plot()
 
     def plot(self) -> None:

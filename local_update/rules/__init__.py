@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from adaptfl.algorithms.domain import FINITE, Domain
 from adaptfl.algorithms.params import Component
 
 Shape = tuple[int, ...]
@@ -59,6 +60,10 @@ class Preconditioner(Component):
     def theta_shapes(self, name: str, shape: Shape) -> dict[str, Shape]:
         """{slot: shape} of what this parameter shares (empty: nothing)."""
         return {slot: tuple(shape) for slot in self.theta_slots}
+
+    def theta_domain(self, slot: str) -> Domain:
+        """Which values a shared slot may hold (checked on every Θ_i and on the averaged Θ)."""
+        return FINITE
 
     def theta_spec(self, params: Sequence[tuple[str, Shape]]) -> dict[str, Shape]:
         """{"<param>/<slot>": shape} of the whole model's shared state (the server's Θ spec)."""

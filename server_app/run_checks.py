@@ -1,0 +1,65 @@
+"""Settings that no single key's range can refuse, checked before round 1 (issue 13 §5: each of
+these used to "complete" with every round skipped and an untrained model).
+
+Anywhere (build_run):
+    classes-per-client above the labels the task has (pathological partitioning)
+    an aggregator that needs more replies than min-replies guarantees (Krum: 2f + 3)
+
+Where the nodes are known before round 1 (the in-process engine: its nodes run here, with
+partition ids 0..N-1), also what otherwise fails on every client:
+    min-replies (after fraction-train) above the nodes there are
+    a device this machine does not have
+    a partitioning of the N nodes that fails or leaves a client without data
+    MimeLite's full-partition gradient far costlier than the round's local steps
+
+In a Flower deployment those last ones surface as the clients' one-line error replies, and the
+run aborts after max-skipped-rounds (server_app/abort.py) naming them.
+"""
+
+from __future__ import annotations
+
+import torch
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.client_app.device import select_device
+from adaptfl.strategies.base import nodes_needed, sample_size
+from adaptfl.workloads import Task, partition_indices
+
+# MimeLite computes ∇f_i(x) over the client's whole partition every round; beyond this many
+# times the examples of the round's K local steps, a round is that pass, not training.
+MIME_MAX_PASS_RATIO = 200
+
+
+def check_settings(cfg: RunConfig, task: Task) -> None:
+    data = cfg.data
+    if data.partitioning == "pathological":
+        distinct = len(torch.unique(task.train.labels))
+        if data.classes_per_client > distinct:
+            raise ValueError(f"invalid classes-per-client={data.classes_per_client}: task "
+                             f"{data.task!r} has {distinct} labels to partition by")
+    cfg.algorithm.aggregator.check_federation(cfg.federation.min_replies)
+
+
+def check_nodes(cfg: RunConfig, task: Task, num_nodes: int) -> None:
+    """The checks that need the node count (one line each, ValueError)."""
+    fed, data = cfg.federation, cfg.data
+    needed = nodes_needed(fed)
+    if num_nodes < needed:
+        raise ValueError(f"min-replies={fed.min_replies} with fraction-train={fed.fraction_train:g} "
+                         f"needs {needed} nodes (a round samples {sample_size(fed, num_nodes)} of "
+                         f"{num_nodes}): lower min-replies or add nodes")
+    select_device(cfg.runtime.device)
+    sizes = [len(partition_indices(task.train.labels, num_nodes, pid, data.partitioning,
+                                   data.dirichlet_alpha, fed.seed, data.classes_per_client))
+             for pid in range(num_nodes)]
+    empty = [pid for pid, size in enumerate(sizes) if size == 0]
+    if empty:
+        raise ValueError(f"partitioning={data.partitioning!r} leaves partitions {empty[:5]} of "
+                         f"{num_nodes} without examples; use fewer nodes or another partitioning")
+    if getattr(cfg.algorithm.correction, "name", "") == "mimelite":
+        step_examples = cfg.local.local_steps * cfg.local.batch_size
+        ratio = max(sizes) / step_examples
+        if ratio > MIME_MAX_PASS_RATIO:
+            raise ValueError(f"mimelite computes ∇f_i(x) over a client's whole partition every "
+                             f"round: {max(sizes)} examples, {ratio:.0f}x the {step_examples} of its "
+                             f"local steps (limit {MIME_MAX_PASS_RATIO}x); use more nodes, more "
+                             "local-steps or batch-size, or a smaller data set")
