@@ -7,9 +7,10 @@ domain next to it (`Record(domain=...)` in contract.py), so the math that needs 
 place that says so:
 
     FINITE      every value finite (what validation always demanded)
-    SQUARABLE   finite after squaring at float32, |x| < 1.8e19: v, and Δ under the server rules
-                that square it (FedAdam, FedYogi, FedAdagrad, FedAdamom)
-    NONNEG      ≥ 0 and squarable: second moments (v, v̄, Sophia's h)
+    SQUARABLE   finite after squaring at float32, |x| < 1.8e19: Δ under the server rules that
+                square it (FedAdam, FedYogi, FedAdagrad, FedAdamom)
+    NONNEG      ≥ 0: Sophia's h, the server rules' own v
+    MOMENT      ≥ 0 and squarable: FedACT's v and v̄ (issue 13 §1b)
     PSD         symmetric positive semi-definite matrices: SOAP's Kronecker statistics
 
 Only floating-point arrays are checked (integer buffers such as BatchNorm's counter are exact).
@@ -42,7 +43,7 @@ class Domain:
             return None
         if not bool(torch.isfinite(t).all()):
             return "non-finite values (NaN or Inf)"
-        if self.squarable or self.nonneg:
+        if self.squarable:
             peak = float(t.abs().max()) if t.numel() else 0.0
             if peak >= SQUARE_BOUND:
                 return f"|value| {peak:.3g} overflows float32 when squared (bound {SQUARE_BOUND:.3g})"
@@ -82,5 +83,6 @@ def _why_not_psd(t: torch.Tensor) -> str | None:
 
 FINITE = Domain("finite")
 SQUARABLE = Domain("squarable", squarable=True)
-NONNEG = Domain("non-negative", nonneg=True, squarable=True)
+NONNEG = Domain("non-negative", nonneg=True)
+MOMENT = Domain("second moment", nonneg=True, squarable=True)
 PSD = Domain("symmetric PSD", psd=True)

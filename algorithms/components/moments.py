@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import Record
-from adaptfl.algorithms.domain import NONNEG
+from adaptfl.algorithms.domain import MOMENT
 from adaptfl.algorithms.params import component
 from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
@@ -28,11 +28,11 @@ class Moments(Stage):
     block: ClassVar[bool] = False
 
     def records_down(self) -> tuple[Record, ...]:
-        return (Record(wire.V_BAR, _shape(self.block), "server-averaged v̄", NONNEG),) if self.synced else ()
+        return (Record(wire.V_BAR, _shape(self.block), "server-averaged v̄", MOMENT),) if self.synced else ()
 
     def records_up(self) -> tuple[Record, ...]:
         # v ≥ 0: a negative v̄ poisons every client's sqrt(v̂) next round
-        return (Record(wire.V_LOCAL, _shape(self.block), "the client's terminal v", NONNEG),) \
+        return (Record(wire.V_LOCAL, _shape(self.block), "the client's terminal v", MOMENT),) \
             if self.synced else ()
 
     def start(self, ctx: ClientRound) -> ClientPart:
