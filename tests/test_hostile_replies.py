@@ -182,7 +182,8 @@ def test_the_round_refusal_names_the_overflowing_state_and_keeps_the_old_one() -
 def test_a_liars_sample_count_is_capped_at_max_weight_share() -> None:
     liar = {"arrays": {wire.DELTA: {n: -t for n, t in MODEL.items()}},
             "metrics": {wire.NUM_EXAMPLES: 2**62, wire.PARTITION_ID: 4}}
-    uncapped, capped = _strategy("fedavg", lr="preset"), _strategy("fedavg", lr="preset", max_weight_share=0.25)
+    uncapped = _strategy("fedavg", lr="preset")
+    capped = _strategy("fedavg", lr="preset", max_weight_share=0.25)
     for strategy in (uncapped, capped):
         replies = {n: {"arrays": {wire.DELTA: {k: torch.zeros_like(t) for k, t in MODEL.items()}},
                        "metrics": {wire.NUM_EXAMPLES: 10, wire.PARTITION_ID: n - 1}} for n in range(1, 5)}
