@@ -29,6 +29,12 @@ def _clip(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def _gist(reason: str) -> str:
+    """A client's error without its traceback: what precedes it and the exception's own line."""
+    head, sep, _ = reason.partition("Traceback (most recent call last)")
+    return head + reason.strip().splitlines()[-1] if sep else reason
+
+
 class SkipGuard:
     """Counts consecutive skipped rounds; raises RunAborted at the limit, naming the last cause."""
 
@@ -41,7 +47,7 @@ class SkipGuard:
         if self.streak < self.limit:
             return
         causes = [reason] if reason else []
-        causes += [f"node {node}: {why}" for node, why in list(rejected.items())[:2]]
+        causes += [f"node {node}: {_gist(why)}" for node, why in list(rejected.items())[:2]]
         if missing:
             causes.append(f"no reply within round-timeout from nodes {missing[:5]}")
         raise RunAborted(f"run aborted after round {server_round}: {self.streak} consecutive rounds "
