@@ -10,10 +10,12 @@ partition ids 0..N-1), also what otherwise fails on every client:
     min-replies (after fraction-train) above the nodes there are
     a device this machine does not have
     a partitioning of the N nodes that fails or leaves a client without data
-    MimeLite's full-partition gradient far costlier than the round's local steps
 
 In a Flower deployment those last ones surface as the clients' one-line error replies, and the
-run aborts after max-skipped-rounds (server_app/abort.py) naming them.
+run aborts after max-skipped-rounds (server_app/abort.py) naming them. A client too slow for
+round-timeout (MimeLite's full-partition gradient on the fortunes corpus: ~7 min per client per
+round on a 2-core CPU) is not guessed at here: its rounds time out and the run aborts naming
+the timeout, instead of "completing" untrained.
 """
 
 from __future__ import annotations
@@ -23,10 +25,6 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.device import select_device
 from adaptfl.strategies.base import nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
-
-# MimeLite computes ∇f_i(x) over the client's whole partition every round; beyond this many
-# times the examples of the round's K local steps, a round is that pass, not training.
-MIME_MAX_PASS_RATIO = 200
 
 
 def check_settings(cfg: RunConfig, task: Task) -> None:
@@ -55,11 +53,3 @@ def check_nodes(cfg: RunConfig, task: Task, num_nodes: int) -> None:
     if empty:
         raise ValueError(f"partitioning={data.partitioning!r} leaves partitions {empty[:5]} of "
                          f"{num_nodes} without examples; use fewer nodes or another partitioning")
-    if getattr(cfg.algorithm.correction, "name", "") == "mimelite":
-        step_examples = cfg.local.local_steps * cfg.local.batch_size
-        ratio = max(sizes) / step_examples
-        if ratio > MIME_MAX_PASS_RATIO:
-            raise ValueError(f"mimelite computes ∇f_i(x) over a client's whole partition every "
-                             f"round: {max(sizes)} examples, {ratio:.0f}x the {step_examples} of its "
-                             f"local steps (limit {MIME_MAX_PASS_RATIO}x); use more nodes, more "
-                             "local-steps or batch-size, or a smaller data set")

@@ -40,8 +40,9 @@ def _cfg(tiny_data, tmp_path, task: str = "fashion-mnist", **kw) -> RunConfig:
     return RunConfig.of(**{**values, **kw})
 
 
-# the issue's eight settings, each refused in one line before round 1 (before any output)
-EIGHT = {
+# seven of the issue's eight settings, each refused in one line before round 1 (before any
+# output); the eighth, MimeLite on text, is legal but slow: the test after this one
+SEVEN = {
     "seed=-1": (dict(seed=-1), "seed"),
     "classes-per-client=50": (dict(partitioning="pathological", classes_per_client=50),
                               "classes-per-client=50: task 'fashion-mnist' has 10 labels"),
@@ -50,23 +51,34 @@ EIGHT = {
     "round-timeout=1e-9": (dict(round_timeout=1e-9), "round-timeout=1e-09"),
     "fraction-train=0.5 min-replies=2 on 2 nodes": (dict(fraction_train=0.5, min_replies=2),
                                                     "needs 3 nodes"),
-    "mimelite on text": (dict(algorithm="mimelite", task="fortunes", local_steps=1, batch_size=1),
-                         "whole partition every round"),
     "fedadamw+soap+rho=1+v-sync=none": (dict(algorithm="fedadamw", preconditioner="soap", rho=1.0,
                                              v_sync="none"), "rho=1.0"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(EIGHT))
-def test_the_eight_silent_settings_are_refused_before_round_1(case: str, tiny_data, tmp_path) -> None:
+@pytest.mark.parametrize("case", sorted(SEVEN))
+def test_the_silent_settings_are_refused_before_round_1(case: str, tiny_data, tmp_path) -> None:
     if case.startswith("device") and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    kw, reason = EIGHT[case]
+    kw, reason = SEVEN[case]
     with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace("[", r"\[")) as err:
         cfg = _cfg(tiny_data, tmp_path, **kw)
         run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "out").exists()  # nothing written: refused before round 1
+
+
+def test_mimelite_on_the_text_corpus_times_out_and_aborts_naming_the_timeout(tiny_data,
+                                                                           tmp_path) -> None:
+    """MimeLite's ∇f_i(x) passes over the client's whole partition every round: on the fortunes
+    corpus (121k windows) that is minutes per client, so the round-timeout cuts it and the run
+    stops non-zero saying so (it used to end "successfully" untrained)."""
+    cfg = _cfg(tiny_data, tmp_path, task="fortunes", algorithm="mimelite", data_dir="",
+               num_server_rounds=3, round_timeout=2.0)
+    started = time.monotonic()
+    with pytest.raises(RunAborted, match=r"no reply within round-timeout from nodes \[1, 2\]"):
+        run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    assert time.monotonic() - started < 120
 
 
 @pytest.mark.parametrize("key,value,algorithm", [
