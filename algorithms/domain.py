@@ -26,7 +26,10 @@ import torch
 # |x| below this squares to a finite float32 (x² ≤ 3.4e38)
 SQUARE_BOUND = math.sqrt(torch.finfo(torch.float32).max)
 # Relative slack of the symmetry and PSD checks: float32 sums of outer products are symmetric
-# PSD in exact arithmetic and off by rounding (~1e-7 relative) in practice.
+# PSD in exact arithmetic and off by rounding in practice. Measured on SOAP's statistics of the
+# CNN and the MLP after 20 steps: asymmetry ≤ 2e-7 of the largest entry, eigenvalues ≥ -4e-9 of
+# the trace; the slacks leave 500x and 2500x of room for longer contractions.
+SYMMETRY_SLACK = 1e-4
 PSD_SLACK = 1e-5
 
 
@@ -72,7 +75,7 @@ def _why_not_psd(t: torch.Tensor) -> str | None:
     scale = float(a.abs().max())
     if scale == 0.0:
         return None
-    if float((a - a.T).abs().max()) > PSD_SLACK * scale:
+    if float((a - a.T).abs().max()) > SYMMETRY_SLACK * scale:
         return "not symmetric"
     # PSD iff A + δI is positive definite for every δ > 0; δ relative to the trace (≥ the top
     # eigenvalue) tolerates rounding and catches any eigenvalue below -δ. Cholesky is O(d³/3).

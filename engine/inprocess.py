@@ -66,6 +66,10 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 
+    def node_configs(self) -> list[dict[str, Any]]:
+        """Every node's node config (for the checks before round 1)."""
+        return [dict(c.node_config) for c in self.contexts.values()]
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         self._pending.extend(messages)
         return [str(i) for i in range(len(self._pending))]

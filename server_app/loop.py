@@ -116,7 +116,7 @@ def run_federated(grid: Grid, cfg: RunConfig) -> Path:
     """
     strategy, model, task = build_run(cfg)
     if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
-        check_nodes(cfg, task, len(list(grid.get_node_ids())))
+        check_nodes(cfg, task, grid.node_configs())
     outputs = restore_or_start(cfg, strategy)
     strategy.summary()
     fed = cfg.federation
