@@ -122,8 +122,9 @@ def _wedged(kind: str):  # noqa: ANN202 - a ClientApp handler
         if context.node_config["partition-id"] == 0:
             if kind == "sleep":
                 time.sleep(120)
-            elif kind == "spin":
-                while True:
+            elif kind == "spin":  # a busy loop (bounded, so a broken deadline fails, not hangs)
+                until = time.monotonic() + 60
+                while time.monotonic() < until:
                     pass
             else:
                 sys.exit(3)
