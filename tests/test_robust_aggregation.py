@@ -138,11 +138,12 @@ def test_clip_follows_the_adaptive_rule_per_record() -> None:
 
 
 def test_coordinate_wise_rules_keep_psd_statistics_psd() -> None:
-    # three PSD matrices whose coordinate-wise median is not PSD: [[1, 1], [1, 0]] has det -1
-    items = [{"gg0": torch.tensor([[1.0, 1.0], [1.0, 1.0]])}, {"gg0": torch.tensor([[1.0, 0.0], [0.0, 0.0]])},
-             {"gg0": torch.tensor([[4.0, 2.0], [2.0, 1.0]])}]
-    assert PSD.why_outside(torch.tensor([[1.0, 1.0], [1.0, 0.0]])) is not None
-    for rule in (Median(), TrimmedMean(trim_fraction=0.34)):
+    # three PSD matrices whose coordinate-wise median, [[1, 2], [2, 1]], has eigenvalue -1
+    items = [{"gg0": torch.tensor([[4.0, 2.0], [2.0, 1.0]])}, {"gg0": torch.tensor([[1.0, 2.0], [2.0, 4.0]])},
+             {"gg0": torch.zeros(2, 2)}]
+    assert all(PSD.why_outside(item["gg0"]) is None for item in items)
+    assert PSD.why_outside(torch.tensor([[1.0, 2.0], [2.0, 1.0]])) is not None
+    for rule in (Median(), TrimmedMean(trim_fraction=0.34)):  # trimmed: the median of 3
         out, _ = _combine(rule, items, record="theta", domains={"theta": {"gg0": PSD}})
         assert PSD.why_outside(out["gg0"]) is None, rule.name
     out, _ = _combine(Mean(), items, record="theta", domains={"theta": {"gg0": PSD}})
