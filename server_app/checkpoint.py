@@ -63,14 +63,15 @@ def continues_same_job(source: Path | None, run_dir: Path) -> bool:
 RUN_FILES = (STATE_FILE, METRICS_FILE, "model.pt")
 
 
-def refuse_reuse(cfg: RunConfig, run_dir: Path) -> None:
-    """A fresh run into a dir that holds a run already: refused, unless resume=true (start at
-    round 1 where nothing was checkpointed yet) or overwrite=true; then the old run's state and
-    model go first, so nothing of it can pass for this run's."""
+def refuse_reuse(cfg: RunConfig, run_dir: Path, may_resume: bool = True) -> None:
+    """A run into a dir that holds another run (or this one, not resumed): refused, unless
+    overwrite=true, or resume=true where nothing was checkpointed yet (start at round 1); then
+    the old run's state and model go first, so nothing of it can pass for this run's.
+    `may_resume` is False when the checkpoint comes from elsewhere (resume-from)."""
     held = [name for name in RUN_FILES if (run_dir / name).exists()]
     if not held:
         return
-    if not (cfg.output.resume or cfg.output.overwrite):
+    if not (cfg.output.overwrite or (may_resume and cfg.output.resume)):
         raise ValueError(f"{run_dir} holds a run already ({', '.join(held)}): set resume=true to "
                          "continue it, overwrite=true to replace it, or choose another run-name")
     for name in (STATE_FILE, "model.pt"):

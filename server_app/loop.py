@@ -96,8 +96,8 @@ def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
     that holds a run already is refused unless resume=true or overwrite=true."""
     run_dir = results_root(cfg) / cfg.output.run_name if cfg.output.run_name else None
     source = resume_source(cfg, run_dir)
-    if source is None and run_dir is not None:
-        refuse_reuse(cfg, run_dir)
+    if run_dir is not None and not (source is not None and continues_same_job(source, run_dir)):
+        refuse_reuse(cfg, run_dir, may_resume=source is None)
     checkpoint = load_checkpoint(cfg, source) if source is not None else None  # before config.json
     outputs = RunOutputs(cfg)
     if checkpoint is not None:

@@ -115,6 +115,11 @@ def test_resume_from_another_dir_is_a_new_job_for_the_clients(tiny_data, tmp_pat
     restore_or_start(fork, strategy)
     assert strategy.state.run_key != key and strategy.state.server_round == 1
     assert checkpoint.continues_same_job(source, tmp_path / "r")
+    # a continuation into a dir that holds another run is refused like a fresh run
+    _run(_cfg(tiny_data, tmp_path, num_server_rounds=1, run_name="other"))
+    with pytest.raises(ValueError, match="other holds a run already"):
+        _run(_cfg(tiny_data, tmp_path, num_server_rounds=1, resume_from=str(source),
+                  run_name="other", resume=True))
 
 
 def test_resuming_with_another_config_is_refused_and_leaves_the_dir_as_it_was(tiny_data,
