@@ -157,7 +157,8 @@ def key_table() -> str:
     """The README's key table: every key, who reads it, its default and what it means."""
     rows = ["| key | read by | default | meaning |", "|---|---|---|---|"]
     for key, decls in sorted(declared_keys().items()):
-        for cls, info in decls:
+        # by component, not registration order (which depends on what was imported first)
+        for cls, info in sorted(decls, key=lambda d: (d[0].kind, d[0].name)):
             who = f"{cls.kind.replace('_', '-')} `{cls.name}`"
             default = "preset" if info.default is None else _toml(info.default)
             rows.append(f"| `{key}` | {who} | {default} | {info.param.doc} |")

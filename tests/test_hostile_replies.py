@@ -26,6 +26,8 @@ BIG = 3.4e38  # finite at float32
 
 def _strategy(algorithm: str, **kw) -> AdaptiveStrategy:
     extra = {"muon_routing": "all-2d"} if algorithm.endswith("muon") else {}
+    if algorithm.endswith("+light"):  # FedPAC's compressed upload, expanded before combining
+        algorithm, extra = algorithm.removesuffix("+light"), {**extra, "light": True}
     base = dict(algorithm=algorithm, local_steps=2, lr=0.05, lr_schedule="constant",
                 num_server_rounds=3, **extra)
     strategy = AdaptiveStrategy(RunConfig.of(**{**base, **kw}))
@@ -195,8 +197,8 @@ def test_a_liars_sample_count_is_capped_at_max_weight_share() -> None:
 
 
 # --- robust aggregation protects every averaged record -------------------------------------------
-ROBUST_FAMILIES = ["fedavg", "fedact", "fedpac-soap", "fedpac-sophia", "fedmixp-muon", "scaffold",
-                   "mimelite", "hafedho", "fedadam", "feddyn", "fedlada"]
+ROBUST_FAMILIES = ["fedavg", "fedact", "fedpac-soap", "fedpac-soap+light", "fedpac-sophia",
+                   "fedmixp-muon", "scaffold", "mimelite", "hafedho", "fedadam", "feddyn", "fedlada"]
 
 
 def _poisoned(strategy: AdaptiveStrategy) -> dict:
