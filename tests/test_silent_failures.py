@@ -74,7 +74,7 @@ def test_mimelite_on_the_text_corpus_times_out_and_aborts_naming_the_timeout(tin
     corpus (121k windows) that is minutes per client, so the round-timeout cuts it and the run
     stops non-zero saying so (it used to end "successfully" untrained)."""
     cfg = _cfg(tiny_data, tmp_path, task="fortunes", algorithm="mimelite", data_dir="",
-               num_server_rounds=3, round_timeout=2.0)
+               num_server_rounds=2, round_timeout=1.0, max_skipped_rounds=2)
     started = time.monotonic()
     with pytest.raises(RunAborted, match=r"no reply within round-timeout from nodes \[1, 2\]"):
         run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
@@ -167,13 +167,13 @@ def test_the_engine_exits_3_when_every_round_times_out(tiny_data, tmp_path) -> N
     pairs = {"model": "mlp", "num-server-rounds": 4, "local-steps": 100000, "batch-size": 8,
              "round-timeout": 1.0, "data-dir": tiny_data["fashion-mnist"],
              "results-dir": str(tmp_path), "run-name": "slow", "num-threads": 1}
-    command = [sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2",
+    command = [sys.executable, "-m", "adaptfl.engine", "--num-nodes", "1",
                *(f"{k}={json.dumps(v)}" for k, v in pairs.items())]
     done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == EXIT_CODE, done.stderr[-2000:]
-    last = done.stderr.strip().splitlines()[-1]
+    last = done.stderr.strip().splitlines()[-1]  # the default max-skipped-rounds: 3
     assert last.startswith("run aborted after round 3: 3 consecutive rounds skipped"), last
-    assert "no reply within round-timeout from nodes [1, 2]" in last
+    assert "no reply within round-timeout from nodes [1]" in last
 
 
 def test_a_non_finite_final_model_ends_the_run_non_zero(tiny_data, tmp_path, monkeypatch) -> None:
