@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.algorithms.params import PRESET, Component, component, fields_of, param, registry
 from adaptfl.algorithms.stage import Stage
@@ -55,7 +56,7 @@ class Selection(Component):
     trust: str = param(PRESET, "trust modulation: none, act, mgup, cautious")
     v_sync: str = param(PRESET, "second-moment sync of the Adam family: none, full, block")
     server_opt: str = param(PRESET, "rule on the mean Δ: none, avgm, adam, yogi, adagrad, adamom")
-    aggregator: str = param(PRESET, "how replies are combined: mean")
+    aggregator: str = param(PRESET, "how replies are combined: mean, clip, median, trimmed-mean, krum")
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,17 @@ class Algorithm:
     def contract(self, spec: ModelSpec) -> Contract:
         """The records of this algorithm's messages, with the shapes of this model."""
         stages = self.stages()
+        records = [r for s in stages for r in (*s.records_down(), *s.records_up())]
+        shapes = {r.name: r.shape(spec, self) for r in records}
+        domains = {r.name: r.domains(shapes[r.name], self) for r in records}
+        # Δ's domain is the server rule's: the 1/sqrt(v) rules and FedAdamom square it
+        domains[wire.DELTA] = dict.fromkeys(spec.entries, self.server_opt.delta_domain)
+        metrics = [m for s in stages for m in s.up_metrics]
         return Contract(
-            down={r.name: r.shape(spec, self) for s in stages for r in s.records_down()},
-            up={r.name: r.shape(spec, self) for s in stages for r in s.records_up()},
-            up_metrics=frozenset(m for s in stages for m in s.up_metrics))
+            down={r.name: shapes[r.name] for s in stages for r in s.records_down()},
+            up={r.name: shapes[r.name] for s in stages for r in s.records_up()},
+            up_metrics=frozenset(m.name for m in metrics), domains=domains,
+            metric_domains={m.name: m.domain for m in metrics})
 
     def describe(self) -> str:
         parts = [c.describe() for c in self.components()

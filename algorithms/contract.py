@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from adaptfl.algorithms import wire
+from adaptfl.algorithms.domain import FINITE, Domain
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.algorithm import Algorithm
@@ -70,12 +71,34 @@ def scalar_shape(name: str) -> Shape:
     return lambda spec, algorithm: {name: ((1,), torch.float32)}
 
 
+# The domain of one array of a record, by its name (Θ mixes slots: Sophia's h ≥ 0, SOAP's PSD
+# statistics, Muon's momentum of any sign)
+DomainOf = Callable[["Algorithm", str], Domain]
+
+
 @dataclass(frozen=True)
 class Record:
-    """One ArrayRecord on the wire."""
+    """One ArrayRecord on the wire, with the values its arrays may hold (algorithms/domain.py):
+    checked on every reply that carries it and on the server state that is sent as it."""
 
     name: str
     shape: Shape = params_shape
+    doc: str = ""
+    domain: Domain | DomainOf = FINITE
+
+    def domains(self, arrays: ArraySpec, algorithm: Algorithm) -> dict[str, Domain]:
+        if isinstance(self.domain, Domain):
+            return dict.fromkeys(arrays, self.domain)
+        return {name: self.domain(algorithm, name) for name in arrays}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A reply metric a component requires, with its domain (checked at float32, the precision
+    the server state keeps it in: f̂ = 1e300 is a finite Python float and an infinite f̂^t)."""
+
+    name: str
+    domain: Domain = FINITE
     doc: str = ""
 
 
@@ -86,6 +109,12 @@ class Contract:
     down: dict[str, ArraySpec]  # extra records the server may send (besides the model)
     up: dict[str, ArraySpec]  # records every reply must carry (besides Δ)
     up_metrics: frozenset[str] = field(default_factory=frozenset)  # required reply metrics
+    # record -> array -> domain, for every record above and Δ (the server optimizer's)
+    domains: dict[str, dict[str, Domain]] = field(default_factory=dict)
+    metric_domains: dict[str, Domain] = field(default_factory=dict)
 
     def reply_spec(self, spec: ModelSpec) -> dict[str, ArraySpec]:
         return {wire.DELTA: dict(spec.entries), **self.up}
+
+    def reply_domains(self) -> dict[str, dict[str, Domain]]:
+        return {name: self.domains[name] for name in (wire.DELTA, *self.up) if name in self.domains}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from adaptfl.algorithms.params import Component, component, param
 
 PARTITIONINGS = ("dirichlet", "iid", "pathological", "natural-id")
+MIN_ROUND_TIMEOUT = 1.0  # s; below it every round of a real deployment times out (3 s polls)
 
 
 @component("settings", "federation")
@@ -24,11 +25,26 @@ class Federation(Component):
                              within=(1, None))
     weighting: str = param("examples", "weights of the means over replies: examples (sample count) "
                            "or uniform", choices=("examples", "uniform"))
-    round_timeout: float = param(0.0, "seconds to wait for replies; 0: no limit", within=(0.0, None))
+    round_timeout: float = param(600.0, "seconds to wait for a round's replies (later ones are "
+                                 "dropped); 0: no limit (a silent node stalls the run)",
+                                 within=(0.0, None))
+    node_wait: float = param(300.0, "seconds to wait for enough connected nodes before a round "
+                             "(min-replies after fraction-train); then the run aborts",
+                             within=(1.0, None))
     max_reply_mb: float = param(1024.0, "replies larger than this are dropped", within=(0.0, None),
                                 open_low=True)
+    max_weight_share: float = param(1.0, "largest share of one reply in a weighted mean (1: no "
+                                    "cap); claims of num-examples above it are capped",
+                                    within=(0.0, 1.0), open_low=True)
+    max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
+                                    "skipped or refused rounds", within=(1, None))
     seed: int = param(42, "seed of the model, the partitions, the client sampling and the batches",
                       within=(0, None))
+
+    def check(self) -> None:
+        if 0.0 < self.round_timeout < MIN_ROUND_TIMEOUT:
+            raise ValueError(f"invalid round-timeout={self.round_timeout!r}: no round answers within "
+                             f"{self.round_timeout:g} s; use >= {MIN_ROUND_TIMEOUT:g} s, or 0 (no limit)")
 
 
 @component("settings", "local")
@@ -76,6 +92,8 @@ class Output(Component):
     run_name: str = param("", "results sub-folder; empty: <algorithm>-<time>")
     resume: bool = param(False, "continue results-dir/run-name from its last complete round")
     resume_from: str = param("", "absolute path of an earlier run's results dir to continue from")
+    overwrite: bool = param(False, "replace results-dir/run-name when it holds a run already "
+                            "(else refused, unless resume=true)")
     client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
                                   "system's temp dir")
     tensorboard: bool = param(False, "also write TensorBoard event files to <results dir>/tensorboard "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from adaptfl.algorithms.contract import ModelSpec, Record
+from adaptfl.algorithms.contract import Metric, ModelSpec, Record
 from adaptfl.algorithms.params import Component
 
 if TYPE_CHECKING:
@@ -110,12 +110,19 @@ class Aggregation:
     mean_delta: Tensors
     model: Tensors  # the new model (after the server optimizer); a stage may adjust it (FedDyn)
     num_nodes: int  # connected nodes at sampling (SCAFFOLD, FedDyn scale by |S|/N)
-    mean: Callable[[Sequence[Mapping[str, torch.Tensor]]], Tensors]  # the aggregator's mean
+    # The aggregator's combine of one value per reply (the weighted mean by default; median,
+    # trimmed mean, Krum, clipping: strategies/aggregators/), named by the record it combines
+    # so robust rules keep per-record state and project onto the record's domain.
+    mean: Callable[[Sequence[Mapping[str, torch.Tensor]], str], Tensors]
     new_extras: dict[str, Tensors] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)  # extra per-round metrics
 
     def reply_arrays(self, record: str) -> list[Tensors]:
         return [r.arrays[record] for r in self.replies]
+
+    def combine(self, record: str) -> Tensors:
+        """The aggregator's combine of one reply record over the accepted replies."""
+        return self.mean(self.reply_arrays(record), record)
 
 
 class Stage(Component):
@@ -123,7 +130,7 @@ class Stage(Component):
 
     down: ClassVar[tuple[Record, ...]] = ()  # records the server sends and this stage consumes
     up: ClassVar[tuple[Record, ...]] = ()  # records every reply carries for it
-    up_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics it requires
+    up_metrics: ClassVar[tuple[Metric, ...]] = ()  # reply metrics it requires
 
     def records_down(self) -> tuple[Record, ...]:
         return self.down

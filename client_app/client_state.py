@@ -48,10 +48,35 @@ def default_state_dir() -> Path:
     return Path(tempfile.gettempdir()) / "adaptfl-client-state"
 
 
-def _shapes_match(tensors: Mapping[str, torch.Tensor], expect: Mapping[str, tuple[int, ...]] | None) -> bool:
-    if expect is None:
-        return True
-    return set(tensors) == set(expect) and all(tuple(tensors[k].shape) == tuple(s) for k, s in expect.items())
+def _why_unusable(tensors: object, expect: Mapping[str, tuple[int, ...]] | None) -> str | None:
+    """Why a loaded state cannot be used, or None: not a dict of tensors, other keys or shapes
+    than this model's, or non-finite values (which would make every reply of this client NaN)."""
+    if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        return "not a dict of tensors"
+    if expect is not None:
+        if set(tensors) != set(expect):
+            return f"keys {sorted(tensors)[:3]}…, expected {sorted(expect)[:3]}…"
+        wrong = [k for k, s in expect.items() if tuple(tensors[k].shape) != tuple(s)]
+        if wrong:
+            first = wrong[0]
+            return f"{first} has shape {tuple(tensors[first].shape)}, expected {tuple(expect[first])}"
+    if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors.values()):
+        return "non-finite values"
+    return None
+
+
+def make_private_dirs(folder: Path, levels: int) -> None:
+    """Create `folder` and its parents; the last `levels` folders (ours alone) are made or set
+    0700, and each must belong to this user: a folder someone else planted (the default root is
+    in the shared temp dir) could swap our state files for crafted ones."""
+    folder.parent.parent.mkdir(parents=True, exist_ok=True)
+    for path in [folder.parents[i] for i in range(levels - 2, -1, -1)] + [folder]:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = path.lstat()
+        if path.is_symlink() or info.st_uid != os.getuid():
+            raise ValueError(f"client state folder {path} is a link or belongs to another user; "
+                             "refusing to keep state there (set client-state-dir)")
+        os.chmod(path, 0o700)
 
 
 class ClientStateStore:
@@ -93,20 +118,27 @@ class ClientStateStore:
             return None, StateSource.NONE
         memory = {r: k for r, k in self._memory(name).items() if r < self.server_round}
         if memory:
-            tensors = dict(self.context.state.array_records[memory[max(memory)]].to_torch_state_dict())
-            if _shapes_match(tensors, expect):
+            try:
+                tensors = dict(self.context.state.array_records[memory[max(memory)]].to_torch_state_dict())
+            except Exception as err:  # noqa: BLE001 - an undecodable record is lost state
+                tensors, why = {}, f"undecodable ({err})"
+            else:
+                why = _why_unusable(tensors, expect)
+            if why is None:
                 return tensors, StateSource.MEMORY
+            log.warning("client state %s in memory unusable (%s): trying the disk", name, why)
         disk = {r: p for r, p in self._disk(name).items() if r < self.server_round}
         if disk:
             path = disk[max(disk)]
             try:
-                tensors = torch.load(path, weights_only=True)
+                loaded = torch.load(path, weights_only=True)
             except Exception as err:  # noqa: BLE001 - a truncated or foreign file is lost state
                 log.warning("client state %s unreadable (%s): starting without it", path, err)
                 return None, StateSource.NONE
-            if isinstance(tensors, dict) and _shapes_match(tensors, expect):
-                return tensors, StateSource.DISK
-            log.warning("client state %s does not fit this model: starting without it", path)
+            why = _why_unusable(loaded, expect)
+            if why is None:
+                return loaded, StateSource.DISK
+            log.warning("client state %s unusable (%s): starting without it", path, why)
         return None, StateSource.NONE
 
     def save(self, name: str, tensors: Tensors) -> None:
@@ -114,8 +146,7 @@ class ClientStateStore:
         self.context.state[f"adaptfl-{name}.r{self.server_round}"] = ArrayRecord(cpu)
         for old in sorted(self._memory(name))[:-KEEP]:
             del self.context.state[self._memory(name)[old]]
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.dir, 0o700)
+        make_private_dirs(self.dir, levels=2)  # run-<key>/<client>: this user's only
         path = self.dir / f"{name}.r{self.server_round}.pt"
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

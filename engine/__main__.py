@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import tomllib
 from pathlib import Path
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
+from adaptfl.server_app.abort import EXIT_CODE as ABORT_EXIT_CODE
+from adaptfl.server_app.abort import RunAborted
 from tqdm import tqdm
 
 
@@ -49,6 +52,10 @@ def main() -> None:
         out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round)
     except ValueError as err:  # refused before round 1 (task, model, a client's check): one line
         raise SystemExit(f"error: {err}") from None
+    except RunAborted as err:  # too many skipped rounds, a non-finite model: one line, exit 3
+        bar.close()
+        print(err, file=sys.stderr)
+        raise SystemExit(ABORT_EXIT_CODE) from None
     finally:
         bar.close()
     print(f"results: {out}")

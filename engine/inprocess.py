@@ -16,6 +16,7 @@ from typing import Any
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.engine.contain import ClientExited, ClientTimedOut, contained
 from adaptfl.server_app.loop import run_federated
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
@@ -28,7 +29,11 @@ _SERVER_NODE_ID = 0
 
 
 class InProcessGrid(Grid):
-    """Nodes 1..N with partition-id 0..N-1; each keeps its own `context.state`."""
+    """Nodes 1..N with partition-id 0..N-1; each keeps its own `context.state`. Each client
+    call is contained (engine/contain.py): a call past the round's timeout is interrupted and
+    its node recorded as missing; a `sys.exit` becomes that node's error reply."""
+
+    static_nodes = True  # the nodes exist before round 1: the loop checks settings against them
 
     def __init__(self, num_nodes: int, run_config: dict[str, Any],
                  handler: ClientHandler = train_or_refuse, run_id: int = 1) -> None:
@@ -61,6 +66,10 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 
+    def node_configs(self) -> list[dict[str, Any]]:
+        """Every node's node config (for the checks before round 1)."""
+        return [dict(c.node_config) for c in self.contexts.values()]
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         self._pending.extend(messages)
         return [str(i) for i in range(len(self._pending))]
@@ -71,24 +80,33 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        """Nodes run one after another here, but in parallel in Flower: a reply whose own
-        handling took longer than `timeout` is dropped, as Flower drops a late reply."""
+        """Nodes run one after another here, but in parallel in Flower: each node gets the whole
+        `timeout`; a node past it gets no reply, as Flower drops a late one."""
         replies = []
         for msg in messages:
             started = time.perf_counter()
-            reply = self._deliver(msg)
+            try:
+                reply = self._deliver(msg, timeout)
+            except ClientTimedOut:
+                log.warning("node %d interrupted after %.1f s > timeout %.1f s: no reply",
+                            msg.metadata.dst_node_id, time.perf_counter() - started, timeout)
+                continue
             took = time.perf_counter() - started
-            if timeout is not None and took > timeout:
+            if timeout is not None and took > timeout:  # not interruptible here (not the main thread)
                 log.warning("node %d replied after %.1f s > timeout %.1f s: dropped",
                             msg.metadata.dst_node_id, took, timeout)
                 continue
             replies.append(reply)
         return replies
 
-    def _deliver(self, msg: Message) -> Message:
+    def _deliver(self, msg: Message, timeout: float | None = None) -> Message:
         node = msg.metadata.dst_node_id
         try:
-            return self.handler(msg, self.contexts[node])
+            return contained(lambda: self.handler(msg, self.contexts[node]), timeout)
+        except ClientExited as exited:  # Flower reports a ClientApp process that exits so, too
+            log.warning("client on node %d exited: %s", node, exited)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exited)),
+                           reply_to=msg)
         except Exception as err:  # noqa: BLE001 - Flower turns a raising ClientApp into this
             log.warning("client on node %d raised: %s", node, err)
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,

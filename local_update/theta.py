@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import torch
+from adaptfl.algorithms.domain import FINITE, NONNEG, Domain
 from adaptfl.local_update.rules import Preconditioner
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -53,6 +54,14 @@ def light_spec(full: Spec, c: float) -> Spec:
             out[f"{key}.vecs"] = ((shape[0], r), dtype)
             out[f"{key}.vals"] = ((r,), dtype)
     return out
+
+
+def light_domain(rule: Preconditioner, key: str) -> Domain:
+    """Domain of one compressed entry: a mean or eigenvalues of a ≥ 0 / PSD slot are ≥ 0; the
+    factors (.us, .v, .vecs) may hold any finite value."""
+    base, _, part = key.rpartition(".")
+    full = rule.theta_domain(base.rsplit("/", 1)[1])
+    return NONNEG if part in ("mean", "vals") and (full.nonneg or full.psd) else FINITE
 
 
 def compress(theta: Mapping[str, torch.Tensor], c: float) -> Tensors:

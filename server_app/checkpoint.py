@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.server_app.durable import write_atomic
 from adaptfl.strategies.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ CONFIG_FILE = "config.json"
 # sampling on fraction-train, ...) would silently make a different run.
 MAY_CHANGE_ON_RESUME = frozenset({
     "resume", "resume-from", "results-dir", "run-name", "data-dir", "device", "num-threads",
-    "round-timeout", "min-replies", "max-reply-mb",
+    "round-timeout", "min-replies", "max-reply-mb", "node-wait", "max-skipped-rounds", "overwrite",
 })
 
 
@@ -41,8 +43,39 @@ class Checkpoint:
 
 
 def save_checkpoint(run_dir: Path, state: ServerState) -> None:
-    """Atomic (write then rename): a kill at any moment leaves the previous round's state."""
-    state.save(run_dir / STATE_FILE)
+    """Atomic (write, fsync, rename, fsync the folder): a kill or a power cut at any moment
+    leaves the previous round's state or this one."""
+    write_atomic(run_dir / STATE_FILE, state.to_bytes())
+
+
+def new_run_key() -> str:
+    return uuid.uuid4().hex
+
+
+def continues_same_job(source: Path | None, run_dir: Path) -> bool:
+    """Whether a resumed run writes where its checkpoint came from (resume=true, or resume-from
+    naming this very run's dir): only then does it keep the job's run key, and with it the
+    clients' durable state. A job started elsewhere from a copy of a checkpoint is a fork: its
+    clients start without state, so two continuations never share (and overwrite) one state."""
+    return source is not None and source.resolve() == run_dir.resolve()
+
+
+RUN_FILES = (STATE_FILE, METRICS_FILE, "model.pt")
+
+
+def refuse_reuse(cfg: RunConfig, run_dir: Path, may_resume: bool = True) -> None:
+    """A run into a dir that holds another run (or this one, not resumed): refused, unless
+    overwrite=true, or resume=true where nothing was checkpointed yet (start at round 1); then
+    the old run's state and model go first, so nothing of it can pass for this run's.
+    `may_resume` is False when the checkpoint comes from elsewhere (resume-from)."""
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if not held:
+        return
+    if not (cfg.output.overwrite or (may_resume and cfg.output.resume)):
+        raise ValueError(f"{run_dir} holds a run already ({', '.join(held)}): set resume=true to "
+                         "continue it, overwrite=true to replace it, or choose another run-name")
+    for name in (STATE_FILE, "model.pt"):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:

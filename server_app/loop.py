@@ -21,11 +21,20 @@ from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.train import run_local_steps
-from adaptfl.server_app.checkpoint import load_checkpoint, resume_source, save_checkpoint
+from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model
+from adaptfl.server_app.checkpoint import (
+    continues_same_job,
+    load_checkpoint,
+    new_run_key,
+    refuse_reuse,
+    resume_source,
+    save_checkpoint,
+)
 from adaptfl.server_app.evaluate import evaluate
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
-from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.server_app.run_checks import check_nodes, check_settings
+from adaptfl.strategies.base import AdaptiveStrategy, NotEnoughNodes
 from adaptfl.strategies.validation import ReplyRejected, decode_content
 from adaptfl.workloads import Task, build_task_model, load_task
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -45,6 +54,7 @@ def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
     if cfg.local.batch_size > len(task.train):
         log.warning("batch-size=%d exceeds the %d training examples of the whole task: every "
                     "client step will use its whole partition", cfg.local.batch_size, len(task.train))
+    check_settings(cfg, task)
     preflight(strategy, model, task)
     return strategy, model, task
 
@@ -65,7 +75,8 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
     try:
         decode_content(reply, contract.reply_spec(strategy.spec),
                        max_bytes=int(strategy.cfg.federation.max_reply_mb * 2**20),
-                       required_metrics=contract.up_metrics)
+                       required_metrics=contract.up_metrics, domains=contract.reply_domains(),
+                       metric_domains=contract.metric_domains)
     except ReplyRejected as why:
         raise ValueError(f"{cfg_name(strategy)}: a client's reply would be refused ({why})") from None
 
@@ -86,14 +97,19 @@ def unanswered_nodes(messages: list[Message], replies: list[Message]) -> list[in
 
 
 def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
-    """Open the results dir; with resume, put the last checkpoint's state and rows back."""
+    """Open the results dir; with resume, put the last checkpoint's state and rows back. A dir
+    that holds a run already is refused unless resume=true or overwrite=true."""
     run_dir = results_root(cfg) / cfg.output.run_name if cfg.output.run_name else None
     source = resume_source(cfg, run_dir)
+    if run_dir is not None and not (source is not None and continues_same_job(source, run_dir)):
+        refuse_reuse(cfg, run_dir, may_resume=source is None)
     checkpoint = load_checkpoint(cfg, source) if source is not None else None  # before config.json
     outputs = RunOutputs(cfg)
     if checkpoint is not None:
         strategy.state = checkpoint.state
-        outputs.restore(checkpoint.rows)
+        if not continues_same_job(source, outputs.dir):  # a fork: its clients' state is its own
+            strategy.state.run_key = new_run_key()
+    outputs.restore(checkpoint.rows if checkpoint is not None else [])  # only these rounds' rows
     return outputs
 
 
@@ -105,10 +121,13 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     The initial model's evaluation is round 0. `on_round(row)` is called after each round.
     """
     strategy, model, task = build_run(cfg)
+    if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
+        check_nodes(cfg, task, grid.node_configs())
     outputs = restore_or_start(cfg, strategy)
     strategy.summary()
     fed = cfg.federation
     timeout = fed.round_timeout or None
+    guard = SkipGuard(fed.max_skipped_rounds)
     assert strategy.state is not None
     if not outputs.rows:  # a fresh run: where training starts from
         accuracy, loss = evaluate(model, task)
@@ -118,8 +137,11 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     progress = Progress(fed.num_server_rounds, strategy.state.server_round + 1, on_round)
     for server_round in range(strategy.state.server_round + 1, fed.num_server_rounds + 1):
         started = time.perf_counter()
-        messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
-                                                 ConfigRecord(), grid))
+        try:
+            messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
+                                                     ConfigRecord(), grid))
+        except NotEnoughNodes as err:
+            raise RunAborted(f"run aborted before round {server_round}: {err}") from None
         replies = list(grid.send_and_receive(messages, timeout=timeout))
         strategy.aggregate_train(server_round, replies)
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
@@ -134,8 +156,12 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
                **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
                "seconds": time.perf_counter() - started,
                "rejected": dict(report.rejected), "missing": [int(n) for n in missing]}
+        if report.skip_reason:
+            row["skip-reason"] = report.skip_reason
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
         progress.round_done(row)
+        guard.after_round(server_round, report.skipped, report.skip_reason, report.rejected, missing)
+    check_final_model(strategy.state.model)
     outputs.finish(strategy.state.model)
     return outputs.dir

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import time
@@ -14,6 +15,7 @@ from urllib.request import url2pathname
 
 import torch
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.server_app.durable import append_durable, write_atomic
 from adaptfl.server_app.plots import plot_run
 from adaptfl.server_app.tensorboard import open_writer, write_row
 
@@ -58,14 +60,24 @@ def results_root(cfg: RunConfig) -> Path:
     return project / "results" if project else Path.home() / ".adaptfl" / "results"
 
 
+def unused_name(root: Path, name: str) -> str:
+    """`name`, or `name-2`, `name-3`, … where two runs start in the same second."""
+    candidate, n = name, 1
+    while (root / candidate).exists():
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
+
+
 class RunOutputs:
     """One run's results directory."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        name = cfg.output.run_name or f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cfg.output.run_name or unused_name(results_root(cfg),
+                                                  f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.dir = results_root(cfg) / name
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(cfg.to_flower(), indent=2))
+        write_atomic(self.dir / "config.json", json.dumps(cfg.to_flower(), indent=2).encode())
         self.rows: list[dict[str, Any]] = []
         self.title = cfg.title()
         self.tensorboard = open_writer(self.dir) if cfg.output.tensorboard else None
@@ -81,8 +93,7 @@ class RunOutputs:
     def record(self, row: dict[str, Any]) -> None:
         """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
         self.rows.append(row)
-        with (self.dir / "metrics.jsonl").open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_durable(self.dir / "metrics.jsonl", json.dumps(row) + "\n")  # before the checkpoint
         columns = list(dict.fromkeys(k for r in self.rows for k in r
                                      if k not in ("rejected", "missing")))  # JSONL only
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
@@ -93,7 +104,9 @@ class RunOutputs:
             write_row(self.tensorboard, row)
 
     def finish(self, model_state: dict[str, torch.Tensor]) -> None:
-        torch.save(model_state, self.dir / "model.pt")
+        buffer = io.BytesIO()
+        torch.save(model_state, buffer)
+        write_atomic(self.dir / "model.pt", buffer.getvalue())  # never a half-written model
         self.plot()
 
     def plot(self) -> None:

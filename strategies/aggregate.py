@@ -47,3 +47,25 @@ def direction_consistency(deltas: Sequence[Tensors], mean: Tensors) -> float:
         dn = float(d.norm())
         cosines.append(float(d @ reference) / (dn * norm) if dn > 0 else 0.0)
     return sum(cosines) / len(cosines)
+
+
+def cap_shares(weights: Sequence[float], max_share: float) -> list[float]:
+    """Weights whose shares w_i / Σw are at most `max_share` (issue 13: one reply claiming
+    num-examples = 2**62 was the whole mean). Water-filling: the capped replies sit at the cap,
+    the others keep their proportions of the rest. If nobody exceeds the cap the weights are
+    returned unchanged (bit-identical means); if n·cap < 1 no shares can satisfy it and the
+    closest, equal shares, are used."""
+    n = len(weights)
+    total = float(sum(weights))
+    if max_share >= 1.0 or n == 0 or total <= 0.0 or max(weights) / total <= max_share:
+        return list(weights)
+    if max_share * n <= 1.0:
+        return [1.0] * n
+    capped: set[int] = set()
+    while True:
+        free = sum(w for i, w in enumerate(weights) if i not in capped)
+        left = 1.0 - max_share * len(capped)
+        over = {i for i, w in enumerate(weights) if i not in capped and w / free * left > max_share}
+        if not over:
+            return [max_share if i in capped else w / free * left for i, w in enumerate(weights)]
+        capped |= over

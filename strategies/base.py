@@ -8,10 +8,12 @@ adaptfl's resumable round loop (server_app/loop.py).
 A round: sample nodes (seeded, the RNG in the state), send each the model (`arrays`), the
 `recipe`, the `config` (Flower's train_config + "server-round") and the records the algorithm's
 components send; validate every reply against the algorithm's contract (records, shapes,
-dtypes, finite values, size, one reply per sampled node) and drop a bad one with its reason;
-then mean Δ -> server optimizer -> each component's aggregation -> the new `ServerState`, which
-replaces the old one only when everything succeeded. Extra numeric reply metrics are averaged
-and recorded.
+dtypes, values within each record's domain, size, one reply per sampled node, sent by that node,
+partition ids not shared) and drop a bad one with its reason; then the aggregator's combine of Δ
+(weights capped at max-weight-share) -> server optimizer -> each component's aggregation (through
+the same combine) -> the new `ServerState`, checked against its invariants (strategies/
+invariants.py) and only then replacing the old one; a round that fails is refused and the state
+kept. Extra numeric reply metrics are averaged and recorded.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.algorithms.recipe import to_recipe
+from adaptfl.algorithms.settings import Federation
 from adaptfl.algorithms.stage import Aggregation
-from adaptfl.strategies.aggregate import direction_consistency, num_bytes
+from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
+from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
+from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.state import ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply, ReplyRejected, decode_reply
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -46,6 +51,7 @@ class RoundReport:
     accepted: int = 0
     rejected: dict[str, str] = field(default_factory=dict)  # node id (or "unknown") -> reason
     skipped: bool = False
+    skip_reason: str = ""  # why the state was kept: too few replies, or the round refused
     bytes_down: int = 0
     bytes_up: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
@@ -60,6 +66,50 @@ def _summation_order(replies: Mapping[int, DecodedReply]) -> Any:
     if all(isinstance(p, int) and p >= 0 for p in pids) and len(set(pids)) == len(pids):
         return lambda item: item[1].metrics[wire.PARTITION_ID]
     return lambda item: item[0]
+
+
+def _shared_partition_ids(accepted: Mapping[int, DecodedReply]) -> list[int]:
+    """Nodes whose reply claims a partition id another reply of the round claims too: neither
+    is trusted (the id orders the float sums; one node cannot answer for two partitions)."""
+    owners: dict[int, list[int]] = {}
+    for node, reply in accepted.items():
+        if wire.PARTITION_ID in reply.metrics:
+            owners.setdefault(int(reply.metrics[wire.PARTITION_ID]), []).append(node)
+    return sorted(n for nodes in owners.values() if len(nodes) > 1 for n in nodes)
+
+
+def sample_size(fed: Federation, num_nodes: int) -> int:
+    return max(1, round(fed.fraction_train * num_nodes))
+
+
+def nodes_needed(fed: Federation) -> int:
+    """The fewest connected nodes whose sample can reach min-replies."""
+    n = fed.min_replies
+    while sample_size(fed, n) < fed.min_replies:
+        n += 1
+    return n
+
+
+def wait_for_nodes(grid: Grid, fed: Federation) -> list[int]:
+    """The connected nodes, once there are enough for min-replies (after fraction-train);
+    raises NotEnoughNodes after node-wait seconds, naming what is missing."""
+    needed = nodes_needed(fed)
+    deadline = time.monotonic() + fed.node_wait
+    nodes = sorted(grid.get_node_ids())
+    while len(nodes) < needed:
+        if time.monotonic() >= deadline:
+            raise NotEnoughNodes(
+                f"{len(nodes)} nodes connected after node-wait={fed.node_wait:g} s; "
+                f"min-replies={fed.min_replies} with fraction-train={fed.fraction_train:g} needs "
+                f"{needed}: start more SuperNodes, or lower min-replies")
+        log.info("waiting for nodes: %d connected, %d needed", len(nodes), needed)
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        nodes = sorted(grid.get_node_ids())
+    return nodes
+
+
+class NotEnoughNodes(RuntimeError):
+    """Fewer nodes than min-replies needs stayed connected for node-wait seconds."""
 
 
 class AdaptiveStrategy(Strategy):
@@ -109,13 +159,9 @@ class AdaptiveStrategy(Strategy):
     def sample_nodes(self, grid: Grid) -> list[int]:
         assert self.state is not None
         fed = self.cfg.federation
-        nodes = sorted(grid.get_node_ids())
-        while len(nodes) < fed.min_replies:
-            log.info("waiting for nodes: %d connected, %d needed", len(nodes), fed.min_replies)
-            time.sleep(1.0)
-            nodes = sorted(grid.get_node_ids())
+        nodes = wait_for_nodes(grid, fed)
         self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
-        count = max(1, round(fed.fraction_train * len(nodes)))
+        count = sample_size(fed, len(nodes))
         gen = torch.Generator()
         gen.set_state(self.state.sampling_rng)
         order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
@@ -171,11 +217,24 @@ class AdaptiveStrategy(Strategy):
             return reply.metadata.src_node_id if reply.metadata.src_node_id in sampled else None
         return sent.get(reply.metadata.reply_to_message_id)
 
+    @staticmethod
+    def _check_identity(node: int, msg: Message) -> None:
+        """A reply (not an error, which the SuperLink may send for a vanished node) must come from
+        the node its instruction went to, as a train reply."""
+        meta = msg.metadata
+        if msg.has_error():
+            return
+        if meta.src_node_id != node:
+            raise ReplyRejected(f"reply to node {node}'s instruction sent by node {meta.src_node_id}")
+        if meta.message_type != MessageType.TRAIN:
+            raise ReplyRejected(f"message type {meta.message_type!r}, expected {MessageType.TRAIN!r}")
+
     # --- aggregation -------------------------------------------------------------------------------
     def _accept(self, replies: Iterable[Message]) -> list[tuple[int, DecodedReply]]:
         contract = self.contract()
         assert self.spec is not None
         expected = contract.reply_spec(self.spec)
+        domains = contract.reply_domains()
         max_bytes = int(self.cfg.federation.max_reply_mb * 2**20)
         by_node: dict[int | None, list[Message]] = {}
         for msg in replies:
@@ -188,14 +247,27 @@ class AdaptiveStrategy(Strategy):
                                         "instruction of this round")
                 if len(msgs) > 1:  # one sampled node, one reply: a second one is not trusted
                     raise ReplyRejected(f"{len(msgs)} replies from one node")
-                decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics)
+                self._check_identity(node, msgs[0])
+                decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics, domains,
+                                       contract.metric_domains)
             except ReplyRejected as why:
-                self.report.rejected["unknown" if node is None else str(node)] = str(why)
-                log.warning("round reply from node %s dropped: %s", node, why)
+                self._reject("unknown" if node is None else str(node), str(why))
                 continue
             self.report.bytes_up += decoded.num_bytes
             accepted[node] = decoded
+        for node in _shared_partition_ids(accepted):
+            pid = accepted.pop(node).metrics[wire.PARTITION_ID]
+            self._reject(str(node), f"{wire.PARTITION_ID}={pid} is claimed by another node too")
         return sorted(accepted.items(), key=_summation_order(accepted))
+
+    def _reject(self, node: str, why: str) -> None:
+        self.report.rejected[node] = why
+        log.warning("round reply from node %s dropped: %s", node, why)
+
+    def _skip(self, server_round: int, why: str) -> tuple[None, MetricRecord]:
+        self.report.skipped, self.report.skip_reason = True, why
+        log.warning("round %d skipped, state unchanged: %s", server_round, why)
+        return None, MetricRecord(self._metrics({}))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -204,31 +276,36 @@ class AdaptiveStrategy(Strategy):
         self.report.accepted = len(accepted)
         fed, algorithm = self.cfg.federation, self.cfg.algorithm
         if len(accepted) < fed.min_replies:
-            self.report.skipped = True
-            log.warning("round %d skipped: %d accepted replies < min-replies=%d; state unchanged",
-                        server_round, len(accepted), fed.min_replies)
-            return None, MetricRecord(self._metrics({}))
-        weights = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
+            return self._skip(server_round, f"{len(accepted)} accepted replies < "
+                              f"min-replies={fed.min_replies}")
+        claimed = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
                    for r in accepted]
-
-        def mean(items: Any) -> Tensors:
-            return algorithm.aggregator.combine(items, weights)
-
+        weights = cap_shares(claimed, fed.max_weight_share)
+        contract = self.contract()
+        memory = memory_of(self.state.extras)
+        combine = Combine(algorithm.aggregator, weights, contract.domains, memory,
+                          new_memory={k: dict(v) for k, v in memory.items()})
         deltas = [r.arrays[wire.DELTA] for r in accepted]
-        mean_delta = mean(deltas)
-        model, moments = algorithm.server_opt.step(self.state.model, mean_delta, self.state.extras,
-                                                   server_round)
-        agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
-                          self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
-                          model, self.num_nodes, mean)
-        for stage in algorithm.stages():
-            stage.aggregate(agg)
-        new = self.state.clone()
-        new.server_round, new.model = server_round, agg.model
-        new.extras.update({**moments, **agg.new_extras})
+        try:
+            mean_delta = combine(deltas, wire.DELTA)
+            model, moments = algorithm.server_opt.step(self.state.model, mean_delta,
+                                                       self.state.extras, server_round)
+            agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
+                              self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
+                              model, self.num_nodes, combine)
+            for stage in algorithm.stages():
+                stage.aggregate(agg)
+            new = self.state.clone()
+            new.server_round, new.model = server_round, agg.model
+            new.extras.update({**moments, **agg.new_extras, **combine.slots()})
+            check_state(new, contract, algorithm)
+        except (AggregationRefused, InvariantViolated) as why:
+            return self._skip(server_round, f"round refused: {why}")
         self.state = new  # the only assignment: a failure above leaves the state untouched
         stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
-                 **self._client_metrics(accepted, weights), **agg.stats}
+                 **self._client_metrics(accepted, weights), **agg.stats, **combine.stats}
+        if weights != claimed:  # replies whose claimed share was above max-weight-share
+            stats["weights-capped"] = float(sum(c / sum(claimed) > fed.max_weight_share for c in claimed))
         return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
 
     @staticmethod

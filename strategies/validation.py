@@ -1,8 +1,10 @@
 """Validate a client's reply before anything of it reaches the server state.
 
 A reply passes only if it carries exactly the expected records, every array has the expected
-name, shape and dtype and finite values, the metrics are finite numbers with a positive example
-count (and the algorithm's required keys), and the whole reply is within the size bound.
+name, shape and dtype and finite values within its record's declared domain (v ≥ 0, Θ's SOAP
+statistics PSD, Δ squarable under the rules that square it: algorithms/domain.py), the metrics
+are finite numbers with a positive example count, a non-negative int partition id (and the
+algorithm's required keys, within their domains), and the whole reply is within the size bound.
 Otherwise the reason is returned and the caller drops the reply.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import ArraySpec
+from adaptfl.algorithms.domain import Domain
 from flwr.app import Message, RecordDict
 
 
@@ -29,7 +32,8 @@ class ReplyRejected(ValueError):
     """A reply that must not touch the server state; the message says why."""
 
 
-def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: ArraySpec) -> None:
+def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: ArraySpec,
+                  domains: Mapping[str, Domain] | None = None) -> None:
     missing = sorted(set(spec) - set(tensors))
     unknown = sorted(set(tensors) - set(spec))
     if missing:
@@ -45,10 +49,15 @@ def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: A
             raise ReplyRejected(f"{record_name}[{name}]: dtype {t.dtype}, expected {dtype}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ReplyRejected(f"{record_name}[{name}]: non-finite values (NaN or Inf)")
+        why = domains[name].why_outside(t) if domains and name in domains else None
+        if why:
+            raise ReplyRejected(f"{record_name}[{name}]: {why}")
 
 
-def _check_metrics(metrics: Mapping[str, object], required: frozenset[str]) -> dict[str, float | int]:
-    """Required keys present; every value a finite number (lists of numbers are kept apart)."""
+def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
+                   domains: Mapping[str, Domain] | None = None) -> dict[str, float | int]:
+    """Required keys present; every value a finite number (lists of numbers are kept apart);
+    the declared ones within their domain at float32; the partition id a non-negative int."""
     missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
     if missing:
         raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
@@ -61,20 +70,33 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str]) -> d
         out[key] = value
     if not (isinstance(out[wire.NUM_EXAMPLES], int) and out[wire.NUM_EXAMPLES] > 0):
         raise ReplyRejected(f"{wire.NUM_EXAMPLES}={out[wire.NUM_EXAMPLES]!r} must be a positive int")
+    pid = out.get(wire.PARTITION_ID)
+    if pid is not None and not (isinstance(pid, int) and pid >= 0):
+        raise ReplyRejected(f"{wire.PARTITION_ID}={pid!r} must be a non-negative int")
+    for key, domain in (domains or {}).items():
+        why = domain.why_outside(torch.tensor([float(out[key])], dtype=torch.float32)) \
+            if key in out else None
+        if why:
+            raise ReplyRejected(f"{wire.METRICS}[{key}]={out[key]!r}: {why} at float32")
     return out
 
 
 def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int,
-                 required_metrics: frozenset[str] = frozenset()) -> DecodedReply:
+                 required_metrics: frozenset[str] = frozenset(),
+                 domains: Mapping[str, Mapping[str, Domain]] | None = None,
+                 metric_domains: Mapping[str, Domain] | None = None) -> DecodedReply:
     """Decode and validate one reply; raises ReplyRejected with the reason."""
     if msg.has_error():
         raise ReplyRejected(f"client error {msg.error.code}: {msg.error.reason}")
-    return decode_content(msg.content, expected, max_bytes, required_metrics)
+    return decode_content(msg.content, expected, max_bytes, required_metrics, domains, metric_domains)
 
 
 def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_bytes: int,
-                   required_metrics: frozenset[str] = frozenset()) -> DecodedReply:
-    """Validate a reply's content (also used on the server's own preflight reply)."""
+                   required_metrics: frozenset[str] = frozenset(),
+                   domains: Mapping[str, Mapping[str, Domain]] | None = None,
+                   metric_domains: Mapping[str, Domain] | None = None) -> DecodedReply:
+    """Validate a reply's content (also used on the server's own preflight reply); `domains`
+    (record -> array -> Domain) and `metric_domains` are the contract's."""
     names = set(content.array_records)
     if names != set(expected):
         raise ReplyRejected(f"array records {sorted(names)}, expected {sorted(expected)}")
@@ -93,7 +115,8 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
             tensors = dict(content.array_records[record_name].to_torch_state_dict())
         except Exception as err:  # noqa: BLE001 - any undecodable payload is a bad reply
             raise ReplyRejected(f"{record_name}: cannot decode arrays ({err})") from err
-        _check_arrays(record_name, tensors, spec)
+        _check_arrays(record_name, tensors, spec, (domains or {}).get(record_name))
         arrays[record_name] = tensors
-    metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics)
+    metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics,
+                             metric_domains)
     return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)

@@ -37,7 +37,9 @@ def _strategy(algorithm: str, **kw) -> AdaptiveStrategy:
 def _theta(optimizer: str, fill: float) -> dict[str, torch.Tensor]:
     spec = full_theta(SPEC, _strategy(f"fedpac-{optimizer}").cfg.algorithm)
     gen = torch.Generator().manual_seed(int(fill))
-    return {k: fill + torch.rand(s, generator=gen) for k, (s, _) in spec.items()}
+    theta = {k: fill + torch.rand(s, generator=gen) for k, (s, _) in spec.items()}
+    # SOAP's statistics are symmetric PSD (validation refuses others): M·Mᵀ / d
+    return {k: t @ t.T / t.shape[0] if "/gg" in k else t for k, t in theta.items()}
 
 
 def _sent(strategy: AdaptiveStrategy, server_round: int = 1) -> dict[int, Message]:

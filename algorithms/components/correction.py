@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import Record
-from adaptfl.algorithms.params import component, param
+from adaptfl.algorithms.params import component, fields_of, param
 from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage
 
 UNIT = (0.0, 1.0)
@@ -33,6 +33,14 @@ class Correction(Stage):
     @property
     def weight(self) -> float:
         return 0.0
+
+    def check(self) -> None:
+        # u = Δ_G alone: Δ_G starts at 0 and is the mean of what the clients moved, so nothing
+        # (but weight decay) ever moves the model; issue 13 §5 saw it "complete" untrained
+        if self.weight >= 1.0:
+            key = next(f.key for f in fields_of(type(self)))
+            raise ValueError(f"invalid {key}={getattr(self, key.replace('-', '_'))!r}: the local "
+                             "direction gets weight 0, and Δ_G starts at 0, so the model never moves")
 
     def records_down(self) -> tuple[Record, ...]:
         return (Record(self.record, doc="the global direction of the previous round"),) \

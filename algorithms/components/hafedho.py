@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.scaffold import add_to_grads_
-from adaptfl.algorithms.contract import Record, scalar_shape
+from adaptfl.algorithms.contract import Metric, Record, scalar_shape
+from adaptfl.algorithms.domain import FINITE
 from adaptfl.algorithms.params import component, param
 from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
@@ -54,7 +55,7 @@ class HaFedHo(Stage):
     rectify: str = param("objective", "objective (the term in the loss) or gradient (μh on ∇)",
                          choices=("objective", "gradient"))
 
-    up_metrics = (wire.F_HAT,)
+    up_metrics = (Metric(wire.F_HAT, FINITE, "f̂_i, the mean local loss (finite at float32)"),)
 
     def records_down(self) -> tuple[Record, ...]:
         g = Record(wire.HAFEDHO_G, doc="g^{t-1}, mean of the clients' summed local gradients")
@@ -68,8 +69,11 @@ class HaFedHo(Stage):
     def aggregate(self, agg: Aggregation) -> None:
         lr = agg.info.lr
         agg.new_extras[wire.HAFEDHO_G] = {n: -agg.mean_delta[n] / lr for n in agg.spec.parameters}
-        f_hat = sum(w * float(r.metrics[wire.F_HAT]) for r, w in zip(agg.replies, agg.weights, strict=True))
-        agg.new_extras[wire.HAFEDHO_F_HAT] = {"f-hat": torch.tensor([f_hat / sum(agg.weights)])}
+        # through the aggregator like every averaged state: a robust rule bounds a liar's f̂_i too
+        f_hats = [{"f-hat": torch.tensor([float(r.metrics[wire.F_HAT])], dtype=torch.float64)}
+                  for r in agg.replies]
+        f_hat = agg.mean(f_hats, wire.HAFEDHO_F_HAT)["f-hat"]
+        agg.new_extras[wire.HAFEDHO_F_HAT] = {"f-hat": f_hat.to(torch.float32)}
 
 
 class _HaFedHo(ClientPart):

@@ -74,7 +74,7 @@ class MimeLite(Correction):
         return _Mime(ctx.records.get(MOMENTUM), full_gradient(ctx.model, ctx))
 
     def aggregate(self, agg: Aggregation) -> None:
-        grad = agg.mean(agg.reply_arrays(wire.GRAD_AT_X))
+        grad = agg.combine(wire.GRAD_AT_X)
         m = agg.extras.get(MOMENTUM) or {n: torch.zeros_like(g) for n, g in grad.items()}
         agg.new_extras[MOMENTUM] = {n: (1.0 - self.beta1) * grad[n] + self.beta1 * m[n] for n in grad}
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import Record
+from adaptfl.algorithms.domain import MOMENT
 from adaptfl.algorithms.params import component
 from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
@@ -27,17 +28,19 @@ class Moments(Stage):
     block: ClassVar[bool] = False
 
     def records_down(self) -> tuple[Record, ...]:
-        return (Record(wire.V_BAR, _shape(self.block), "server-averaged v̄"),) if self.synced else ()
+        return (Record(wire.V_BAR, _shape(self.block), "server-averaged v̄", MOMENT),) if self.synced else ()
 
     def records_up(self) -> tuple[Record, ...]:
-        return (Record(wire.V_LOCAL, _shape(self.block), "the client's terminal v"),) if self.synced else ()
+        # v ≥ 0: a negative v̄ poisons every client's sqrt(v̂) next round
+        return (Record(wire.V_LOCAL, _shape(self.block), "the client's terminal v", MOMENT),) \
+            if self.synced else ()
 
     def start(self, ctx: ClientRound) -> ClientPart:
         return _SyncV(ctx.records.get(wire.V_BAR), self.block) if self.synced else ClientPart()
 
     def aggregate(self, agg: Aggregation) -> None:
         if self.synced:
-            agg.new_extras[wire.V_BAR] = agg.mean(agg.reply_arrays(wire.V_LOCAL))
+            agg.new_extras[wire.V_BAR] = agg.combine(wire.V_LOCAL)
 
 
 class _SyncV(ClientPart):

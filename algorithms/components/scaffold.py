@@ -45,7 +45,7 @@ class Scaffold(Stage):
         return _Scaffold(ctx)
 
     def aggregate(self, agg: Aggregation) -> None:
-        mean_dc = agg.mean(agg.reply_arrays(wire.DELTA_C))
+        mean_dc = agg.combine(wire.DELTA_C)
         c = agg.extras.get(wire.SCAFFOLD_C) or {n: torch.zeros_like(t) for n, t in mean_dc.items()}
         share = len(agg.replies) / max(agg.num_nodes, len(agg.replies))  # |S| / N
         agg.new_extras[wire.SCAFFOLD_C] = {n: c[n] + share * mean_dc[n] for n in c}

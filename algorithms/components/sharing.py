@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import ArraySpec, ModelSpec, Record
+from adaptfl.algorithms.domain import Domain
 from adaptfl.algorithms.params import component, param
 from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, RoundInfo, Stage
-from adaptfl.local_update.theta import compress, drift, expand, light_spec, theta_spec
+from adaptfl.local_update.theta import compress, drift, expand, light_domain, light_spec, theta_spec
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.algorithm import Algorithm
@@ -45,16 +46,29 @@ def uploaded_theta(spec: ModelSpec, algorithm: Algorithm) -> ArraySpec:
     return light_spec(full, sharing.light_c) if getattr(sharing, "light", False) else full
 
 
+def theta_domain(algorithm: Algorithm, key: str) -> Domain:
+    """Θ's "<param>/<slot>" entries: the preconditioner says (Sophia h ≥ 0, SOAP PSD)."""
+    return algorithm.preconditioner.theta_domain(key.rsplit("/", 1)[1])
+
+
+def uploaded_domain(algorithm: Algorithm, key: str) -> Domain:
+    if getattr(algorithm.sharing, "light", False):
+        return light_domain(algorithm.preconditioner, key)
+    return theta_domain(algorithm, key)
+
+
 class Sharing(Stage):
     """Base: Θ stays on the client."""
 
     shares: ClassVar[bool] = False
 
     def records_down(self) -> tuple[Record, ...]:
-        return (Record(wire.THETA, full_theta, "the averaged Θ^r / reference P^r"),) if self.shares else ()
+        return (Record(wire.THETA, full_theta, "the averaged Θ^r / reference P^r", theta_domain),) \
+            if self.shares else ()
 
     def records_up(self) -> tuple[Record, ...]:
-        return (Record(wire.THETA_LOCAL, uploaded_theta, "the client's terminal Θ_i"),) if self.shares else ()
+        return (Record(wire.THETA_LOCAL, uploaded_theta, "the client's terminal Θ_i", uploaded_domain),) \
+            if self.shares else ()
 
     def round_lambda(self, info: RoundInfo) -> float:
         return 1.0
@@ -77,7 +91,7 @@ class _Shared(Sharing):
         thetas = agg.reply_arrays(wire.THETA_LOCAL)
         if self.light:
             thetas = [expand(t, full) for t in thetas]
-        mean = agg.mean(thetas)
+        mean = agg.mean(thetas, wire.THETA)  # full-shaped Θ_i: the domains of the Θ record
         agg.new_extras[wire.THETA] = mean
         agg.stats["preconditioner-drift"] = drift(thetas, mean)
         agg.stats["theta-compression"] = spec_bytes(uploaded_theta(agg.spec, algorithm)) / \

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
+from adaptfl.algorithms.domain import FINITE, Domain
 from adaptfl.algorithms.params import Component
 
 Shape = tuple[int, ...]
@@ -69,6 +70,10 @@ class Preconditioner(Component):
     def theta_shapes(self, name: str, shape: Shape) -> dict[str, Shape]:
         """{slot: shape} of what this parameter shares (empty: nothing)."""
         return {slot: tuple(shape) for slot in self.theta_slots}
+
+    def theta_domain(self, slot: str) -> Domain:
+        """Which values a shared slot may hold (checked on every Θ_i and on the averaged Θ)."""
+        return FINITE
 
     def theta_spec(self, params: Sequence[tuple[str, Shape]]) -> dict[str, Shape]:
         """{"<param>/<slot>": shape} of the whole model's shared state (the server's Θ spec)."""

@@ -25,6 +25,7 @@ from itertools import chain
 from typing import Any
 
 import torch
+from adaptfl.algorithms.domain import PSD, Domain
 from adaptfl.algorithms.params import component, param
 from adaptfl.local_update.rules import Direction, Preconditioner, Shape, Step
 
@@ -115,6 +116,9 @@ class SOAP(Preconditioner):
 
     def theta_shapes(self, name: str, shape: Shape) -> dict[str, Shape]:
         return {f"gg{i}": (shape[i], shape[i]) for i in self.modes(shape)}
+
+    def theta_domain(self, slot: str) -> Domain:
+        return PSD  # L, R = EMAs of G·Gᵀ: their eigenbasis is SOAP's rotation
 
     def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         n = g.ndim

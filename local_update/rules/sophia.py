@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from adaptfl.algorithms.domain import NONNEG, Domain
 from adaptfl.algorithms.params import component, param
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
@@ -60,6 +61,9 @@ class Sophia(Preconditioner):
     slots = ("exp_avg", "hessian")
     theta_slots = ("hessian",)
     shareable = True
+
+    def theta_domain(self, slot: str) -> Domain:
+        return NONNEG  # h is an EMA of ĝ²: a negative h turns clip(m / max(ρ·bs·h, ε)) to sign(m)
 
     def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         d = sophia_direction(g, st["exp_avg"], st["hessian"], self.sophia_beta1, self.sophia_rho,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from adaptfl.algorithms.params import component
 from adaptfl.strategies.aggregate import weighted_mean
-from adaptfl.strategies.aggregators import Aggregator, Tensors
+from adaptfl.strategies.aggregators import Aggregator, Combine, Items, Tensors
 
 
 @component("aggregator", "mean")
@@ -16,5 +15,5 @@ from adaptfl.strategies.aggregators import Aggregator, Tensors
 class Mean(Aggregator):
     """Σ_i w_i·t_i / Σ_i w_i."""
 
-    def combine(self, items: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> Tensors:
+    def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         return weighted_mean(items, weights)

@@ -13,8 +13,10 @@ Adding one: a new file with a `@component("server_opt", "<name>")` class that im
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
+from adaptfl.algorithms.domain import FINITE, Domain
 from adaptfl.algorithms.params import Component
 
 Tensors = dict[str, torch.Tensor]
@@ -26,7 +28,14 @@ def zeros_like(tensors: Mapping[str, torch.Tensor]) -> Tensors:
 
 
 class ServerOpt(Component):
-    """Base: subclasses declare `eta` (and their own keys) and implement `rule`."""
+    """Base: subclasses declare `eta` (and their own keys) and implement `rule`.
+
+    `delta_domain` is what each reply's Δ must satisfy for this rule (SQUARABLE where the rule
+    squares Δ: a finite Δ of 1e30 makes Δ² infinite); `moment_domains` what its moment slots
+    must hold after every round (the invariant check refuses a round that breaks them)."""
+
+    delta_domain: ClassVar[Domain] = FINITE
+    moment_domains: ClassVar[dict[str, Domain]] = {}
 
     def rule(self, x: Tensors, delta: Tensors, moments: dict[str, Tensors], server_round: int
              ) -> tuple[Tensors, dict[str, Tensors]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adaptfl.algorithms.domain import NONNEG, SQUARABLE
 from adaptfl.algorithms.params import component, param
 from adaptfl.strategies.server_opt import ServerOpt, Tensors, zeros_like
 
@@ -15,6 +16,8 @@ from adaptfl.strategies.server_opt import ServerOpt, Tensors, zeros_like
 @component("server_opt", "adagrad")
 @dataclass(frozen=True)
 class ServerAdagrad(ServerOpt):
+    delta_domain = SQUARABLE  # the rule squares Δ
+    moment_domains = {"v": NONNEG}
     eta: float = param(0.01, "server learning rate η", within=(0.0, None), open_low=True, sane=(0.0, 1e3))
     server_tau: float = param(1e-3, "adaptivity τ of Reddi et al. (Flower: tau)", within=(0.0, None),
                               open_low=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from adaptfl.algorithms.domain import NONNEG, SQUARABLE
 from adaptfl.algorithms.params import component, param
 from adaptfl.strategies.server_opt import ServerOpt, Tensors, zeros_like
 
@@ -28,6 +29,8 @@ def first_moment(delta: Tensors, moments: dict[str, Tensors], beta1: float) -> T
 @component("server_opt", "adam")
 @dataclass(frozen=True)
 class ServerAdam(ServerOpt):
+    delta_domain = SQUARABLE  # the rule squares Δ
+    moment_domains = {"v": NONNEG}
     # Reddi et al.'s typical best order for the 1/sqrt(v) rules (Flower's default is 0.1)
     eta: float = param(0.01, "server learning rate η", within=(0.0, None), open_low=True, sane=(0.0, 1e3))
     server_beta1: float = param(0.9, "FedAdam / FedYogi β1 (Flower: beta_1)", within=UNIT, open_high=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from adaptfl.algorithms.domain import NONNEG, SQUARABLE
 from adaptfl.algorithms.params import component, param
 from adaptfl.strategies.server_opt import ServerOpt, Tensors, zeros_like
 
@@ -22,6 +23,8 @@ from adaptfl.strategies.server_opt import ServerOpt, Tensors, zeros_like
 @component("server_opt", "adamom")
 @dataclass(frozen=True)
 class Adamom(ServerOpt):
+    delta_domain = SQUARABLE  # the rule squares Δ
+    moment_domains = {"v": NONNEG}
     eta: float = param(1.0, "server learning rate η", within=(0.0, None), open_low=True, sane=(0.0, 1e3))
     b2: float = param(0.05, "FedAdamom: weight of the OLD v in v = b2·v + (1-b2)·Δ² (seed 004)",
                       within=(0.0, 1.0), open_high=True)

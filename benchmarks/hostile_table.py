@@ -1,0 +1,57 @@
+"""`python benchmarks/hostile_table.py`: README's "Robustness" table. One hostile client among
+five, tests/test_hostile_e2e.py's setup (8 rounds of 10 local steps, MLP, the first 600/200
+Fashion-MNIST images, seed 1), final test accuracy per algorithm family and aggregator.
+About 40 s on 2 idle cores."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adaptfl.client_app.app import train_or_refuse  # noqa: E402
+from adaptfl.workloads.idx import read_idx_file  # noqa: E402
+
+from tests.conftest import FASHION_MNIST_DIR, TINY_FASHION_MNIST, _write_idx  # noqa: E402
+from tests.test_hostile_e2e import FAMILIES, _accuracy, _config, flip, hostile, inflate  # noqa: E402
+
+COLUMNS = [("mean", flip), ("mean", inflate), ("median", flip), ("trimmed-mean", flip),
+           ("krum", flip), ("clip", inflate), ("clip", flip)]
+
+
+def tiny_fashion_mnist(root: pathlib.Path) -> str:
+    """The first images of Fashion-MNIST, as the tests' `tiny_data` fixture writes them."""
+    root.mkdir(parents=True, exist_ok=True)
+    for split, count in {"train": TINY_FASHION_MNIST[0], "t10k": TINY_FASHION_MNIST[1]}.items():
+        for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+            name = f"{split}-{kind}"
+            full = read_idx_file(pathlib.Path(FASHION_MNIST_DIR) / f"{name}.gz")
+            _write_idx(root / f"{name}.gz", full[:count])
+    return str(root)
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    logging.disable(logging.WARNING)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="hostile-table-"))
+    data = {"fashion-mnist": tiny_fashion_mnist(work / "fashion-mnist")}
+    print("| algorithm | clean | " + " | ".join(f"{a}, {f.__name__}" for a, f in COLUMNS) + " |")
+    print("|---|" + "---|" * (len(COLUMNS) + 1))
+    for algorithm in FAMILIES:
+        out = work / algorithm
+        cells = [_accuracy(_config(data, out, algorithm, rounds=8), train_or_refuse)]
+        for aggregator, attack in COLUMNS:
+            extra = {"min_replies": 5, "krum_select": 0} if aggregator == "krum" else {}
+            cfg = _config(data, out, algorithm, rounds=8, aggregator=aggregator, **extra)
+            cells.append(_accuracy(cfg, hostile(attack)))
+        print(f"| {algorithm} | " + " | ".join(f"{a:.3f}" if a else "aborted" for a in cells) + " |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""When a run must stop with a non-zero exit instead of "completing" with a model nobody trained.
+
+    max-skipped-rounds consecutive rounds skipped or refused   (every client failing, a hostile
+                                                                majority, a config no client runs)
+    fewer nodes than min-replies needs after node-wait seconds
+    a final model that is not finite
+
+The run's results dir keeps the metrics rows and the checkpoint of the last complete round, so
+`resume=true` can continue once the cause is fixed; no model.pt is written. The ServerApp raises
+`RunAborted`, so Flower marks the run failed (scripts/main_job.sh then exits 1); the in-process
+engine's CLI exits with `EXIT_CODE`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+EXIT_CODE = 3  # `python -m adaptfl.engine`: 2 is a config error, 3 an aborted run
+
+
+class RunAborted(RuntimeError):
+    """The run cannot produce a trustworthy model; the message says why, in one line."""
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _gist(reason: str) -> str:
+    """A client's error without its traceback: what precedes it and the exception's own line."""
+    head, sep, _ = reason.partition("Traceback (most recent call last)")
+    return head + reason.strip().splitlines()[-1] if sep else reason
+
+
+class SkipGuard:
+    """Counts consecutive skipped rounds; raises RunAborted at the limit, naming the last cause."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.streak = limit, 0
+
+    def after_round(self, server_round: int, skipped: bool, reason: str,
+                    rejected: Mapping[str, str], missing: list[int]) -> None:
+        self.streak = self.streak + 1 if skipped else 0
+        if self.streak < self.limit:
+            return
+        causes = [reason] if reason else []
+        causes += [f"node {node}: {_gist(why)}" for node, why in list(rejected.items())[:2]]
+        if missing:
+            causes.append(f"no reply within round-timeout from nodes {missing[:5]}")
+        raise RunAborted(f"run aborted after round {server_round}: {self.streak} consecutive rounds "
+                         f"skipped (max-skipped-rounds={self.limit}); last round: "
+                         f"{_clip('; '.join(causes)) or 'no replies'}")
+
+
+def check_final_model(model: Mapping[str, torch.Tensor]) -> None:
+    bad = [n for n, t in model.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise RunAborted(f"run aborted: the final model has non-finite values in {bad[:3]}")

@@ -1,0 +1,66 @@
+"""Settings that no single key's range can refuse, checked before round 1 (issue 13 §5: each of
+these used to "complete" with every round skipped and an untrained model).
+
+Anywhere (build_run):
+    classes-per-client above the labels the task has (pathological partitioning)
+    an aggregator that needs more replies than min-replies guarantees (Krum: 2f + 3)
+
+Where the nodes are known before round 1 (the in-process engine: its nodes run here, with
+partition ids 0..N-1), also what otherwise fails on every client:
+    min-replies (after fraction-train) above the nodes there are
+    a device this machine does not have, on more nodes than min-replies can spare
+    a partitioning of the N nodes that fails or leaves a client without data
+
+In a Flower deployment those last ones surface as the clients' one-line error replies, and the
+run aborts after max-skipped-rounds (server_app/abort.py) naming them. A client too slow for
+round-timeout (MimeLite's full-partition gradient on the fortunes corpus: ~7 min per client per
+round on a 2-core CPU) is not guessed at here: its rounds time out and the run aborts naming
+the timeout, instead of "completing" untrained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.client_app.device import select_device
+from adaptfl.strategies.base import nodes_needed, sample_size
+from adaptfl.workloads import Task, partition_indices
+
+
+def check_settings(cfg: RunConfig, task: Task) -> None:
+    data = cfg.data
+    if data.partitioning == "pathological":
+        distinct = len(torch.unique(task.train.labels))
+        if data.classes_per_client > distinct:
+            raise ValueError(f"invalid classes-per-client={data.classes_per_client}: task "
+                             f"{data.task!r} has {distinct} labels to partition by")
+    cfg.algorithm.aggregator.check_federation(cfg.federation.min_replies)
+
+
+def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, object]]) -> None:
+    """The checks that need the nodes (one line each, ValueError); a node config's `device`
+    overrides the run config's, as on the node itself."""
+    fed, data = cfg.federation, cfg.data
+    num_nodes, needed = len(node_configs), nodes_needed(fed)
+    if num_nodes < needed:
+        raise ValueError(f"min-replies={fed.min_replies} with fraction-train={fed.fraction_train:g} "
+                         f"needs {needed} nodes (a round samples {sample_size(fed, num_nodes)} of "
+                         f"{num_nodes}): lower min-replies or add nodes")
+    refusals = []
+    for node in node_configs:
+        try:
+            select_device(str(node.get(wire.NODE_DEVICE, cfg.runtime.device)))
+        except ValueError as err:
+            refusals.append(str(err))
+    if num_nodes - len(refusals) < needed:  # a node or two without it still lets rounds run
+        raise ValueError(f"{len(refusals)} of {num_nodes} nodes cannot run: {refusals[0]}")
+    sizes = [len(partition_indices(task.train.labels, num_nodes, pid, data.partitioning,
+                                   data.dirichlet_alpha, fed.seed, data.classes_per_client))
+             for pid in range(num_nodes)]
+    empty = [pid for pid, size in enumerate(sizes) if size == 0]
+    if empty:
+        raise ValueError(f"partitioning={data.partitioning!r} leaves partitions {empty[:5]} of "
+                         f"{num_nodes} without examples; use fewer nodes or another partitioning")

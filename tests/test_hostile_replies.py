@@ -1,0 +1,243 @@
+"""Well-formed but hostile replies (issue 13 §1), fed to the strategy by hand: every attack is
+dropped with its reply, capped, or refused with the round; the server state never leaves its
+domain; and with a robust aggregator one hostile reply among five changes no averaged record
+(Δ, v̄, Θ, control variates, MimeLite's m, HaFedHo's g and f̂, the server rules' moments)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.algorithms.domain import PSD
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.strategies import AdaptiveStrategy
+from adaptfl.strategies.invariants import check_state
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+F32 = torch.float32
+SPEC = ModelSpec({"w": ((2, 2), F32), "b": ((2,), F32)}, ("w", "b"))
+MODEL = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.5, -0.5])}
+GRID = InProcessGrid(5, {})  # nodes 1..5
+HOSTILE = 5
+BIG = 3.4e38  # finite at float32
+
+
+def _strategy(algorithm: str, **kw) -> AdaptiveStrategy:
+    extra = {"muon_routing": "all-2d"} if algorithm.endswith("muon") else {}
+    if algorithm.endswith("+light"):  # FedPAC's compressed upload, expanded before combining
+        algorithm, extra = algorithm.removesuffix("+light"), {**extra, "light": True}
+    base = dict(algorithm=algorithm, local_steps=2, lr=0.05, lr_schedule="constant",
+                num_server_rounds=3, **extra)
+    strategy = AdaptiveStrategy(RunConfig.of(**{**base, **kw}))
+    strategy.initialize(MODEL, SPEC)
+    return strategy
+
+
+def _honest(strategy: AdaptiveStrategy, node: int, same: bool = False) -> dict:
+    """Plausible records for every array the contract expects (in domain), varying by node."""
+    contract = strategy.contract()
+    scale = 1.0 if same else 1.0 + 0.1 * node
+    arrays = {}
+    for record, spec in contract.reply_spec(SPEC).items():
+        domains = contract.domains.get(record, {})
+        arrays[record] = {}
+        for name, (shape, dtype) in spec.items():
+            if domains.get(name) is PSD:
+                value = torch.eye(shape[0]) * scale
+            else:
+                value = torch.full(shape, 0.01 * scale)
+            arrays[record][name] = value.to(dtype)
+    metrics = {wire.NUM_EXAMPLES: 10, wire.PARTITION_ID: node - 1, wire.F_HAT: 1.0 * scale}
+    return {"arrays": arrays, "metrics": metrics}
+
+
+def _message(to: Message, reply: dict) -> Message:
+    content = RecordDict({name: ArrayRecord(t) for name, t in reply["arrays"].items()})
+    content[wire.METRICS] = MetricRecord(reply["metrics"])
+    return Message(content=content, reply_to=to)
+
+
+def _round(strategy: AdaptiveStrategy, replies: dict[int, dict]) -> dict[int, Message]:
+    sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
+        1, ArrayRecord(strategy.state.model), ConfigRecord(), GRID)}
+    strategy.aggregate_train(1, [_message(sent[node], r) for node, r in replies.items()])
+    return sent
+
+
+def _same_state(a: AdaptiveStrategy, b: AdaptiveStrategy) -> bool:
+    b.state.run_key = a.state.run_key  # random per job; everything else must agree
+    return a.state.to_bytes() == b.state.to_bytes()
+
+
+def _attack(kind: str):  # noqa: ANN202 - reply -> hostile reply
+    def apply(reply: dict) -> dict:
+        arrays, metrics = reply["arrays"], reply["metrics"]
+        if kind == "negative-v":
+            arrays[wire.V_LOCAL]["w"][0, 0] = -1.0
+        elif kind == "v-1e30":
+            arrays[wire.V_LOCAL]["w"][0, 0] = 1e30
+        elif kind == "delta-1e30":
+            arrays[wire.DELTA]["w"][0, 0] = 1e30
+        elif kind == "f-hat-1e300":
+            metrics[wire.F_HAT] = 1e300
+        elif kind == "theta-not-psd":
+            arrays[wire.THETA_LOCAL]["w/gg0"] = torch.tensor([[1.0, 2.0], [2.0, 1.0]])  # eigenvalue -1
+        elif kind == "theta-asymmetric":
+            arrays[wire.THETA_LOCAL]["w/gg0"] = torch.tensor([[1.0, 0.5], [0.0, 1.0]])
+        elif kind == "negative-h":
+            arrays[wire.THETA_LOCAL]["b/hessian"][1] = -0.5
+        elif kind == "pid-float":
+            metrics[wire.PARTITION_ID] = 4.0
+        elif kind == "pid-negative":
+            metrics[wire.PARTITION_ID] = -1
+        return reply
+    return apply
+
+
+DOMAIN_ATTACKS = [
+    ("fedact", "negative-v", "v[w]: negative"), ("fedadamw", "negative-v", "v[w]: negative"),
+    ("fedact", "v-1e30", "squared"), ("fedadam", "delta-1e30", "delta[w]: |value| 1e+30 overflows"),
+    ("fedyogi", "delta-1e30", "squared"), ("fedadagrad", "delta-1e30", "squared"),
+    ("fedadamom", "delta-1e30", "squared"), ("hafedho", "f-hat-1e300", "not finite|non-finite"),
+    ("fedpac-soap", "theta-not-psd", "positive semi-definite"),
+    ("fedmixp-soap", "theta-asymmetric", "not symmetric"),
+    ("fedpac-sophia", "negative-h", "b/hessian]: negative"),
+    ("fedavg", "pid-float", "partition-id=4.0 must be a non-negative int"),
+    ("scaffold", "pid-negative", "partition-id=-1 must be a non-negative int"),
+]
+
+
+@pytest.mark.parametrize("algorithm,kind,reason", DOMAIN_ATTACKS)
+def test_a_reply_outside_its_domain_is_dropped_alone(algorithm: str, kind: str, reason: str) -> None:
+    attacked, honest_only = _strategy(algorithm), _strategy(algorithm)
+    replies = {n: _honest(attacked, n) for n in range(1, 5)}
+    _round(attacked, {**replies, HOSTILE: _attack(kind)(_honest(attacked, HOSTILE))})
+    _round(honest_only, replies)
+    assert list(attacked.report.rejected) == [str(HOSTILE)]
+    assert any(part in attacked.report.rejected[str(HOSTILE)] for part in reason.split("|")), \
+        attacked.report.rejected
+    assert attacked.report.accepted == 4 and not attacked.report.skipped
+    assert _same_state(attacked, honest_only)  # the hostile reply contributed nothing
+
+
+def test_two_replies_claiming_one_partition_are_both_dropped() -> None:
+    strategy = _strategy("fedavg")
+    replies = {n: _honest(strategy, n) for n in range(1, 6)}
+    replies[HOSTILE]["metrics"][wire.PARTITION_ID] = 0  # node 1's partition
+    _round(strategy, replies)
+    assert sorted(strategy.report.rejected) == ["1", "5"]
+    assert "claimed by another node" in strategy.report.rejected["5"]
+
+
+def test_a_reply_must_come_from_the_node_its_instruction_went_to() -> None:
+    strategy = _strategy("fedavg")
+    sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
+        1, ArrayRecord(MODEL), ConfigRecord(), GRID)}
+    for node, msg in sent.items():  # as Flower's Grid stamps them on push
+        msg.metadata.__dict__["_message_id"] = f"instruction-{node}"
+    forged = _message(sent[2], _honest(strategy, 2))
+    forged.metadata.__dict__["_src_node_id"] = HOSTILE  # node 5 answers node 2's instruction
+    wrong_type = _message(sent[3], _honest(strategy, 3))
+    wrong_type.metadata.__dict__["_message_type"] = MessageType.EVALUATE
+    strategy.aggregate_train(1, [forged, wrong_type, _message(sent[1], _honest(strategy, 1))])
+    assert "reply to node 2's instruction sent by node 5" in strategy.report.rejected["2"]
+    assert "message type" in strategy.report.rejected["3"]
+    assert strategy.report.accepted == 1
+
+
+# --- finite values that overflow later: the invariant check keeps them out of the state ------------
+OVERFLOW_FAMILIES = ["fedavg", "fedact", "fedadamw", "fedpac-soap", "fedpac-sophia", "hafedho",
+                     "fedadam", "scaffold", "mimelite", "feddyn", "fedcm", "fedmixp-muon"]
+
+
+@pytest.mark.parametrize("algorithm", OVERFLOW_FAMILIES)
+def test_a_finite_delta_of_3e38_never_makes_the_state_non_finite(algorithm: str) -> None:
+    strategy = _strategy(algorithm)
+    replies = {n: _honest(strategy, n) for n in range(1, 5)}
+    hostile = _honest(strategy, HOSTILE)
+    hostile["arrays"][wire.DELTA]["w"][0, 0] = BIG
+    _round(strategy, {**replies, HOSTILE: hostile})
+    check_state(strategy.state, strategy.contract(), strategy.cfg.algorithm)  # in its domain
+    report = strategy.report
+    if report.skipped:  # refused as a round: nothing of it is kept
+        assert "round refused" in report.skip_reason
+        assert strategy.state.server_round == 0 and strategy.state.extras == {}
+        assert all(torch.equal(strategy.state.model[n], MODEL[n]) for n in MODEL)
+    else:  # dropped alone (a rule that squares Δ), or accepted with a finite mean
+        assert str(HOSTILE) in report.rejected or report.accepted == 5
+
+
+def test_the_round_refusal_names_the_overflowing_state_and_keeps_the_old_one() -> None:
+    strategy = _strategy("fedact")  # Δ_G = -mean Δ / (K·lr) = -10·mean Δ: 3.4e38 overflows
+    before = strategy.state.to_bytes()
+    replies = {n: _honest(strategy, n) for n in range(1, 5)}
+    replies[1]["arrays"][wire.DELTA]["w"][0, 0] = BIG
+    _round(strategy, replies)
+    assert strategy.report.skipped and "delta-g[w]: non-finite" in strategy.report.skip_reason
+    after = strategy.state
+    assert after.server_round == 0 and after.model["w"].tolist() == MODEL["w"].tolist()
+    assert len(before) > 0 and wire.DELTA_G not in after.extras
+
+
+def test_a_liars_sample_count_is_capped_at_max_weight_share() -> None:
+    liar = {"arrays": {wire.DELTA: {n: -t for n, t in MODEL.items()}},
+            "metrics": {wire.NUM_EXAMPLES: 2**62, wire.PARTITION_ID: 4}}
+    uncapped = _strategy("fedavg", lr="preset")
+    capped = _strategy("fedavg", lr="preset", max_weight_share=0.25)
+    for strategy in (uncapped, capped):
+        replies = {n: {"arrays": {wire.DELTA: {k: torch.zeros_like(t) for k, t in MODEL.items()}},
+                       "metrics": {wire.NUM_EXAMPLES: 10, wire.PARTITION_ID: n - 1}} for n in range(1, 5)}
+        _round(strategy, {**replies, HOSTILE: liar})
+    assert uncapped.state.model["w"].abs().max() < 1e-6  # the default: sample counts as claimed
+    # capped: x + 0.25·(-x) + 0.75·0
+    assert capped.state.model["w"].tolist() == [[0.75, 1.5], [2.25, 3.0]]
+    assert capped.report.metrics["weights-capped"] == 1.0
+
+
+# --- robust aggregation protects every averaged record -------------------------------------------
+ROBUST_FAMILIES = ["fedavg", "fedact", "fedpac-soap", "fedpac-soap+light", "fedpac-sophia",
+                   "fedmixp-muon", "scaffold", "mimelite", "hafedho", "fedadam", "feddyn", "fedlada"]
+
+
+def _poisoned(strategy: AdaptiveStrategy) -> dict:
+    """Every record inflated a million times, inside its domain (v and h stay ≥ 0, Θ PSD), and
+    f̂ = 1e30: what validation cannot refuse."""
+    reply = _honest(strategy, HOSTILE, same=True)
+    reply["arrays"] = {r: {n: t * 1e6 for n, t in arrays.items()} for r, arrays in reply["arrays"].items()}
+    reply["metrics"][wire.F_HAT] = 1e30
+    reply["metrics"][wire.NUM_EXAMPLES] = 10**9
+    return reply
+
+
+@pytest.mark.parametrize("aggregator", ["median", "trimmed-mean", "krum"])
+@pytest.mark.parametrize("algorithm", ROBUST_FAMILIES)
+def test_one_hostile_reply_among_five_changes_no_averaged_record(algorithm: str, aggregator: str) -> None:
+    attacked, clean, plain = (_strategy(algorithm, aggregator=aggregator, min_replies=5),
+                              _strategy(algorithm, aggregator=aggregator, min_replies=5),
+                              _strategy(algorithm))
+    honest = {n: _honest(attacked, n, same=True) for n in range(1, 6)}
+    _round(attacked, {**{n: honest[n] for n in range(1, 5)}, HOSTILE: _poisoned(attacked)})
+    _round(clean, honest)
+    _round(plain, {**{n: honest[n] for n in range(1, 5)}, HOSTILE: _poisoned(plain)})
+    assert attacked.report.accepted == 5 and not attacked.report.skipped
+    assert _same_state(attacked, clean), f"{aggregator} let the hostile reply move the state"
+    assert plain.report.skipped or not _same_state(plain, clean)  # the mean does not resist
+
+
+@pytest.mark.parametrize("algorithm", ["fedact", "scaffold", "fedpac-sophia"])
+def test_clipping_bounds_a_hostile_record_to_the_median_norm(algorithm: str) -> None:
+    clipped, clean = _strategy(algorithm, aggregator="clip"), _strategy(algorithm, aggregator="clip")
+    honest = {n: _honest(clipped, n, same=True) for n in range(1, 6)}
+    _round(clipped, {**{n: honest[n] for n in range(1, 5)}, HOSTILE: _poisoned(clipped)})
+    _round(clean, honest)
+    # every record of the hostile reply was scaled to the honest norm (the median), which here
+    # gives the honest value back: the state matches the clean round's to float rounding
+    a, b = clipped.state, clean.state
+    for name in a.model:
+        assert torch.allclose(a.model[name], b.model[name], rtol=1e-6, atol=0), name
+    for record in set(a.extras) - {"aggregator/clip-norm"}:
+        for name, t in a.extras[record].items():
+            assert torch.allclose(t, b.extras[record][name], rtol=1e-5, atol=1e-12), (record, name)
+    assert clipped.report.metrics["clipped-share"] == pytest.approx(0.2)
