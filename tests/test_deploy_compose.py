@@ -114,6 +114,7 @@ def _help_flags(*program: str) -> frozenset[str]:
     return frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", done.stdout + done.stderr))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="Flower CLIs not installed")
 def test_every_flag_exists_in_the_flower_1_42_clis() -> None:
     for tls in (None, TLS):

@@ -40,6 +40,7 @@ def test_fedact_run_writes_metrics_plot_and_model(tmp_path, tiny_data) -> None:
     assert json.loads((out / "config.json").read_text())["algorithm"] == "fedact"
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_a_raising_client_is_recorded_and_the_round_goes_on(tmp_path) -> None:
     def flaky(msg, context):

@@ -50,6 +50,7 @@ def test_bad_grids_are_refused_naming_the_problem(edit: tuple[str, str], message
         parse_grid(TINY_GRID.replace(*edit), known_algorithms={"fedavg"})
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_without_redoing_cells(tmp_path: Path) -> None:
     grid = parse_grid(TINY_GRID, known_algorithms={"fedavg"})
     calls: list[str] = []

@@ -201,6 +201,7 @@ def _accuracy(cfg: RunConfig, handler) -> float:  # noqa: ANN001
     return metric_rows(out)[-1]["test-accuracy"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", FAMILIES)
 def test_one_hostile_client_among_five_under_robust_aggregation(algorithm, tiny_data, tmp_path) -> None:
     clean = _accuracy(_config(tiny_data, tmp_path, algorithm, rounds=8), train_or_refuse)

@@ -69,6 +69,7 @@ def _kill_inside_round_3(command: list[str], run_dir: Path, state_dir: Path, nam
     return len(list(state_dir.glob(f"run-*/*/{name}.r3.pt")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(STATE_NAMES))
 def test_killed_inside_round_3_then_resumed_equals_uninterrupted(algorithm: str, tiny_data,
                                                                 tmp_path) -> None:

@@ -68,6 +68,7 @@ def test_the_silent_settings_are_refused_before_round_1(case: str, tiny_data, tm
     assert not (tmp_path / "out").exists()  # nothing written: refused before round 1
 
 
+@pytest.mark.slow
 def test_mimelite_on_the_text_corpus_times_out_and_aborts_naming_the_timeout(tiny_data,
                                                                            tmp_path) -> None:
     """MimeLite's ∇f_i(x) passes over the client's whole partition every round: on the fortunes
@@ -132,6 +133,7 @@ def _wedged(kind: str):  # noqa: ANN202 - a ClientApp handler
     return handler
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sleep", "spin"])
 def test_a_wedged_client_is_cut_at_round_timeout_and_recorded(kind: str, tiny_data, tmp_path) -> None:
     cfg = _cfg(tiny_data, tmp_path, round_timeout=1.0)
@@ -163,6 +165,7 @@ def test_on_a_flower_grid_a_setting_no_client_can_run_aborts_naming_the_clients_
     assert [r["round"] for r in rows] == [1, 2] and not (tmp_path / "out" / "t" / "model.pt").exists()
 
 
+@pytest.mark.slow
 def test_the_engine_exits_3_when_every_round_times_out(tiny_data, tmp_path) -> None:
     pairs = {"model": "mlp", "num-server-rounds": 4, "local-steps": 100000, "batch-size": 8,
              "round-timeout": 1.0, "data-dir": tiny_data["fashion-mnist"],

@@ -174,6 +174,7 @@ def test_llama_is_causal_and_rotary_is_relative() -> None:
     assert dot[0] == pytest.approx(dot[1], abs=1e-5)  # q·k depends on the offset (3) only
 
 
+@pytest.mark.slow
 def test_language_model_runs_through_client_and_server(tmp_path: Path) -> None:
     """The LM task goes through the same ClientApp and evaluation: per-token loss, one client
     per language (natural-id)."""
