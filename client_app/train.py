@@ -37,13 +37,14 @@ def _on_device(split: Split, indices: torch.Tensor, device: torch.device
 
 
 def run_local_steps(session: ClientSession, split: Split, loss_fn: Loss, indices: torch.Tensor,
-                    client_id: int, steps: int | None = None) -> None:
-    """The recipe's K local steps (or `steps`) on the rows `indices` of `split`."""
+                    client_id: int, steps: int | None = None, warn: bool = True) -> None:
+    """The recipe's K local steps (or `steps`) on the rows `indices` of `split` (`warn`: about
+    a batch larger than the rows; the server's preflight step on a few rows does not)."""
     info, model, device = session.info, session.model, session.device
     seed = round_seed(info.seed, info.server_round, client_id)
     torch.manual_seed(seed)  # dropout etc. in models that have it
     generator = torch.Generator().manual_seed(seed)
-    if info.batch_size > len(indices):
+    if warn and info.batch_size > len(indices):
         log.warning("batch-size=%d exceeds this client's %d examples: every step uses all of them",
                     info.batch_size, len(indices))
     batches = sample_batches(len(indices), info.batch_size, steps or info.local_steps, generator)

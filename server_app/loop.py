@@ -68,7 +68,7 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
                       full_batches=lambda: [task.test.batch(rows)], loss=task.loss)
     with torch.random.fork_rng():
         session = ClientSession(content, copy.deepcopy(model), data=data, store=MemoryStore())
-        run_local_steps(session, task.test, task.loss, rows, client_id=0, steps=1)
+        run_local_steps(session, task.test, task.loss, rows, client_id=0, steps=1, warn=False)
         reply = session.reply_content(len(rows))
     contract = strategy.contract()
     assert strategy.spec is not None
@@ -150,11 +150,13 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
             log.warning("round %d: no reply from nodes %s within round-timeout=%s s",
                         server_round, missing, fed.round_timeout or "none")
         model.load_state_dict(strategy.state.model)
+        evaluated = time.perf_counter()
         accuracy, loss = evaluate(model, task)
         report = strategy.report
         row = {"round": server_round, "test-accuracy": accuracy, "test-loss": loss,
                **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
                "seconds": time.perf_counter() - started,
+               "eval-seconds": time.perf_counter() - evaluated,
                "rejected": dict(report.rejected), "missing": [int(n) for n in missing]}
         if report.skip_reason:
             row["skip-reason"] = report.skip_reason
