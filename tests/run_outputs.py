@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from adaptfl.server_app.checkpoint import STATE_FILE
+from adaptfl.strategies.state import ServerState
 
 
 def metric_rows(run_dir: Path, initial: bool = False) -> list[dict]:
@@ -24,3 +30,34 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def completed_round(run_dir: Path) -> int:
+    """The last round the run's checkpoint holds (0 before the first)."""
+    try:
+        return ServerState.load(run_dir / STATE_FILE).server_round
+    except (FileNotFoundError, EOFError, RuntimeError):
+        return 0
+
+
+def kill_when(command: list[str], cwd: Path, ready: Callable[[], bool], what: str,
+              limit: float = 240) -> None:
+    """Start `command`, SIGKILL it as soon as `ready()` holds (polled); fail if it ends or hangs
+    before (`what` names the moment waited for)."""
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + limit
+        while not ready():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"server ended or hung before {what}: "
+                                     f"{proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if proc.stderr:
+            proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from adaptfl.strategies.state import ServerState
 
 from tests.conftest import needs_fashion_mnist
 from tests.flower_processes import PROJECT
-from tests.run_outputs import assert_same_model, final_model, metric_rows
+from tests.run_outputs import assert_same_model, completed_round, final_model, kill_when, metric_rows
 
 SETTINGS = {"model": "mlp", "num-server-rounds": 4, "local-steps": 20, "batch-size": 32,
             "num-threads": 1, "seed": 7}
@@ -31,33 +29,10 @@ def _engine_command(results: Path, run_name: str, resume: bool) -> list[str]:
     return [sys.executable, "-m", "adaptfl.engine", "--num-nodes", "3", *pairs]
 
 
-def _completed_round(run_dir: Path) -> int:
-    try:
-        return ServerState.load(run_dir / STATE_FILE).server_round
-    except (FileNotFoundError, EOFError, RuntimeError):
-        return 0
-
-
-def _kill_after_round(command: list[str], run_dir: Path, target: int, limit: float = 180) -> int:
+def _kill_after_round(command: list[str], run_dir: Path, target: int) -> int:
     """Start the server, SIGKILL it once round `target` is checkpointed; returns that round."""
-    proc = subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + limit
-        while _completed_round(run_dir) < target:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"server ended or hung before round {target}: "
-                                     f"{proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        if proc.stderr:
-            proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
-    return _completed_round(run_dir)
+    kill_when(command, PROJECT, lambda: completed_round(run_dir) >= target, f"round {target}", 180)
+    return completed_round(run_dir)
 
 
 @pytest.mark.slow

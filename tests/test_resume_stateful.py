@@ -6,20 +6,16 @@ it) and ends with the very model an uninterrupted run gives, bit for bit."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
-from adaptfl.server_app.checkpoint import STATE_FILE
-from adaptfl.strategies.state import ServerState
 
 from tests.flower_processes import PROJECT
-from tests.run_outputs import assert_same_model, final_model, metric_rows
+from tests.run_outputs import assert_same_model, completed_round, final_model, kill_when, metric_rows
 
 STATE_NAMES = {"scaffold": "scaffold", "hafedho": "hafedho", "feddyn": "feddyn", "moon": "moon"}
 NODES = 3
@@ -38,34 +34,12 @@ def _command(settings: dict, resume: bool) -> list[str]:
             f"resume={'true' if resume else 'false'}"]
 
 
-def _round(run_dir: Path) -> int:
-    try:
-        return ServerState.load(run_dir / STATE_FILE).server_round
-    except (FileNotFoundError, EOFError, RuntimeError):
-        return 0
-
-
 def _kill_inside_round_3(command: list[str], run_dir: Path, state_dir: Path, name: str) -> int:
     """SIGKILL the server as soon as one client has saved its round-3 state; returns how many
     clients had (1 or 2 of 3: inside the round)."""
-    proc = subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while not list(state_dir.glob(f"run-*/*/{name}.r3.pt")):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"server ended or hung before round 3: "
-                                     f"{proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        if proc.stderr:
-            proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
-    assert _round(run_dir) == 2, "the kill must land inside round 3"
+    kill_when(command, PROJECT, lambda: bool(list(state_dir.glob(f"run-*/*/{name}.r3.pt"))),
+              "round 3")
+    assert completed_round(run_dir) == 2, "the kill must land inside round 3"
     return len(list(state_dir.glob(f"run-*/*/{name}.r3.pt")))
 
 
