@@ -86,8 +86,8 @@ def _digits(y: torch.Tensor, prefix: torch.Tensor | None, low: int, tmp: torch.T
     if width == 16:  # 16-bit floats: one pass, the whole pattern read as an unsigned number
         return index.copy_(bits).bitwise_and_(_BINS - 1)
     if prefix is None:  # the top 16 bits, read as an unsigned number
-        top = torch.bitwise_right_shift(bits, width - 16, out=tmp)
-        return torch.bitwise_and(top, _BINS - 1, out=index)  # widened by the out: no copy pass
+        top = torch.bitwise_right_shift(bits, width - 16, out=tmp).bitwise_and_(_BINS - 1)
+        return top if top is index else index.copy_(top)
     sign = -(1 << (width - 1))
     flip = ((prefix * (1 << low)) ^ sign).reshape(()).to(bits.dtype)  # 0-dim: no promotion
 
@@ -97,10 +97,9 @@ def _digits(y: torch.Tensor, prefix: torch.Tensor | None, low: int, tmp: torch.T
 
     bound = ws.filled("topk.bound", y.numel(), y, bits.dtype, (bits.dtype, low), spare_bins)
     z = torch.bitwise_xor(bits, flip, out=tmp)
-    torch.minimum(z, bound.view(z.shape), out=z)
-    if low == 16:  # the last digit: xor straight into the int64 index (no copy pass)
-        return torch.bitwise_xor(z, sign, out=index)
-    z.bitwise_xor_(sign).bitwise_right_shift_(low - 16)
+    torch.minimum(z, bound.view(z.shape), out=z).bitwise_xor_(sign)
+    if low > 16:
+        z.bitwise_right_shift_(low - 16)
     return z if z is index else index.copy_(z)
 
 
