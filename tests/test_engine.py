@@ -101,4 +101,7 @@ def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, tiny_data, caplo
         run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "batch-size=1000000 exceeds the 600 training examples" in messages  # the server, first
-    assert "exceeds this client's" in messages  # and each client
+    # each of the 2 clients once; the server's one-step preflight on 4 rows stays quiet
+    assert messages.count("exceeds this client's") == 2, messages
+    row = metric_rows(tmp_path / "big")[0]
+    assert 0 < row["eval-seconds"] <= row["seconds"]  # the central evaluation's share of the round
