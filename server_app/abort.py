@@ -2,6 +2,8 @@
 
     max-skipped-rounds consecutive rounds skipped or refused   (every client failing, a hostile
                                                                 majority, a config no client runs)
+    a run whose every round was skipped                        (a short run never reaches the
+                                                                limit above: its model is untrained)
     fewer nodes than min-replies needs after node-wait seconds
     a final model that is not finite
 
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 
 import torch
 
-EXIT_CODE = 3  # `python -m adaptfl.engine`: 2 is a config error, 3 an aborted run
+EXIT_CODE = 3  # `python -m adaptfl.engine`: 1 is a config error, 3 an aborted run
 
 
 class RunAborted(RuntimeError):
@@ -36,23 +38,35 @@ def _gist(reason: str) -> str:
 
 
 class SkipGuard:
-    """Counts consecutive skipped rounds; raises RunAborted at the limit, naming the last cause."""
+    """Counts consecutive skipped rounds; raises RunAborted at the limit, or at the end of a run
+    that no round trained, naming the last cause. A resumed run starts from its rows, so a
+    streak (or a run that never trained) carries over the interruption."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.streak = limit, 0
+    def __init__(self, limit: int, rows: list[Mapping] = ()) -> None:
+        self.limit, self.streak, self.trained, self.last = limit, 0, False, "no replies"
+        for row in rows:
+            if row.get("round", 0) >= 1:
+                self.streak = self.streak + 1 if row.get("skipped") else 0
+                self.trained = self.trained or not row.get("skipped")
 
     def after_round(self, server_round: int, skipped: bool, reason: str,
                     rejected: Mapping[str, str], missing: list[int]) -> None:
         self.streak = self.streak + 1 if skipped else 0
-        if self.streak < self.limit:
-            return
-        causes = [reason] if reason else []
-        causes += [f"node {node}: {_gist(why)}" for node, why in list(rejected.items())[:2]]
-        if missing:
-            causes.append(f"no reply within round-timeout from nodes {missing[:5]}")
-        raise RunAborted(f"run aborted after round {server_round}: {self.streak} consecutive rounds "
-                         f"skipped (max-skipped-rounds={self.limit}); last round: "
-                         f"{_clip('; '.join(causes)) or 'no replies'}")
+        self.trained = self.trained or not skipped
+        if skipped:
+            causes = [reason] if reason else []
+            causes += [f"node {node}: {_gist(why)}" for node, why in list(rejected.items())[:2]]
+            if missing:
+                causes.append(f"no reply within round-timeout from nodes {missing[:5]}")
+            self.last = _clip("; ".join(causes)) or "no replies"
+        if self.streak >= self.limit:
+            raise RunAborted(f"run aborted after round {server_round}: {self.streak} consecutive "
+                             f"rounds skipped (max-skipped-rounds={self.limit}); last round: {self.last}")
+
+    def at_end(self, num_rounds: int) -> None:
+        if num_rounds and not self.trained:
+            raise RunAborted(f"run aborted: all {num_rounds} rounds were skipped, the model is the "
+                             f"initial one; last round: {self.last}")
 
 
 def check_final_model(model: Mapping[str, torch.Tensor]) -> None:

@@ -127,7 +127,7 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     strategy.summary()
     fed = cfg.federation
     timeout = fed.round_timeout or None
-    guard = SkipGuard(fed.max_skipped_rounds)
+    guard = SkipGuard(fed.max_skipped_rounds, outputs.rows)
     assert strategy.state is not None
     if not outputs.rows:  # a fresh run: where training starts from
         accuracy, loss = evaluate(model, task)
@@ -164,6 +164,7 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
         save_checkpoint(outputs.dir, strategy.state)
         progress.round_done(row)
         guard.after_round(server_round, report.skipped, report.skip_reason, report.rejected, missing)
+    guard.at_end(fed.num_server_rounds)
     check_final_model(strategy.state.model)
     outputs.finish(strategy.state.model)
     return outputs.dir

@@ -84,24 +84,30 @@ class RunOutputs:
         log.info("results of this run go to %s", self.dir)
 
     def restore(self, rows: list[dict[str, Any]]) -> None:
-        """Start from a checkpoint's rows: rewrite the files so they hold exactly those rounds."""
-        self.rows = []
-        (self.dir / "metrics.jsonl").write_text("")
-        for row in rows:
-            self.record(row)
+        """Start from a checkpoint's rows: replace the files so they hold exactly those rounds
+        (at once: a kill meanwhile leaves the old rows, which the next resume trims again)."""
+        write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        self.rows = list(rows)
+        self._write_csv()
+        if self.tensorboard is not None:
+            for row in rows:
+                write_row(self.tensorboard, row)
 
     def record(self, row: dict[str, Any]) -> None:
         """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
         self.rows.append(row)
         append_durable(self.dir / "metrics.jsonl", json.dumps(row) + "\n")  # before the checkpoint
+        self._write_csv()
+        if self.tensorboard is not None:
+            write_row(self.tensorboard, row)
+
+    def _write_csv(self) -> None:
         columns = list(dict.fromkeys(k for r in self.rows for k in r
                                      if k not in ("rejected", "missing")))  # JSONL only
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(self.rows)
-        if self.tensorboard is not None:
-            write_row(self.tensorboard, row)
 
     def finish(self, model_state: dict[str, torch.Tensor]) -> None:
         buffer = io.BytesIO()

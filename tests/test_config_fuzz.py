@@ -1,5 +1,6 @@
-"""Random run configs (seeded): each is refused before round 1, in one line, or completes a
-round in which every sampled client replies without an error. Validation runs once, before
+"""Random run configs (seeded): each is refused before round 1, in one line, or completes two
+rounds (so round 2 receives what round 1's aggregation sends down: Δ_G, v̄, Θ, c, …) in which
+every sampled client replies without an error. Validation runs once, before
 round 1, on the very objects the clients build (a preflight step of the client pipeline), so
 the two sides cannot disagree. A valid setting can still diverge (lr = 10 at its sane bound,
 with trust amplification): its non-finite replies are refused by the server, as they must be;
@@ -17,13 +18,14 @@ from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig, declared_keys
 from adaptfl.algorithms.params import PRESET, registry
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.loop import build_run, run_federated
 
 from tests.run_outputs import metric_rows
 
 DRAWS = 200
 # Where and how the run happens, not what it computes: fixed so each draw stays small.
-FIXED = {"num-server-rounds": 1, "model": "mlp", "task": "fashion-mnist", "max-precond-dim": 100}
+FIXED = {"num-server-rounds": 2, "model": "mlp", "task": "fashion-mnist", "max-precond-dim": 100}
 NOT_DRAWN = {"results-dir", "run-name", "resume", "resume-from", "client-state-dir", "data-dir",
              "device", "num-threads", "round-timeout", "min-replies", "task", "model", "algorithm",
              "num-server-rounds", "max-precond-dim", "partitioning",
@@ -82,10 +84,14 @@ def test_random_configs_are_refused_before_round_1_or_complete_a_round(tiny_data
             assert "\n" not in str(err), (values, err)
             outcomes["refused"] += 1
             continue
-        rows = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
-        row, drawn = rows[0], {k: v for k, v in values.items() if v != PRESET}
-        assert row["replies-sampled"] >= 1 and len(rows) == 1, (draw, drawn)
-        reasons = list(row["rejected"].values())
+        drawn = {k: v for k, v in values.items() if v != PRESET}
+        try:
+            run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+        except RunAborted as err:  # every round refused: only a diverging setting may do that
+            assert "non-finite" in str(err), (draw, drawn, str(err))
+        rows = metric_rows(tmp_path / f"d{draw}")
+        assert len(rows) == 2 and all(r["replies-sampled"] >= 1 for r in rows), (draw, drawn)
+        reasons = [why for row in rows for why in row["rejected"].values()]
         assert not [r for r in reasons if "non-finite values" not in r], (draw, drawn, reasons)
         outcomes["diverged" if reasons else "ran"] += 1
     assert outcomes["refused"] >= DRAWS // 5 and outcomes["ran"] >= DRAWS // 5, outcomes

@@ -9,7 +9,10 @@ import torch
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import handle_train
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.abort import RunAborted
+from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import build_run, run_federated, unanswered_nodes
+from adaptfl.strategies.state import ServerState
 from flwr.app import Message, RecordDict
 
 from tests.conftest import needs_fashion_mnist
@@ -57,11 +60,16 @@ def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path)
 def test_below_min_replies_every_round_is_skipped_and_the_model_unchanged(tmp_path) -> None:
     cfg = RunConfig.of(results_dir=str(tmp_path), min_replies=3, **SMALL)
     initial = build_run(cfg)[0].state.model
-    out = run_federated(InProcessGrid(4, cfg.to_flower(), handler=faulty), cfg)
+    # Fewer rounds than max-skipped-rounds, all skipped: the run still ends non-zero, since its
+    # model is the initial one, and writes no model.pt.
+    with pytest.raises(RunAborted, match="all 2 rounds were skipped.*accepted replies < min-replies=3"):
+        run_federated(InProcessGrid(4, cfg.to_flower(), handler=faulty), cfg)
+    out = tmp_path / "t"
     rows = metric_rows(out)
     assert [(r["round"], r["skipped"], r["replies-accepted"]) for r in rows] == [(1, True, 2),
                                                                                 (2, True, 2)]
-    final = final_model(out)
+    assert not (out / "model.pt").exists()
+    final = ServerState.load(out / STATE_FILE).model  # the checkpoint of the last round
     for name in initial:
         assert torch.equal(final[name], initial[name]), name
 

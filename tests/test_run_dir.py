@@ -12,7 +12,7 @@ import pytest
 import torch
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.server_app import checkpoint, durable, loop
+from adaptfl.server_app import checkpoint, durable, loop, outputs
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import build_run, restore_or_start, run_federated
 from adaptfl.server_app.outputs import RunOutputs
@@ -64,10 +64,34 @@ def test_a_crash_in_the_round_1_checkpoint_leaves_no_duplicate_row(tiny_data, tm
     with pytest.raises(KeyboardInterrupt):
         _run(cfg)
     out = tmp_path / "r"
-    assert [r["round"] for r in metric_rows(out)] == [1] and not (out / STATE_FILE).exists()
+    assert [r["round"] for r in metric_rows(out, initial=True)] == [0, 1]
+    assert not (out / STATE_FILE).exists()
     monkeypatch.undo()
     _run(cfg.replace(resume=True))  # nothing was checkpointed: starts at round 1 again
-    assert [r["round"] for r in metric_rows(out)] == [1, 2]
+    assert [r["round"] for r in metric_rows(out, initial=True)] == [0, 1, 2]
+
+
+def test_a_kill_while_resume_rewrites_the_rows_loses_none(tiny_data, tmp_path, monkeypatch) -> None:
+    """Resume trims metrics.jsonl to the checkpoint's rounds; a kill meanwhile must leave the old
+    rows (the next resume trims them again), not an emptied file."""
+    cfg = _cfg(tiny_data, tmp_path)
+    out = _run(cfg)
+    before = (out / "metrics.jsonl").read_text()
+    with (out / "metrics.jsonl").open("a") as fh:  # a row newer than the checkpoint
+        fh.write(before.splitlines()[-1].replace('"round": 2', '"round": 3') + "\n")
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt("killed while rewriting the rows")
+
+    opened = RunOutputs(cfg.replace(resume=True))
+    monkeypatch.setattr(outputs, "write_atomic", killed)
+    monkeypatch.setattr(outputs, "append_durable", killed)
+    with pytest.raises(KeyboardInterrupt):
+        opened.restore(metric_rows(out, initial=True)[:3])  # rounds 0-2, as resume does
+    assert (out / "metrics.jsonl").read_text().startswith(before)  # every row still there
+    monkeypatch.undo()
+    _run(cfg.replace(resume=True))  # trims round 3, adds nothing (round 2 was the last)
+    assert (out / "metrics.jsonl").read_text() == before
 
 
 def test_model_and_checkpoint_are_replaced_atomically_and_fsynced(tiny_data, tmp_path,

@@ -17,7 +17,7 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.settings import Federation
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.server_app.abort import EXIT_CODE, RunAborted
+from adaptfl.server_app.abort import EXIT_CODE, RunAborted, SkipGuard
 from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies import base
 
@@ -191,8 +191,9 @@ def test_a_non_finite_final_model_ends_the_run_non_zero(tiny_data, tmp_path, mon
         return reply
 
     cfg = _cfg(tiny_data, tmp_path, algorithm="fedavg", eta=2.0, num_server_rounds=1)
-    out = run_federated(InProcessGrid(1, cfg.to_flower(), handler=overflow), cfg)
-    (row,) = metric_rows(out)
+    with pytest.raises(RunAborted, match=r"all 1 rounds were skipped.*model\[1.weight\]: non-finite"):
+        run_federated(InProcessGrid(1, cfg.to_flower(), handler=overflow), cfg)
+    (row,) = metric_rows(tmp_path / "out" / "t")
     assert row["skipped"] and "model[1.weight]: non-finite" in row["skip-reason"]
 
     monkeypatch.setattr(base, "check_state", lambda *a: None)
@@ -201,8 +202,6 @@ def test_a_non_finite_final_model_ends_the_run_non_zero(tiny_data, tmp_path, mon
 
 
 def test_the_abort_message_is_one_line_with_each_clients_own_error() -> None:
-    from adaptfl.server_app.abort import SkipGuard
-
     guard = SkipGuard(limit=2)
     trace = ("client error 2: Traceback (most recent call last):\n  File \"x.py\", line 1\n"
              "RuntimeError: disk full on partition 1\n")
@@ -215,3 +214,35 @@ def test_the_abort_message_is_one_line_with_each_clients_own_error() -> None:
     assert "no reply within round-timeout from nodes [3]" in message
     guard.after_round(3, False, "", {}, [])  # a round that aggregates resets the streak
     guard.after_round(4, True, "x", {}, [])
+
+
+def test_a_run_shorter_than_the_skip_limit_that_never_trains_ends_non_zero(tiny_data, tmp_path) -> None:
+    """Two rounds, every client raising: fewer than max-skipped-rounds=3, yet the model is the
+    initial one, so the run must not "complete" (it did, with exit 0 and a model.pt)."""
+    def failing(msg, context):  # noqa: ANN001, ANN202
+        raise RuntimeError(f"disk full on node {context.node_id}")
+
+    cfg = _cfg(tiny_data, tmp_path)
+    with pytest.raises(RunAborted, match="all 2 rounds were skipped, the model is the initial one; "
+                                         "last round: 0 accepted replies"):
+        run_federated(InProcessGrid(2, cfg.to_flower(), handler=failing), cfg)
+    out = tmp_path / "out" / "t"
+    assert [r["skipped"] for r in metric_rows(out)] == [True, True] and not (out / "model.pt").exists()
+    # one trained round is enough to call the run complete
+    guard = SkipGuard(limit=3)
+    guard.after_round(1, True, "x", {}, [])
+    guard.after_round(2, False, "", {}, [])
+    guard.at_end(2)
+
+
+def test_a_resumed_run_carries_its_skip_streak_and_whether_it_trained() -> None:
+    rows = [{"round": 0}, {"round": 1, "skipped": False}, {"round": 2, "skipped": True},
+            {"round": 3, "skipped": True}]
+    guard = SkipGuard(limit=3, rows=rows)  # two skipped rounds before the interruption
+    with pytest.raises(RunAborted, match="after round 4: 3 consecutive rounds skipped"):
+        guard.after_round(4, True, "y", {}, [])
+    untrained = SkipGuard(limit=5, rows=[{"round": 0}, {"round": 1, "skipped": True}])
+    untrained.after_round(2, True, "z", {}, [])
+    with pytest.raises(RunAborted, match="all 2 rounds were skipped.*last round: z"):
+        untrained.at_end(2)
+    SkipGuard(limit=5, rows=rows).at_end(3)  # round 1 trained before the interruption
