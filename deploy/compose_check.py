@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from adaptfl.deploy import dockerd, stand_in
+from adaptfl.deploy import dockerd, loopback, stand_in
 
 PROJECT = Path(__file__).resolve().parent.parent
 DEPLOY = PROJECT / "deploy"
@@ -130,13 +130,20 @@ class Runner:
                               capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def results_script(results_root: str, run_name: str) -> str:
+    """Python that prints {"rows": [[round, sampled, accepted], …], "model": bytes of model.pt} of
+    a run's results dir (rounds 1..; round 0 is the initial model's evaluation). It runs inside
+    the ServerApp's container, where the results volume is mounted."""
+    return ("import csv, json, os; d = '" + results_root + "/" + run_name + "'; "
+            "rows = [r for r in csv.DictReader(open(d + '/metrics.csv')) if r['round'] != '0']; "
+            "print(json.dumps({'rows': [[int(r['round']), int(r['replies-sampled']), "
+            "int(r['replies-accepted'])] for r in rows], "
+            "'model': os.path.getsize(d + '/model.pt')}))")
+
+
 def results_in_volume(runner: Runner, files: str, run_name: str) -> list[tuple[int, int, int]]:
     """(round, sampled, accepted) from metrics.csv in the results volume; model.pt must be there."""
-    script = ("import csv, json, os; d = '/app/.adaptfl/results/" + run_name + "'; "
-              "rows = list(csv.DictReader(open(d + '/metrics.csv'))); "
-              "print(json.dumps({'rows': [[int(r['round']), int(r['replies-sampled']), "
-              "int(r['replies-accepted'])] for r in rows], "
-              "'model': os.path.getsize(d + '/model.pt')}))")
+    script = results_script("/app/.adaptfl/results", run_name)
     done = runner.compose(f"{files} exec -T superexec-serverapp python -c \"{script}\"")
     if done.returncode != 0:
         raise CheckFailed(f"no results of {run_name} in the results volume: {done.stderr[-2000:]}")
@@ -171,19 +178,22 @@ def intruder_refused(runner: Runner, workdir: Path) -> str:
 
 
 def outsider_refused(runner: Runner) -> str:
-    """`flwr ls` through the public port with ca.crt: the proxy must answer 403."""
+    """`flwr supernode register`, `flwr ls` and `flwr run` through the public port with only
+    ca.crt (loopback's `attack_with_ca_only`): the proxy must answer each with 403."""
     home = Path(runner.env["FLWR_HOME"])
     outsider_home = home.parent / "outsider-flwr-home"
     outsider_home.mkdir(exist_ok=True)
     (outsider_home / "config.toml").write_text(
-        f'[superlink.outsider]\naddress = "{PUBLIC_ADDRESS}"\n'
+        f'[superlink.{loopback.OUTSIDER}]\naddress = "{PUBLIC_ADDRESS}"\n'
         f'root-certificates = "{DEPLOY / "certs" / "ca.crt"}"\n')
-    done = subprocess.run(["flwr", "ls", "outsider"], env={**runner.env, "FLWR_HOME": str(outsider_home)},
-                          capture_output=True, text=True, timeout=120, check=False)
+    tried = loopback.attack_with_ca_only(outsider_home, {**runner.env, "FLWR_HOME": str(outsider_home)})
     proxy_log = runner.compose(f"{TLS_FILES} logs fleet-proxy").stdout
-    if done.returncode == 0 or "/v1/control/list-runs is not part of the Fleet API" not in proxy_log:
-        raise CheckFailed(f"`flwr ls` through the proxy was not refused: {done.stdout[-1000:]}")
-    return "refused (403)"
+    for attempt, path in (("register", "register-node"), ("ls", "list-runs"), ("run", "start-run")):
+        refused = f"/v1/control/{path} is not part of the Fleet API" in proxy_log
+        if tried[attempt].returncode == 0 or not refused:
+            raise CheckFailed(f"`flwr {attempt}` through the proxy was not refused: "
+                              f"{tried[attempt].stdout[-1000:]}")
+    return "register, ls and run refused (403)"
 
 
 def release_build_cache() -> None:

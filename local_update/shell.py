@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from adaptfl.algorithms.params import Component, fields_of, lookup
 from adaptfl.local_update.blocks import Block
+from adaptfl.local_update.diagnostics import Diagnostics
 from adaptfl.local_update.modulation import Trust
 from adaptfl.local_update.rules import Preconditioner, Step, group_values
 from adaptfl.local_update.slots import NamedSlots
-from adaptfl.local_update.trust import pos_ratio, top_mass
 from adaptfl.local_update.workspace import Workspace
 
 CORRECTIONS = ("mix", "after-step")
@@ -47,7 +47,7 @@ def _build(kind: str, spec: str | Component, overrides: dict[str, Any]) -> Any:
     return cls(**mine) if isinstance(spec, str) else spec.replace(**mine)
 
 
-class LocalUpdate(NamedSlots, torch.optim.Optimizer):
+class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
     """precondition → mix → correct → modulate → step (see the module docstring).
 
     Args:
@@ -88,6 +88,8 @@ class LocalUpdate(NamedSlots, torch.optim.Optimizer):
             raise ValueError(f"invalid correction={correction!r}: choose one of {CORRECTIONS}")
         groups = _as_groups(params, rule)
         super().__init__(groups, {"lr": lr, "weight_decay": weight_decay, **group_values(rule)})
+        for group in self.param_groups:  # L = lr as scheduled (see `ref_lr`)
+            group.setdefault("lr_ratio", group["lr"] / lr if lr else 1.0)
         self.rho, self.correction, self.step_offset = rho, correction, step_offset
         self.mix_lambda, self.diagnostics_every = mix_lambda, diagnostics_every
         self.bs = 1  # examples (tokens) in the current batch: Sophia's bs
@@ -95,8 +97,7 @@ class LocalUpdate(NamedSlots, torch.optim.Optimizer):
         self.work = Workspace()
         self._rules: dict[tuple, Preconditioner] = {}
         self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
-        self._diag: dict[str, torch.Tensor] = {}
-        self._diag_count = 0
+        self._reset_diagnostics()
         self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
         self._scaled_key: tuple | None = None
         for gi, group in enumerate(self.param_groups):
@@ -116,12 +117,13 @@ class LocalUpdate(NamedSlots, torch.optim.Optimizer):
             self._rules[key] = cls(**dict(values))
         return self._rules[key]
 
-    # --- diagnostics --------------------------------------------------------------------------
-    def diagnostics(self) -> dict[str, float]:
-        """Mean PosRatio and TopMass over the steps that computed them (read once per round)."""
-        if not self._diag_count:
-            return {}
-        return {k: float(v) / self._diag_count for k, v in self._diag.items()}
+    @property
+    def ref_lr(self) -> float:
+        """L: the `lr=` of the constructor as scheduled since. The correction (x -= L·ρ·Δ_G) and
+        the trust scores are in its units, whichever group comes first (Muon's AdamW half runs
+        at muon-adam-lr; FedPAC's server divides g_G by K·L)."""
+        group = self.param_groups[0]
+        return group["lr"] / group["lr_ratio"] if group["lr_ratio"] else group["lr"]
 
     # --- the step -----------------------------------------------------------------------------
     def hessian_due(self) -> bool:
@@ -145,15 +147,15 @@ class LocalUpdate(NamedSlots, torch.optim.Optimizer):
             active = [p for p in group["params"] if p.grad is not None]
             if active:
                 blocks.extend(self._directions(gi, group, active))
-        if blocks:  # diagnostics on steps 1, 1+N, 1+2N, …: a short round still measures
-            diagnose = self.diagnostics_every > 0 and (self.steps - 1) % self.diagnostics_every == 0
-            if self.trust.active or diagnose or any(b.corrected for b in blocks):
-                self._chain(blocks, diagnose)
+        if blocks:
+            chain = self.trust.active or any(b.corrected for b in blocks)
+            in_chain = self._measure(blocks, chain)  # diagnostics never change the step
+            if chain:
+                self._chain(blocks, diagnose=in_chain)
             else:  # each rule's own step in its authors' order, then the correction (spec §3)
-                ref_lr = self.param_groups[0]["lr"]
                 for block in blocks:
                     block.apply_own_step(1.0 - self.rho)
-                    block.add_correction(-ref_lr * self.rho)
+                    block.add_correction(-self.ref_lr * self.rho)
         if g_hat is not None:
             self._refresh_hessian(g_hat)
         return loss
@@ -176,10 +178,12 @@ class LocalUpdate(NamedSlots, torch.optim.Optimizer):
                 g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
                        alpha=wd)
             st = self._flat[gi]
-            # One group alone in the optimizer: the rule may fuse u = ρ·Δ_G + (1-ρ)·d itself.
+            # One group alone in the optimizer: the rule may fuse u = ρ·Δ_G + (1-ρ)·(lr/L)·d
+            # itself (lr/L = 1 unless this group runs at its own lr, as Muon's AdamW half does).
             fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
+            mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
             step = Step(k, self.step_offset + k, self.mix_lambda, self.bs,
-                        out=self.work.get(f"u{gi}", n, like), mix=1.0 - self.rho,
+                        out=self.work.get(f"u{gi}", n, like), mix=mix,
                         addend=self._scaled_direction(st["global_direction"]) if fuse else None)
             d, scale, corrected = rule.direction(g, st, step)
             return [Block(active, d, g, lr * scale, decay, rule.decay_after,
@@ -209,7 +213,7 @@ class LocalUpdate(NamedSlots, torch.optim.Optimizer):
 
     def _chain(self, blocks: list[Block], diagnose: bool) -> None:
         """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped."""
-        ref_lr = self.param_groups[0]["lr"]
+        ref_lr = self.ref_lr
         at_step = 1.0  # a factor of u left to the step itself (the scores are scale-invariant)
         if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
             b = blocks[0]
@@ -267,13 +271,6 @@ class LocalUpdate(NamedSlots, torch.optim.Optimizer):
                 else:
                     p.mul_(1.0 - decay).add_(steps[i], alpha=-ref_lr)
                 i += 1
-
-    def _record(self, scores: torch.Tensor) -> None:
-        values = {"pos-ratio": pos_ratio(scores, self.work), "top-mass": top_mass(scores, ws=self.work)}
-        for k, v in values.items():
-            v = torch.as_tensor(v, dtype=torch.float64)
-            self._diag[k] = self._diag[k] + v if k in self._diag else v
-        self._diag_count += 1
 
     def _refresh_hessian(self, g_hat: Mapping[str, torch.Tensor]) -> None:
         """Sophia's h refreshed AFTER use (spec §4), for the parameters ĝ covers."""

@@ -1,6 +1,7 @@
 """Per-parameter state of `LocalUpdate` by NAME: slots that are views into one flat buffer per
 elementwise group (so the flat step and torch's per-parameter `state` see the same memory),
-warm starts of v̄, Δ_G and Θ by parameter name, and the repacking after `load_state_dict`.
+warm starts of v̄, Δ_G and Θ by parameter name, the repacking after `load_state_dict`, and
+the chain's own state (steps, ρ, trust rule, diagnostics) in torch's `state_dict`.
 
 Torch's own `state_dict` keys parameters by position; names are how state crosses the wire.
 """
@@ -11,16 +12,30 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from adaptfl.algorithms.params import fields_of, lookup
 
 Tensors = dict[str, torch.Tensor]
 
 
 class NamedSlots:
-    """Mixin of `LocalUpdate` (needs `param_groups`, `state`, `rule(group)` and `_flat`)."""
+    """Mixin of `LocalUpdate` (needs `param_groups`, `state`, `rule(group)`, `_flat` and the
+    chain's settings that `state_dict` carries)."""
 
     param_groups: list[dict[str, Any]]
     state: Any
     _flat: list[dict[str, torch.Tensor]]
+    steps: int
+    rho: float
+    correction: str
+    step_offset: int
+    mix_lambda: float
+    diagnostics_every: int
+    bs: int
+    trust: Any
+    _diag: dict[str, torch.Tensor]
+    _diag_count: int
+    _diag_pending: bool
+    _scaled_key: Any
 
     def rule(self, group: dict[str, Any]) -> Any:  # provided by LocalUpdate
         raise NotImplementedError
@@ -154,3 +169,29 @@ class NamedSlots:
                 for p, t in mine.items():
                     self.state[p][slot] = t.detach().to(p).clone()
 
+    # --- torch's state_dict, plus what the chain keeps outside the per-parameter state -------
+    def state_dict(self) -> dict[str, Any]:
+        out = super().state_dict()
+        out["local_update"] = {
+            "steps": self.steps, "rho": self.rho, "correction": self.correction,
+            "step_offset": self.step_offset, "mix_lambda": self.mix_lambda,
+            "diagnostics_every": self.diagnostics_every, "diag_count": self._diag_count,
+            "diag_pending": self._diag_pending, "bs": self.bs,
+            "diag": {k: v.detach().clone() for k, v in self._diag.items()},
+            "trust": {"name": self.trust.name,
+                      "fields": {f.name: getattr(self.trust, f.name) for f in fields_of(type(self.trust))}},
+        }
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        extra = state_dict.get("local_update")
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "local_update"})
+        if extra is None:  # a plain torch state dict: the per-parameter state only
+            return
+        self.steps, self.rho, self.correction = extra["steps"], extra["rho"], extra["correction"]
+        self.step_offset, self.mix_lambda = extra["step_offset"], extra["mix_lambda"]
+        self.diagnostics_every, self.bs = extra["diagnostics_every"], extra["bs"]
+        self._diag_count, self._diag_pending = extra["diag_count"], extra["diag_pending"]
+        self._diag = {k: v.clone() for k, v in extra["diag"].items()}
+        self.trust = lookup("trust", extra["trust"]["name"])(**extra["trust"]["fields"])
+        self._scaled_key = None

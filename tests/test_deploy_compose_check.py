@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from adaptfl.algorithms.config import RunConfig
 from adaptfl.deploy import compose_check
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import run_federated
+from flwr.common.config import parse_config_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +38,22 @@ def test_every_phase_tears_down_with_down_v_after_it_brings_up() -> None:
     assert compose_check.PHASES["tls-down"] == [f"$COMPOSE {compose_check.TLS_FILES} down -v"]
     runs = [c for cmds in compose_check.PHASES.values() for c in cmds if c.startswith("flwr run")]
     assert len(runs) == 2 and all(f"num-server-rounds={compose_check.ROUNDS}" in r for r in runs)
+
+
+def test_the_results_check_reads_a_real_runs_results_dir(tiny_data, tmp_path) -> None:
+    """The script the check runs inside the ServerApp's container, run here on the results dir
+    of the same run config in-process (the metrics grew a round-0 row once, and the check, run
+    only with Docker, broke on it unseen)."""
+    values = {**parse_config_args([compose_check.RUN_CONFIG]), "run-name": "compose-insecure",
+              "results-dir": str(tmp_path), "data-dir": tiny_data["fashion-mnist"]}
+    cfg = RunConfig.from_flower(values)
+    run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    done = subprocess.run([sys.executable, "-c", compose_check.results_script(str(tmp_path),
+                                                                             "compose-insecure")],
+                          capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout)
+    assert found["rows"] == [[r, 2, 2] for r in range(1, compose_check.ROUNDS + 1)]
+    assert found["model"] > 0
 
 
 def test_it_refuses_to_start_with_less_free_disk_than_its_measured_peak(monkeypatch, tmp_path) -> None:
