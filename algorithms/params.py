@@ -40,6 +40,9 @@ class Param:
     open_low: bool = False  # low itself excluded
     open_high: bool = False
     sane: tuple[float, float] | None = None  # outside: refused as nonsense (e.g. lr=1e10)
+    # Read only by adaptfl's own round loop (server_app/loop.py), not by Flower's
+    # `Strategy.start`: what to use there instead. Setting it for `start` is refused.
+    loop_only: str = ""
 
     def why_invalid(self, value: Any) -> str | None:
         """A reason the value is invalid, or None."""
@@ -68,9 +71,9 @@ class Param:
 
 def param(default: Any, doc: str, *, key: str = "", choices: tuple[Any, ...] | None = None,
           within: tuple[float | None, float | None] = (None, None), open_low: bool = False,
-          open_high: bool = False, sane: tuple[float, float] | None = None) -> Any:
+          open_high: bool = False, sane: tuple[float, float] | None = None, loop_only: str = "") -> Any:
     """A dataclass field declared with its doc and checks (see the module docstring)."""
-    meta = Param(doc, key, choices, within[0], within[1], open_low, open_high, sane)
+    meta = Param(doc, key, choices, within[0], within[1], open_low, open_high, sane, loop_only)
     return dataclasses.field(default=default, metadata={_META: meta})
 
 

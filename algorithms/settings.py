@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from adaptfl.algorithms.params import Component, component, param
 
 PARTITIONINGS = ("dirichlet", "iid", "pathological", "natural-id")
+_OUTPUTS = "start() returns Flower's Result; write your outputs from it"
 MIN_ROUND_TIMEOUT = 1.0  # s; below it every round of a real deployment times out (3 s polls)
 
 
@@ -27,7 +28,7 @@ class Federation(Component):
                            "or uniform", choices=("examples", "uniform"))
     round_timeout: float = param(600.0, "seconds to wait for a round's replies (later ones are "
                                  "dropped); 0: no limit (a silent node stalls the run)",
-                                 within=(0.0, None))
+                                 within=(0.0, None), loop_only="start(timeout=...)")
     node_wait: float = param(300.0, "seconds to wait for enough connected nodes before a round "
                              "(min-replies after fraction-train); then the run aborts",
                              within=(1.0, None))
@@ -37,7 +38,8 @@ class Federation(Component):
                                     "cap); claims of num-examples above it are capped",
                                     within=(0.0, 1.0), open_low=True)
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
-                                    "skipped or refused rounds", within=(1, None))
+                                    "skipped or refused rounds", within=(1, None),
+                                    loop_only="check the Result that start() returns")
     seed: int = param(42, "seed of the model, the partitions, the client sampling and the batches",
                       within=(0, None))
 
@@ -88,16 +90,18 @@ class Output(Component):
     """Where a run's results and the clients' durable state go."""
 
     results_dir: str = param("", "absolute results root; empty: <checkout>/results or "
-                             "~/.adaptfl/results")
-    run_name: str = param("", "results sub-folder; empty: <algorithm>-<time>")
-    resume: bool = param(False, "continue results-dir/run-name from its last complete round")
-    resume_from: str = param("", "absolute path of an earlier run's results dir to continue from")
+                             "~/.adaptfl/results", loop_only=_OUTPUTS)
+    run_name: str = param("", "results sub-folder; empty: <algorithm>-<time>", loop_only=_OUTPUTS)
+    resume: bool = param(False, "continue results-dir/run-name from its last complete round",
+                         loop_only=_OUTPUTS)
+    resume_from: str = param("", "absolute path of an earlier run's results dir to continue from",
+                             loop_only=_OUTPUTS)
     overwrite: bool = param(False, "replace results-dir/run-name when it holds a run already "
-                            "(else refused, unless resume=true)")
+                            "(else refused, unless resume=true)", loop_only=_OUTPUTS)
     client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
                                   "system's temp dir")
     tensorboard: bool = param(False, "also write TensorBoard event files to <results dir>/tensorboard "
-                              "(needs the tensorboard extra)")
+                              "(needs the tensorboard extra)", loop_only=_OUTPUTS)
 
 
 @component("settings", "runtime")

@@ -58,13 +58,16 @@ def build_optimizer(model: torch.nn.Module, algorithm: Algorithm, info: RoundInf
 
 
 def check_records(content: RecordDict, algorithm: Algorithm) -> None:
-    """Every array record of the message must be one the algorithm consumes."""
+    """Every record of the message must be one the algorithm consumes: its arrays, the recipe
+    and Flower's train config; nothing else is read, so anything else means the two disagree."""
     consumed = BASE_RECORDS | {r.name for s in algorithm.stages() for r in s.records_down()}
     extra = sorted(set(content.array_records) - consumed)
+    extra += sorted(set(content.config_records) - {wire.RECIPE, wire.CONFIG})
+    extra += sorted(content.metric_records)
     if extra:
         raise ContractError(f"message carries record{'s' if len(extra) > 1 else ''} {extra} that "
                             f"algorithm {algorithm.name!r} does not consume (it reads "
-                            f"{sorted(consumed)}); server and client disagree")
+                            f"{sorted(consumed | {wire.RECIPE, wire.CONFIG})}); server and client disagree")
     if wire.ARRAYS not in content.array_records:
         raise ContractError(f"message lacks the model record {wire.ARRAYS!r}")
 

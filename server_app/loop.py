@@ -34,7 +34,8 @@ from adaptfl.server_app.evaluate import evaluate
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
 from adaptfl.server_app.run_checks import check_nodes, check_settings
-from adaptfl.strategies.base import AdaptiveStrategy, NotEnoughNodes
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.sampling import NotEnoughNodes
 from adaptfl.strategies.validation import ReplyRejected, decode_content
 from adaptfl.workloads import Task, build_task_model, load_task
 from flwr.app import ArrayRecord, ConfigRecord, Message

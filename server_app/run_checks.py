@@ -26,7 +26,7 @@ import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.device import select_device
-from adaptfl.strategies.base import nodes_needed, sample_size
+from adaptfl.strategies.sampling import nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
 
 

@@ -19,7 +19,6 @@ kept. Extra numeric reply metrics are averaged and recorded.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,12 +27,14 @@ import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.algorithms.params import fields_of
 from adaptfl.algorithms.recipe import to_recipe
-from adaptfl.algorithms.settings import Federation
+from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.algorithms.stage import Aggregation
 from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.invariants import InvariantViolated, check_state
+from adaptfl.strategies.sampling import sample_size, wait_for_nodes
 from adaptfl.strategies.state import ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply, ReplyRejected, decode_reply
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -78,40 +79,6 @@ def _shared_partition_ids(accepted: Mapping[int, DecodedReply]) -> list[int]:
     return sorted(n for nodes in owners.values() if len(nodes) > 1 for n in nodes)
 
 
-def sample_size(fed: Federation, num_nodes: int) -> int:
-    return max(1, round(fed.fraction_train * num_nodes))
-
-
-def nodes_needed(fed: Federation) -> int:
-    """The fewest connected nodes whose sample can reach min-replies."""
-    n = fed.min_replies
-    while sample_size(fed, n) < fed.min_replies:
-        n += 1
-    return n
-
-
-def wait_for_nodes(grid: Grid, fed: Federation) -> list[int]:
-    """The connected nodes, once there are enough for min-replies (after fraction-train);
-    raises NotEnoughNodes after node-wait seconds, naming what is missing."""
-    needed = nodes_needed(fed)
-    deadline = time.monotonic() + fed.node_wait
-    nodes = sorted(grid.get_node_ids())
-    while len(nodes) < needed:
-        if time.monotonic() >= deadline:
-            raise NotEnoughNodes(
-                f"{len(nodes)} nodes connected after node-wait={fed.node_wait:g} s; "
-                f"min-replies={fed.min_replies} with fraction-train={fed.fraction_train:g} needs "
-                f"{needed}: start more SuperNodes, or lower min-replies")
-        log.info("waiting for nodes: %d connected, %d needed", len(nodes), needed)
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        nodes = sorted(grid.get_node_ids())
-    return nodes
-
-
-class NotEnoughNodes(RuntimeError):
-    """Fewer nodes than min-replies needs stayed connected for node-wait seconds."""
-
-
 class AdaptiveStrategy(Strategy):
     """The strategy of every adaptfl algorithm; named subclasses only pick `algorithm`."""
 
@@ -149,11 +116,23 @@ class AdaptiveStrategy(Strategy):
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
         """Flower's `Strategy.start`; the lr schedule runs over `num_rounds`."""
+        self.refuse_loop_only_settings()
         if num_rounds != self.cfg.federation.num_server_rounds:
             self.cfg = self.cfg.replace(num_server_rounds=num_rounds)
         self.initialize(initial_arrays.to_torch_state_dict())
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
                              evaluate_config, evaluate_fn)
+
+    def refuse_loop_only_settings(self) -> None:
+        """Settings only adaptfl's own round loop reads (results, resume, round-timeout, …) would
+        be ignored by Flower's `start`: refuse them, naming what to use there instead."""
+        defaults = RunConfig.of(algorithm=self.cfg.algorithm.name).to_flower()
+        ours = self.cfg.to_flower()
+        ignored = [f"{info.key.replace('-', '_')} ({info.param.loop_only})" for s in SETTINGS
+                   for info in fields_of(s) if info.param.loop_only and ours[info.key] != defaults[info.key]]
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)}: read by adaptfl's own ServerApp loop, not by "
+                             "Flower's Strategy.start")
 
     # --- sampling and messages --------------------------------------------------------------------
     def sample_nodes(self, grid: Grid) -> list[int]:

@@ -19,7 +19,7 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from tests.run_outputs import metric_rows
 
@@ -93,13 +93,17 @@ def test_every_record_sent_down_changes_the_clients_reply(algorithm: str, tiny_d
             f"{algorithm}: record {name!r} goes down but changes nothing the client sends back"
 
 
-def test_a_record_the_algorithm_does_not_consume_is_refused(tiny_data, tmp_path) -> None:
+@pytest.mark.parametrize("extra", ["array", "config", "metrics"])
+def test_a_record_the_algorithm_does_not_consume_is_refused(extra: str, tiny_data, tmp_path) -> None:
     cfg = _config("fedavg", "fashion-mnist", tiny_data, tmp_path)
     grid = InProcessGrid(1, cfg.to_flower())
     strategy, _, _ = build_run(cfg)
     (msg,) = strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid)
-    msg.content[wire.DELTA_G] = ArrayRecord({n: torch.zeros(1) for n in ("x",)})
+    name, record = {"array": (wire.DELTA_G, ArrayRecord({"x": torch.zeros(1)})),
+                    "config": ("lr-override", ConfigRecord({"lr": 0.5})),
+                    "metrics": ("server-metrics", MetricRecord({"round-loss": 1.0}))}[extra]
+    msg.content[name] = record
     reply = train_or_refuse(msg, grid.contexts[1])
     assert reply.has_error()
-    assert "['delta-g']" in reply.error.reason and "fedavg" in reply.error.reason
+    assert f"[{name!r}]" in reply.error.reason and "fedavg" in reply.error.reason
     assert "\n" not in reply.error.reason

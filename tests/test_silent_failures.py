@@ -19,7 +19,7 @@ from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import EXIT_CODE, RunAborted, SkipGuard
 from adaptfl.server_app.loop import run_federated
-from adaptfl.strategies import base
+from adaptfl.strategies import base, sampling
 
 from tests.flower_processes import PROJECT
 from tests.run_outputs import metric_rows
@@ -114,8 +114,8 @@ def test_nodes_that_join_during_the_wait_are_used(monkeypatch) -> None:
             calls.append(1)
             return [1, 2, 3] if len(calls) > 2 else [1]
 
-    monkeypatch.setattr(base.time, "sleep", lambda s: None)
-    assert base.wait_for_nodes(Joining(), Federation(min_replies=3, node_wait=60.0)) == [1, 2, 3]
+    monkeypatch.setattr(sampling.time, "sleep", lambda s: None)
+    assert sampling.wait_for_nodes(Joining(), Federation(min_replies=3, node_wait=60.0)) == [1, 2, 3]
 
 
 def _wedged(kind: str):  # noqa: ANN202 - a ClientApp handler

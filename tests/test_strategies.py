@@ -82,6 +82,20 @@ def test_keyword_constructors_with_the_papers_defaults() -> None:
         FedAvg(tau=0.3)  # FedAvg has no trust rule to read it
 
 
+@pytest.mark.parametrize("key,value,instead", [("round_timeout", 30.0, r"start\(timeout=...\)"),
+                                               ("results_dir", "/tmp/x", "Result"),
+                                               ("max_skipped_rounds", 5, "Result"),
+                                               ("resume", True, "Result")])
+def test_settings_only_adaptfls_loop_reads_are_refused_by_start(key, value, instead) -> None:
+    """Flower's Strategy.start runs its own loop: a setting only adaptfl's ServerApp loop reads
+    would be silently ignored there, so start() refuses it in one line, saying what to use."""
+    strategy = FedACT(fraction_train=1.0, **{key: value})  # fine for adaptfl's own ServerApp
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match=f"{key} \\(.*{instead}.*\\): read by adaptfl's own ServerApp"):
+        strategy.start(grid=InProcessGrid(1, {}), initial_arrays=ArrayRecord(model.state_dict()),
+                       num_rounds=1)
+
+
 def test_uniform_weighting_and_fedavg_keeps_no_extras() -> None:
     strategy = _strategy(algorithm="fedavg", weighting="uniform", lr="preset")
     _one_round(strategy, 1, (1, {**GOOD_A, "v": None}), (2, {**GOOD_B, "v": None}))
