@@ -23,8 +23,11 @@ from typing import Any
 import click
 from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
 
-# A source checkout or an unpacked FAB: pyproject.toml sits next to the `algorithms/` folder.
-APP_DIR = Path(__file__).resolve().parent.parent
+import adaptfl
+
+# The Flower app whose defaults the overrides go over: adaptfl's own in a source checkout (or an
+# unpacked FAB), else the folder you run it in (your own app, as `flwr run .` would take).
+APP_DIR = adaptfl.source_checkout() or Path.cwd()
 
 # flwr's own key=value pattern (flwr/common/config.py, parse_config_args): text it does not match
 # is dropped without a word, so `tau = 0.3` would silently change nothing.

@@ -30,7 +30,11 @@ from pathlib import Path
 from adaptfl.deploy import commands
 from adaptfl.deploy.processes import ProcessGroup, free_port, wait_for_port
 
-PROJECT = Path(__file__).resolve().parent.parent
+import adaptfl
+
+# adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
+# An installed wheel has neither; its entry points then stop in one line (adaptfl.checkout).
+PROJECT = adaptfl.source_checkout() or Path(__file__).resolve().parent.parent
 CONNECTION = "loopback"  # the operator's connection in $FLWR_HOME/config.toml: the SuperLink's port
 OUTSIDER = "outsider"  # the same ca.crt, but the public port: the Fleet API proxy's
 
@@ -100,6 +104,7 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
                  trusted_entities: Path | None = None) -> LoopbackResult:
     """Deploy, run once (unless run_config is None), tear down. Raises if a step before
     `flwr run` fails. `trusted_entities` is given to every SuperNode."""
+    adaptfl.checkout("python -m adaptfl.deploy.loopback")
     if num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes} must be >= 1")
     workdir = workdir.resolve()

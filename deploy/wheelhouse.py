@@ -20,7 +20,11 @@ import sys
 import tomllib
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parent.parent
+import adaptfl
+
+# adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
+# An installed wheel has neither; its entry points then stop in one line (adaptfl.checkout).
+PROJECT = adaptfl.source_checkout() or Path(__file__).resolve().parent.parent
 TORCH_PACKAGES = ("torch", "torchvision")
 
 
@@ -41,6 +45,7 @@ def _is_torch(requirement: str) -> bool:
 
 def build(out: Path, torch_index: str = "") -> list[str]:
     """pip wheel every requirement into `out`; returns the requirements written."""
+    adaptfl.checkout("python -m adaptfl.deploy.wheelhouse")
     out.mkdir(parents=True, exist_ok=True)
     requirements = deployment_requirements()
     torch_reqs = [r for r in requirements if _is_torch(r)]

@@ -23,7 +23,10 @@ from adaptfl.harness.grid import Cell, Grid, load_grid
 from adaptfl.harness.table import SERIES_PREFIX, append_row, finished_cells
 from tqdm import tqdm
 
-DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent.parent / "results" / "sweeps"
+import adaptfl
+
+# <checkout>/results/sweeps, or ~/.adaptfl/results/sweeps for an installed adaptfl
+DEFAULT_RESULTS_DIR = (adaptfl.source_checkout() or Path.home() / ".adaptfl") / "results" / "sweeps"
 CellRunner = Callable[[Cell, Path], dict[str, Any]]
 
 

@@ -25,7 +25,8 @@ from typing import Any
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
 
-PROJECT = Path(__file__).resolve().parent.parent
+import adaptfl
+
 # Spec §8: what crosses the wire per sampled client and round, in model-sized arrays
 # (down, up), from the second round on (round 1 sends no Δ_G / v̄ / g).
 SPEC_WIRE = {
@@ -105,7 +106,8 @@ def flwr_run(num_nodes: int, run_config: dict[str, Any], timeout: float = 900) -
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
     overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
-    command = [flwr, "run", str(PROJECT), "--stream", "--federation-config",
+    app = adaptfl.checkout("the flwr-run systems figure")  # its pyproject.toml is the Flower app
+    command = [flwr, "run", str(app), "--stream", "--federation-config",
                f"num-supernodes={num_nodes} client-resources-num-cpus=1", "--run-config", overrides]
     peak, stop = [0], threading.Event()
 
@@ -182,7 +184,7 @@ def peak_memory_inprocess(num_nodes: int = 100) -> dict[str, Any]:
                "model=mlp", "num-server-rounds=1", "local-steps=2", "num-threads=1",
                f"results-dir={tempfile.mkdtemp(prefix='adaptfl-mem-')}"]
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, cwd=tempfile.gettempdir(), capture_output=True, text=True, check=True)
     kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
     return {"num-nodes": num_nodes, "peak-rss-bytes": kb * 1024, "wall-s": time.perf_counter() - started}
 

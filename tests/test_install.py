@@ -95,3 +95,13 @@ def test_a_fresh_venv_gets_adaptfl_alone_and_every_module_imports(tmp_path: Path
                               capture_output=True, text=True, timeout=600, check=False)
     assert imported.returncode == 0, imported.stderr[-3000:]
     assert int(imported.stdout.strip()) == len(modules) > 100
+
+    # The tools that work on the source tree (images, `flwr run` of its pyproject) say so in one
+    # line instead of reaching for files the wheel does not ship.
+    tool = subprocess.run([python, "-c", "import sys, adaptfl; sys.meta_path = [f for f in sys.meta_path "
+                           "if 'editable' not in repr(f).lower()]; assert adaptfl.source_checkout() is None; "
+                           "from adaptfl.deploy.loopback import run_loopback; run_loopback(None, 1, None)"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert tool.returncode == 1, tool.stderr[-2000:]
+    assert tool.stderr.strip().splitlines()[-1].startswith(
+        "RuntimeError: python -m adaptfl.deploy.loopback works on adaptfl's source checkout")

@@ -1,0 +1,82 @@
+"""A user's own task and model by name (`task='pkg.mod:load' model='pkg.mod:build'`), from a
+package outside the project, in-process: two rounds train, and each way of getting it wrong is
+one line naming the problem, before round 1. (examples/own-data-model does the same under
+`flwr run`, in the slower `flower` tests.)"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import build_run, run_federated
+
+from tests.run_outputs import metric_rows
+
+MODULE = '''
+import torch
+from adaptfl.workloads import Task
+
+class Rows:
+    def __init__(self, x, y):
+        self.x, self.labels = x, y
+    def __len__(self):
+        return len(self.labels)
+    def batch(self, idx):
+        return self.x[idx], self.labels[idx]
+
+def load(data_dir):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 6, generator=gen)
+    y = (x[:, 0] + x[:, 1] > 0).long() + 2 * (x[:, 2] > 0).long()  # 4 classes, learnable
+    return Task(train=Rows(x[:300], y[:300]), test=Rows(x[300:], y[300:]), num_outputs=4,
+                input_shape=(6,), name="quadrants")
+
+def build(task):
+    return torch.nn.Sequential(torch.nn.Linear(task.input_shape[0], 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, task.num_outputs))
+
+def not_a_task(data_dir):
+    return [1, 2, 3]
+
+def not_a_model(task):
+    return "a string"
+'''
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch) -> str:
+    package = tmp_path / "site" / "quadrants_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(textwrap.dedent(MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    return "quadrants_pkg.mod"
+
+
+def _cfg(tmp_path, **kw) -> RunConfig:
+    values = dict(algorithm="fedact", num_server_rounds=2, local_steps=10, batch_size=16, lr=0.01,
+                  partitioning="iid", results_dir=str(tmp_path / "out"), run_name="own")
+    return RunConfig.of(**{**values, **kw})
+
+
+def test_own_task_and_model_train_two_rounds(user_package, tmp_path) -> None:
+    cfg = _cfg(tmp_path, task=f"{user_package}:load", model=f"{user_package}:build")
+    rows = metric_rows(run_federated(InProcessGrid(3, cfg.to_flower()), cfg), initial=True)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(r["replies-accepted"] == 3 for r in rows[1:])
+    assert rows[-1]["test-accuracy"] > max(0.4, rows[0]["test-accuracy"] + 0.1)  # chance: 0.25
+
+
+@pytest.mark.parametrize("task,model,message", [
+    ("no_such_pkg.mod:load", "mlp", "task='no_such_pkg.mod:load': cannot import 'no_such_pkg.mod'"),
+    ("{pkg}:missing", "mlp", "'quadrants_pkg.mod' has no 'missing'"),
+    ("{pkg}:not_a_task", "mlp", "returned list, expected adaptfl.workloads.Task"),
+    ("{pkg}:load", "{pkg}:not_a_model", "returned str, expected a torch.nn.Module"),
+])
+def test_a_wrong_reference_is_one_line_before_round_1(user_package, tmp_path, task, model, message) -> None:
+    cfg = _cfg(tmp_path, task=task.format(pkg=user_package), model=model.format(pkg=user_package))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+        build_run(cfg)
+    assert "\n" not in str(err.value)
