@@ -32,7 +32,9 @@ from adaptfl.workloads import build_model
 
 GOALS = {"update": 2.0, "step": 1.05, "diagnostics": 0.05}
 WD = 0.01  # torch AdamW's default and FedACT's preset
-FEDACT = dict(preconditioner="adamw", lr=1e-3, weight_decay=WD, rho=0.5, trust="act", tau=0.5)
+# as clients build it (client_app/session.py): parameters as views of one flat buffer
+FEDACT = dict(preconditioner="adamw", lr=1e-3, weight_decay=WD, rho=0.5, trust="act", tau=0.5,
+              parameters_as_bucket_view=True)
 
 
 def model_with_dense_grads(name: str, device: str, batch: int) -> torch.nn.Module:
@@ -157,6 +159,10 @@ def main() -> None:
     m_a, m_f, m_d = twin(model), twin(model), twin(model)
     update = {base: adamw(m_a, args.device).step, "FedACT": fedact(m_f).step,
               "FedACT, diagnostics this step": fedact(m_d, diagnostics_every=1).step}
+    if args.device == "cpu":  # for information: torch's fused CPU kernel, which FedACT's AdamW uses
+        m_fused = twin(model)
+        update["AdamW (fused)"] = torch.optim.AdamW(m_fused.parameters(), lr=1e-3, weight_decay=WD,
+                                                    fused=True).step
     ratio_a = table("(a) optimizer step alone (grads set)",
                    interleaved(update, args.repeats, args.warmup, args.device), base,
                    {"FedACT": GOALS["update"]})

@@ -52,9 +52,11 @@ def build_optimizer(model: torch.nn.Module, algorithm: Algorithm, info: RoundInf
     options: dict[str, Any] = {}
     for stage in algorithm.stages():
         options.update(stage.optimizer_options(info))
+    # the model is the session's own for the round: its parameters may live in one flat buffer
     return LocalUpdate(rule.groups(named, info.lr_scale), lr=info.lr, weight_decay=info.weight_decay,
                        preconditioner=rule, trust=algorithm.trust, step_offset=info.step_offset,
-                       diagnostics_every=info.diagnostics_every, **options)
+                       diagnostics_every=info.diagnostics_every, parameters_as_bucket_view=True,
+                       **options)
 
 
 def check_records(content: RecordDict, algorithm: Algorithm) -> None:

@@ -11,9 +11,10 @@ class Block:
     def __init__(self, params: list[torch.Tensor], d: torch.Tensor | None, g: torch.Tensor,
                  coef: float, decay: float, decay_after: bool,
                  global_direction: torch.Tensor | None, flat: bool = False,
-                 corrected: bool = False) -> None:
+                 corrected: bool = False, bucket: torch.Tensor | None = None) -> None:
         self.params, self.d, self.g, self.coef, self.flat = params, d, g, coef, flat
         self.corrected = corrected  # d is u: the correction is in it already
+        self.bucket = bucket  # the flat parameters the params are views of (bucket view), or None
         self.decay, self.decay_after, self.global_direction = decay, decay_after, global_direction
 
     def scaled_direction(self, ref_lr: float) -> torch.Tensor:
@@ -29,9 +30,24 @@ class Block:
                                                  self.params, strict=True)]
         return [x.view_as(self.params[0])]
 
+    def move(self, u: torch.Tensor, alpha: float, phi: torch.Tensor | None = None) -> None:
+        """x = (1-δ)·x + alpha·u (or + phi ⊙ u) on the flat parameters (decay before the move;
+        a flat rule never decays after it). The same float operations, per entry, as the
+        per-tensor calls of the chain."""
+        assert self.bucket is not None and not self.decay_after
+        if self.decay and self.d is not None:
+            self.bucket.mul_(1.0 - self.decay)
+        if phi is None:
+            self.bucket.add_(u, alpha=alpha)
+        else:
+            self.bucket.addcmul_(u, phi)
+
     def apply_own_step(self, share: float = 1.0) -> None:
         """The rule's own step at `share` of its lr, exactly as its authors write it."""
         if self.d is None:
+            return
+        if self.bucket is not None:
+            self.move(self.d, -self.coef * share)
             return
         steps, coef = self._steps(self.d), self.coef * share
         if self.decay_after:
@@ -45,6 +61,9 @@ class Block:
     def add_correction(self, alpha: float, only: torch.Tensor | None = None) -> None:
         """x += alpha·Δ_G (nothing before the server has a Δ_G, or when alpha is 0)."""
         if self.global_direction is None or alpha == 0.0:
+            return
+        if self.bucket is not None and only is None:
+            self.bucket.add_(self.global_direction, alpha=alpha)
             return
         for p, dg in zip(self.params, self._steps(self.global_direction), strict=True):
             if only is None or p is only:

@@ -17,19 +17,25 @@ from dataclasses import dataclass
 
 import torch
 from adaptfl.algorithms.params import Component, component, param
-from adaptfl.local_update.trust import modulate_
+from adaptfl.local_update.trust import phi_
 from adaptfl.local_update.workspace import Workspace
 
 
 class Trust(Component):
     """Base: φ ≡ 1."""
 
-    active = False  # whether modulate_ changes anything (the shell skips the scores otherwise)
+    active = False  # whether φ is not 1 (the shell skips the scores otherwise)
+
+    def phi_(self, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
+             scale: float = 1.0) -> torch.Tensor:
+        """scale·φ from the scores s = u ⊙ g, written over them (the step is x += scale·φ ⊙ u
+        with scale = -lr, so the shell folds the lr in here and saves a pass)."""
+        return scores.fill_(scale)
 
     def modulate_(self, u: torch.Tensor, scores: torch.Tensor, sizes: Sequence[int],
                   ws: Workspace) -> torch.Tensor:
-        """Scale u in place by φ computed from `scores` (s = u ⊙ g, overwritten)."""
-        return u
+        """u <- φ ⊙ u, with φ from `scores` (overwritten)."""
+        return u.mul_(self.phi_(scores, sizes, ws)) if self.active else u
 
 
 @component("trust", "none")
@@ -63,10 +69,10 @@ class _Ranked(Trust):
             raise ValueError(f"invalid gamma={self.trust_gamma:g}: must not exceed alpha="
                              f"{self.trust_alpha:g} (trusted coordinates get α ≥ γ)")
 
-    def modulate_(self, u: torch.Tensor, scores: torch.Tensor, sizes: Sequence[int],
-                  ws: Workspace) -> torch.Tensor:
-        return modulate_(u, None, "act", self.tau, self.trust_alpha, self.trust_gamma, sizes,
-                         per_tensor=self.per_tensor, scores=scores, ws=ws)
+    def phi_(self, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
+             scale: float = 1.0) -> torch.Tensor:
+        return phi_(scores, "act", self.tau, self.trust_alpha, self.trust_gamma, sizes,
+                    per_tensor=self.per_tensor, ws=ws, scale=scale)
 
 
 @component("trust", "act")
@@ -95,7 +101,6 @@ class Cautious(Trust):
 
     active = True
 
-    def modulate_(self, u: torch.Tensor, scores: torch.Tensor, sizes: Sequence[int],
-                  ws: Workspace) -> torch.Tensor:
-        return modulate_(u, None, "cautious", 0.5, 1.0, 1.0, sizes, per_tensor=False,
-                         scores=scores, ws=ws)
+    def phi_(self, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
+             scale: float = 1.0) -> torch.Tensor:
+        return phi_(scores, "cautious", 0.5, 1.0, 1.0, sizes, per_tensor=False, ws=ws, scale=scale)

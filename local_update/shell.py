@@ -61,6 +61,11 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         step_offset: global steps before this round's first (the paper's bias correction of v).
         mix_lambda: FedMIX-P's λ of this round (1: the client's own state only).
         diagnostics_every: PosRatio/TopMass on every N-th step (0: off), kept on the device.
+        parameters_as_bucket_view: keep the parameters of an elementwise group in one flat
+            buffer (their `.data` become views into it, as torch's ZeroRedundancyOptimizer
+            option of this name does), so the step updates them in one pass per operation
+            instead of one call per tensor. Replacing a parameter's `.data` later (`model.to`)
+            is noticed and the buffer rebuilt.
         **hyper: fields of the preconditioner or trust rule by name (beta1=..., tau=...).
     """
 
@@ -68,7 +73,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                  weight_decay: float | None = None, preconditioner: str | Preconditioner = "adamw",
                  trust: str | Trust = "none", rho: float = 0.0, correction: str = "mix",
                  step_offset: int = 0, mix_lambda: float = 1.0, diagnostics_every: int = 0,
-                 **hyper: Any) -> None:
+                 parameters_as_bucket_view: bool = False, **hyper: Any) -> None:
         rule = _build("preconditioner", preconditioner, hyper)
         self.trust: Trust = _build("trust", trust, hyper)
         if hyper:
@@ -97,6 +102,9 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self.work = Workspace()
         self._rules: dict[tuple, Preconditioner] = {}
         self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
+        self.bucket_view = parameters_as_bucket_view
+        self._buckets: dict[int, tuple[torch.Tensor, list[int]]] = {}  # group -> (flat x, data_ptrs)
+        self._grad_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # group -> (g, views)
         self._reset_diagnostics()
         self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
         self._scaled_key: tuple | None = None
@@ -163,17 +171,18 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
     def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor]) -> list[Block]:
         rule = self.rule(group)
         lr, wd = group["lr"], group["weight_decay"]
-        for p in active:
-            self.state[p]["step"] += 1
-        steps = {self.state[p]["step"] for p in active}
+        states = [self.state[p] for p in active]
+        for st in states:
+            st["step"] += 1
+        steps = {st["step"] for st in states}
         decay = 0.0 if rule.coupled_decay else lr * wd
         if self.correction == "after-step":  # FedPAC: the local optimizer (and so its decay)
             decay *= 1.0 - self.rho  # runs at lr·(1-ρ); the (1-ρ) of its move is the chain's
         if rule.elementwise and len(active) == len(group["params"]) and len(steps) == 1:
             k = steps.pop()
-            n = sum(p.numel() for p in active)
-            like = active[0].detach()
-            g = torch.cat([p.grad.reshape(-1) for p in active], out=self.work.get(f"g{gi}", n, like))
+            g, views = self._flat_grad(gi, active)
+            torch._foreach_copy_(views, [p.grad for p in active])
+            n, like = g.numel(), g
             if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
                 g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
                        alpha=wd)
@@ -187,7 +196,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                         addend=self._scaled_direction(st["global_direction"]) if fuse else None)
             d, scale, corrected = rule.direction(g, st, step)
             return [Block(active, d, g, lr * scale, decay, rule.decay_after,
-                           st.get("global_direction"), flat=True, corrected=corrected)]
+                           st.get("global_direction"), flat=True, corrected=corrected,
+                           bucket=self._bucket(gi, active) if self.bucket_view else None)]
         grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
         if hasattr(rule, "directions") and len(steps) == 1:  # the whole group at once (Muon)
             k = steps.pop()
@@ -201,6 +211,30 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         return [Block([p], d, g, lr * scale, decay, rule.decay_after,
                        self.state[p].get("global_direction"))
                 for p, g, (d, scale, _) in zip(active, grads, directions, strict=True)]
+
+    def _flat_grad(self, gi: int, params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The group's flat gradient buffer and its views shaped like the parameters (made once:
+        one foreach copy fills it, cheaper than a cat of 150 reshaped tensors)."""
+        made = self._grad_views.get(gi)
+        like = params[0]
+        if made is None or len(made[1]) != len(params) or made[0].device != like.device \
+                or made[0].dtype != like.dtype:
+            g = torch.empty(sum(p.numel() for p in params), dtype=like.dtype, device=like.device)
+            views = [v.view_as(p) for v, p in zip(g.split([p.numel() for p in params]), params, strict=True)]
+            self._grad_views[gi] = made = (g, views)
+        return made
+
+    def _bucket(self, gi: int, params: list[torch.Tensor]) -> torch.Tensor:
+        """The group's parameters as one flat tensor whose views they are (made, or made again
+        when something replaced a parameter's `.data` since)."""
+        made = self._buckets.get(gi)
+        if made is not None and made[1] == [p.data_ptr() for p in params]:
+            return made[0]
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            p.data = view.view_as(p)
+        self._buckets[gi] = (flat, [p.data_ptr() for p in params])
+        return flat
 
     def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
         """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""
@@ -243,14 +277,21 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 u.mul_(1.0 - self.rho)
                 if dg is not None:
                     u.add_(dg, alpha=self.rho)
+        phi = None  # with trust: -L·φ (the step's factor folded in), so x += phi ⊙ u is one pass
         if self.trust.active or diagnose:
             scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
             if diagnose:
                 self._record(scores)
-            self.trust.modulate_(u, scores, sizes, self.work)
+            if self.trust.active:
+                phi = self.trust.phi_(scores, sizes, self.work, scale=-ref_lr * at_step)
+        if len(blocks) == 1 and blocks[0].bucket is not None:  # one pass over the flat parameters
+            blocks[0].move(u, -ref_lr * at_step, phi)
+            return
         # no decay on a rule's initialising step (SOAP's first one moves nothing of its own)
         params = [p for b in blocks for p in b.params]
         steps = [v.view_as(p) for v, p in zip(u.split(sizes), params, strict=True)]
+        factors = None if phi is None else [v.view_as(p) for v, p in zip(phi.split(sizes), params,
+                                                                          strict=True)]
         if not any(b.decay_after for b in blocks):
             decays = [0.0 if b.d is None else b.decay for b in blocks for _ in b.params]
             if any(decays):
@@ -259,18 +300,24 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 else:
                     for p, dec in zip(params, decays, strict=True):
                         p.mul_(1.0 - dec)
-            torch._foreach_add_(params, steps, alpha=-ref_lr * at_step)
+            if factors is None:
+                torch._foreach_add_(params, steps, alpha=-ref_lr * at_step)
+            else:
+                torch._foreach_addcmul_(params, steps, factors)
             return
-        i = 0
-        for b in blocks:  # SOAP: x = (x - L·u)(1-δ), the correction's share given back undecayed
-            for p in b.params:
-                decay = 0.0 if b.d is None else b.decay
-                if b.decay_after:
-                    p.add_(steps[i], alpha=-ref_lr).mul_(1.0 - decay)
-                    b.add_correction(-ref_lr * self.rho * decay, only=p)
-                else:
-                    p.mul_(1.0 - decay).add_(steps[i], alpha=-ref_lr)
-                i += 1
+        owners = [b for b in blocks for _ in b.params]
+        for i, (b, p) in enumerate(zip(owners, params, strict=True)):
+            # SOAP: x = (x - L·u)(1-δ), the correction's share given back undecayed
+            decay = 0.0 if b.d is None else b.decay
+            if not b.decay_after:
+                p.mul_(1.0 - decay)
+            if factors is None:
+                p.add_(steps[i], alpha=-ref_lr)
+            else:
+                p.addcmul_(steps[i], factors[i])
+            if b.decay_after:
+                p.mul_(1.0 - decay)
+                b.add_correction(-ref_lr * self.rho * decay, only=p)
 
     def _refresh_hessian(self, g_hat: Mapping[str, torch.Tensor]) -> None:
         """Sophia's h refreshed AFTER use (spec §4), for the parameters ĝ covers."""

@@ -86,6 +86,9 @@ def _digits(y: torch.Tensor, prefix: torch.Tensor | None, low: int, tmp: torch.T
     if width == 16:  # 16-bit floats: one pass, the whole pattern read as an unsigned number
         return index.copy_(bits).bitwise_and_(_BINS - 1)
     if prefix is None:  # the top 16 bits, read as an unsigned number
+        if y.device.type == "cpu":  # the high half-words as they lie in memory: one widening copy
+            words = width // 16
+            return index.copy_(y.view(torch.uint16)[..., words - 1::words])
         top = torch.bitwise_right_shift(bits, width - 16, out=tmp).bitwise_and_(_BINS - 1)
         return top if top is index else index.copy_(top)
     sign = -(1 << (width - 1))
@@ -103,26 +106,33 @@ def _digits(y: torch.Tensor, prefix: torch.Tensor | None, low: int, tmp: torch.T
     return z if z is index else index.copy_(z)
 
 
+def _chunk_rows(x: torch.Tensor) -> int:
+    """Rows of x [rows, L] per digit pass chunk: all at once on CUDA; on CPU a multiple of
+    `_CPU_ROWS` rows of about `_CHUNK` entries, so that y and its int64 digits (twice the size
+    of the data) stay in cache between the arithmetic that makes them and the scatter."""
+    rows, length = x.shape
+    if x.device.type != "cpu":
+        return rows
+    return min(rows, max(_CPU_ROWS, _CHUNK // max(length, 1) // _CPU_ROWS * _CPU_ROWS))
+
+
 def _count_rows(x: torch.Tensor, prefix: torch.Tensor | None, low: int, ws: Workspace,
                 hist: torch.Tensor, in_place: bool) -> None:
-    """hist[r] = histogram of the digit bins of y[r] = x[r] + 0.0 (x [rows, L], hist
-    [rows, bins]); with `in_place` the first pass (prefix None) writes y over x and the later
-    ones read it, otherwise y is made again in a chunk buffer by every pass.
+    """Adds to `hist` the histogram of the digit bins of y = x + 0.0 (x [rows, L]): row r's
+    into hist[r] when hist has a row per row of x, else each chunk's rows into hist[:chunk rows]
+    (pooled: only the total matters). With `in_place` the first pass (prefix None) writes y
+    over x and the later ones read it, otherwise y is made again in a chunk buffer by every pass.
 
-    One `scatter_add_` of ones at the int64 digits, the rows in parallel. On CPU `_CPU_ROWS`
-    rows at a time, so that y and its int64 digits (twice the size of the data) stay in cache
-    between the arithmetic that makes them and the scatter that reads them.
+    One `scatter_add_` of ones at the int64 digits per chunk, its rows in parallel.
     """
-    rows, length = x.shape
-    step = rows  # one chunk; on CPU a multiple of _CPU_ROWS rows of about _CHUNK entries
-    if x.device.type == "cpu":
-        step = min(rows, max(_CPU_ROWS, _CHUNK // max(length, 1) // _CPU_ROWS * _CPU_ROWS))
-    size = step * length
+    rows = x.shape[0]
+    step = _chunk_rows(x)
+    size = step * x.shape[1]
     index = ws.get("topk.index", size, x, torch.int64)
     integer = _INT[x.element_size()]
     tmp = index if integer == torch.int64 else ws.get("topk.digits", size, x, integer)
     ones = ws.constant("topk.ones", size, x, 1, hist.dtype)
-    hist.zero_()
+    per_row = hist.shape[0] == rows
     for r0 in range(0, rows, step):
         part = x[r0:r0 + step]
         shape, m = part.shape, part.numel()
@@ -131,7 +141,8 @@ def _count_rows(x: torch.Tensor, prefix: torch.Tensor | None, low: int, ws: Work
         else:
             y = part.add_(0.0) if prefix is None else part  # -0.0 -> +0.0
         d = _digits(y, prefix, low, tmp[:m].view(shape), index[:m].view(shape), ws)
-        hist[r0:r0 + step].scatter_add_(1, d, ones[:m].view(shape))
+        target = hist[r0:r0 + step] if per_row else hist[:shape[0]]
+        target.scatter_add_(1, d, ones[:m].view(shape))
 
 
 # --- the radix selection -----------------------------------------------------------------
@@ -179,8 +190,10 @@ def _select_bin(hist: torch.Tensor, k: torch.Tensor | int, first: bool,
     counts = hist.index_select(0, order)
     upto = torch.cumsum(counts, 0, dtype=torch.int32)  # entries in bins <= i
     total = upto[-1:]
-    i = torch.le(upto - counts, total - k).sum(dtype=torch.int64).reshape(1) - 1  # [1]: a 0-dim
-    return order.index_select(0, i), total - upto.index_select(0, i)  # index is read on host
+    # below[i] = upto[i-1] (0 for i = 0) does not decrease: the bins with below[i] <= total - k
+    # are 0..i, and their count - 1 is the number of upto[:-1] entries <= total - k
+    i = torch.searchsorted(upto[:-1], total - k, right=True)  # [1] int64 (a 0-dim index is
+    return order.index_select(0, i), total - upto.index_select(0, i)  # read on the host)
 
 
 def _prefix(digits: list[torch.Tensor]) -> torch.Tensor:
@@ -208,12 +221,12 @@ def _threshold(x: torch.Tensor, k: int, ws: Workspace, in_place: bool) -> _Thres
         prefix = _prefix(digits) if p else None
         low = 16 * (w - p)  # bits below the prefix
         bins = _BINS if p == 0 else _BINS + _SPARE  # spare bins: patterns outside the prefix
-        h = hist[: (_ROWS + 1) * bins].view(_ROWS + 1, bins)
-        _count_rows(x2, prefix, low, ws, h[:_ROWS], in_place)
+        # the last pass keeps a row per block (the ties of each); the others only the total
+        rows = _ROWS + 1 if p == w - 1 else _chunk_rows(x2)
+        h = hist[: rows * bins].view(rows, bins).zero_()
+        _count_rows(x2, prefix, low, ws, h[:_ROWS] if p == w - 1 else h, in_place)
         if head < n:
-            _count_rows(tail, prefix, low, ws, h[_ROWS:], in_place)
-        else:
-            h[_ROWS:].zero_()
+            _count_rows(tail, prefix, low, ws, h[_ROWS:] if p == w - 1 else h[:1], in_place)
         total = h.sum(0, dtype=torch.int32)[:_BINS]
         digit, higher = _select_bin(total, rank, p == 0, negative, ws)
         if p == 0:

@@ -24,14 +24,37 @@ TRUST_MODES = ("none", "act", "mgup", "cautious")
 
 
 def act_phi_(scores: torch.Tensor, tau: float, alpha: float, gamma: float,
-             segments: Sequence[int] | None, ws: Workspace | None = None) -> torch.Tensor:
-    """φ of `act` written over `scores`: α on the top ⌊τ·D⌋ (per segment if given), γ elsewhere."""
+             segments: Sequence[int] | None, ws: Workspace | None = None,
+             scale: float = 1.0) -> torch.Tensor:
+    """scale·φ of `act` written over `scores`: α on the top ⌊τ·D⌋ (per segment if given), γ
+    elsewhere, both times `scale` (the step folds -lr in here)."""
     parts = [scores] if segments is None else scores.split(list(segments))
     for s in parts:
         topk_indicator_(s, math.floor(tau * s.numel()), ws)
-    # 1·α = α and max(0·α, γ) = γ exactly (α ≥ γ > 0), in two vectorised passes; torch.where
-    # with scalars is an unvectorised loop on CPU, several times slower.
-    return scores.mul_(alpha).clamp_(min=gamma)
+    # 1·αc = αc and 0·αc clamped at γc is γc exactly (α ≥ γ ≥ 0; c < 0 flips the clamp), in
+    # two vectorised passes; torch.where with scalars is an unvectorised loop on CPU.
+    scores.mul_(alpha * scale)
+    return scores.clamp_(min=gamma * scale) if scale > 0 else scores.clamp_(max=gamma * scale)
+
+
+def phi_(scores: torch.Tensor, mode: str, tau: float, alpha: float, gamma: float,
+         tensor_sizes: Sequence[int], per_tensor: bool, ws: Workspace | None = None,
+         scale: float = 1.0) -> torch.Tensor:
+    """scale·φ, the trust coefficients of `mode` from s = u ⊙ g, written over `scores`.
+
+    `tensor_sizes` split the flat vector into the model's tensors (per-tensor scope, `mgup`).
+    """
+    if mode == "cautious":
+        # count on a bool mask: count_nonzero over floats is an order of magnitude slower
+        keep = torch.gt(scores, 0, out=scratch(ws).get("trust.mask", scores.numel(), scores, torch.bool))
+        # scale·D / (nnz + 1) in float64, as the Python float it replaces (one rounding to s's dtype)
+        denominator = torch.count_nonzero(keep).add_(1).double()
+        factor = torch.full_like(denominator, scores.numel() * scale).div_(denominator).to(scores.dtype)
+        return torch.gt(scores, 0, out=scores).mul_(factor)  # s -> 1.0 / 0.0 -> φ
+    if mode not in ("act", "mgup"):
+        raise ValueError(f"unknown trust mode {mode!r}; known: {TRUST_MODES}")
+    per_tensor = per_tensor or mode == "mgup"
+    return act_phi_(scores, tau, alpha, gamma, tensor_sizes if per_tensor else None, ws, scale)
 
 
 def modulate_(u: torch.Tensor, g: torch.Tensor, mode: str, tau: float, alpha: float,
@@ -39,23 +62,12 @@ def modulate_(u: torch.Tensor, g: torch.Tensor, mode: str, tau: float, alpha: fl
               scores: torch.Tensor | None = None, ws: Workspace | None = None) -> torch.Tensor:
     """Scale the corrected direction `u` in place by the trust coefficients φ; returns `u`.
 
-    `tensor_sizes` split the flat vectors into the model's tensors (per-tensor scope, `mgup`).
     `scores` (s = u ⊙ g, if the caller has it) is used as scratch and overwritten.
     """
     if mode == "none":
         return u
     s = u * g if scores is None else scores
-    if mode == "cautious":
-        # count on a bool mask: count_nonzero over floats is an order of magnitude slower
-        keep = torch.gt(s, 0, out=scratch(ws).get("trust.mask", s.numel(), s, torch.bool))
-        # D / (nnz + 1) in float64, as the Python float it replaces (same rounding to u's dtype)
-        denominator = torch.count_nonzero(keep).add_(1).double()
-        scale = torch.full_like(denominator, u.numel()).div_(denominator).to(u.dtype)
-        return u.mul_(torch.gt(s, 0, out=s)).mul_(scale)  # s -> 1.0 / 0.0
-    if mode not in ("act", "mgup"):
-        raise ValueError(f"unknown trust mode {mode!r}; known: {TRUST_MODES}")
-    per_tensor = per_tensor or mode == "mgup"
-    return u.mul_(act_phi_(s, tau, alpha, gamma, tensor_sizes if per_tensor else None, ws))
+    return u.mul_(phi_(s, mode, tau, alpha, gamma, tensor_sizes, per_tensor, ws))
 
 
 def pos_ratio(scores: torch.Tensor, ws: Workspace | None = None) -> torch.Tensor:

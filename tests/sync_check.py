@@ -17,10 +17,24 @@ from collections.abc import Callable
 import torch
 
 HOST_READS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero")
+# Kernels whose CPU implementation reads a CPU scalar (the step count) inside; their CUDA
+# implementation reads it on the device (torch.optim.AdamW(fused=True) keeps the step count on
+# the GPU for that): reads nested in them are not the caller's.
+DEVICE_SIDE_ON_CUDA = ("aten::_fused_adamw_", "aten::_fused_adam_")
+
+
+def _inside(event: object, names: tuple[str, ...]) -> bool:
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        if parent.name in names:
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def host_reads(fn: Callable[[], object]) -> list[str]:
     """The names of the host-reading ops that `fn()` calls (one entry per call)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
-    return [e.name for e in prof.events() if e.name in HOST_READS]
+    return [e.name for e in prof.events()
+            if e.name in HOST_READS and not _inside(e, DEVICE_SIDE_ON_CUDA)]

@@ -1,6 +1,7 @@
 """What LocalUpdate measures and keeps besides the step: diagnostics that never change the step
-and are never a fake 0, the full state in torch's state_dict, the units of the correction, and
-the keys of Muon's AdamW half (each against an independent reference)."""
+and are never a fake 0, the full state in torch's state_dict, parameters kept as views of one
+flat buffer (a layout, never a change of the step), the units of the correction, and the keys of
+Muon's AdamW half (each against an independent reference)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,24 @@ def test_muons_adamw_half_reads_its_own_keys() -> None:
     _train(defaults, LocalUpdate(defaults.named_parameters(), preconditioner="muon", lr=0.02,
                                  muon_adam_lr=1e-3, weight_decay=0.0), 6)
     assert float((defaults[0].bias - ours[0].bias).abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_parameters_as_bucket_view_change_no_step(name: str) -> None:
+    """One flat buffer for an elementwise group's parameters is a layout, not a change: the
+    steps are bit for bit those of the per-tensor calls, also after something replaced a
+    parameter's .data (as model.to() does), which rebuilds the buffer."""
+    plain, flat = _model(name), _model(name)
+    _train(plain, _opt(name, plain), 8)
+    opt = _opt(name, flat, parameters_as_bucket_view=True)
+    _train(flat, opt, 4)
+    first = next(flat.parameters())
+    first.data = first.data.clone()  # no longer a view of the buffer
+    _train(flat, opt, 4, start=4)
+    assert _max_diff(plain, flat) == 0.0
+    if opt.param_groups[0]["preconditioner"] in ("sgd", "adam", "adamw", "sophia"):
+        (bucket, _), = opt._buckets.values()  # the parameters are views of it again
+        assert all(p.data_ptr() == bucket[i:].data_ptr() for p, i in zip(
+            opt.param_groups[0]["params"],
+            [sum(q.numel() for q in opt.param_groups[0]["params"][:j])
+             for j in range(len(opt.param_groups[0]["params"]))], strict=True))

@@ -13,6 +13,7 @@ import adaptfl.local_update.topk as topk
 import pytest
 import torch
 from adaptfl.local_update import LocalUpdate
+from adaptfl.local_update.rules import adam
 from adaptfl.local_update.trust import modulate_, pos_ratio, top_mass
 
 
@@ -97,17 +98,20 @@ def _reference_step(x: list[torch.Tensor], grads: list[torch.Tensor], state: dic
     denom = v.sqrt().add_(hp.eps * root_bc2)
     u = torch.addcdiv(torch.mul(dg, cfg.rho), m, denom, value=(1 - cfg.rho) * root_bc2 / bc1)
     s = u * g
-    phi = torch.where(_reference_mask(s, math.floor(cfg.tau * s.numel())), cfg.alpha, cfg.gamma)
-    u = u * phi.to(u.dtype)
-    for t, step in zip(x, u.split([t.numel() for t in x]), strict=True):
-        t.mul_(1 - cfg.lr * cfg.weight_decay).add_(step.view_as(t), alpha=-cfg.lr)
+    # x = (1 - lr·wd)·x + (-lr·φ) ⊙ u: φ ∈ {α, γ}, so -lr·φ is one of two float32 numbers
+    step = torch.where(_reference_mask(s, math.floor(cfg.tau * s.numel())), -cfg.lr * cfg.alpha,
+                       -cfg.lr * cfg.gamma)
+    sizes = [t.numel() for t in x]
+    for t, du, f in zip(x, u.split(sizes), step.split(sizes), strict=True):
+        t.mul_(1 - cfg.lr * cfg.weight_decay).addcmul_(du.view_as(t), f.view_as(t))
     positive = float(s.clamp(min=0).sum())
     top = torch.sort(s, descending=True).values[:math.ceil(0.01 * s.numel())].clamp(min=0).sum()
     return [int((s > 0).sum()) / s.numel(), float(top) / positive]
 
 
 @pytest.mark.parametrize("tau", [0.5, 0.1])
-def test_fedact_step_is_bitwise_the_plain_formula(tau: float) -> None:
+def test_fedact_step_is_bitwise_the_plain_formula(tau: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adam, "EAGER", True)  # the reference passes; the fused kernel: below
     gen = torch.Generator().manual_seed(7)
     params = _params(gen)
     twins = [p.detach().clone() for p in params.values()]
@@ -148,3 +152,29 @@ def test_cautious_scale_is_the_python_float_formula() -> None:
     expected = u * (s > 0).float() * (u.numel() / (int((s > 0).sum()) + 1))
     got = modulate_(u.clone(), g, "cautious", 0.5, 2.0, 0.5, [u.numel()], per_tensor=False)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("mode", adam.BIAS_MODES)
+@pytest.mark.parametrize("fused_correction", [False, True])
+def test_the_fused_kernel_is_the_eager_reference_to_rounding(mode: str, fused_correction: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's fused AdamW kernel computing u = ρ·Δ_G + (1-ρ)·m̂/(sqrt(v̂)+ε) (or d alone), with
+    both bias corrections on their own step counts, against the eager passes: m and v bit for
+    bit, u within a few float32 ulps of its terms, over steps whose k and t differ."""
+    gen = torch.Generator().manual_seed(3)
+    n = 50_000
+    g_steps = [torch.randn(n, generator=gen) * 10.0 ** -(i % 3) for i in range(6)]
+    addend = 0.5 * 1e-3 * torch.randn(n, generator=gen)
+    state = {True: (torch.zeros(n), torch.zeros(n)), False: (torch.zeros(n), torch.zeros(n))}
+    for k, g in enumerate(g_steps, start=1):
+        n_m, n_v = adam.bias_steps(mode, k, 40 + k)
+        out = {}
+        for eager in (True, False):
+            monkeypatch.setattr(adam, "EAGER", eager)
+            m, v = state[eager]
+            d, scale = adam.adam_direction_(m, v, g, 0.9, 0.999, 1e-8, n_m, n_v, out=torch.empty(n),
+                                            mix=0.5, addend=addend if fused_correction else None)
+            out[eager] = d * scale
+        assert torch.equal(state[True][0], state[False][0]) and torch.equal(state[True][1], state[False][1])
+        terms = (addend.abs() if fused_correction else 0.0) + (out[True] - (addend if fused_correction else 0.0)).abs()
+        assert float(((out[True] - out[False]).abs() / terms.clamp(min=1e-30)).max()) < 8 * 2.0**-23, (mode, k)

@@ -20,6 +20,10 @@ from adaptfl.algorithms.params import component, param
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
 BIAS_MODES = ("paper", "single-counter", "local", "off")
+FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# True: the eager passes instead of torch's fused kernel, bit for bit the plain formula of the
+# tests (tests/test_local_update_fast_paths.py); the fused kernel rounds a few ulps apart.
+EAGER = False
 
 
 def bias_steps(mode: str, k: int, t: int) -> tuple[int, int]:
@@ -33,15 +37,34 @@ def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Te
                     addend: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """(d, scale) with scale·d = m̂ / (sqrt(v̂) + ε); updates m and v in place; d is written to
     `out` (fresh if None). With `addend`, d is addend + mix·m̂ / (sqrt(v̂) + ε) and scale 1.
+    n_m, n_v: the exponents of the bias corrections 1-β^n (0: none).
 
-    The bias corrections are folded into scalars, so the direction costs six passes over D:
-    m̂/(sqrt(v̂)+ε) = (sqrt(bc2)/bc1)·m / (sqrt(v) + ε·sqrt(bc2)). n_m, n_v: the exponents
-    of the corrections (0: none).
+    By default one pass of torch's own fused AdamW kernel (`torch._fused_adamw_`, what
+    `torch.optim.AdamW(fused=True)` runs) over a buffer that holds the addend (or 0), with a
+    negative lr: it leaves addend + mix·m̂/(sqrt(v̂)+ε) there, m and v updated. The kernel takes
+    one step count for both corrections: it gets n_v, and lr carries bc1(n_v)/bc1(n_m) for m.
+    `EAGER` (the tests' bit-exact reference) computes the same in six eager passes instead.
     """
+    if out is None:
+        out = torch.empty_like(g)
+    if not EAGER and g.dtype in FUSED_DTYPES and g.device.type in ("cpu", "cuda"):
+        if addend is None:
+            out.zero_()
+        elif addend is not out:
+            out.copy_(addend)
+        # the kernel's step count is n_v (inf: no correction, β^inf = 0); m's correction via lr
+        step = torch.full((), float(n_v) if n_v else math.inf, dtype=torch.float32, device=g.device)
+        m_over_v = (1.0 - beta1**n_v if n_v else 1.0) / (1.0 - beta1**n_m if n_m else 1.0)
+        weight = mix if addend is not None else 1.0
+        torch._fused_adamw_([out], [g], [exp_avg], [exp_avg_sq], [], [step], lr=-weight * m_over_v,
+                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
+                            maximize=False)
+        return out, 1.0
     exp_avg.lerp_(g, 1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
     bc1 = 1.0 - beta1**n_m if n_m else 1.0
     root_bc2 = math.sqrt(1.0 - beta2**n_v) if n_v else 1.0
+    # m̂/(sqrt(v̂)+ε) = (sqrt(bc2)/bc1)·m / (sqrt(v) + ε·sqrt(bc2)): the corrections as scalars
     denom = torch.sqrt(exp_avg_sq, out=out).add_(eps * root_bc2)
     scale = root_bc2 / bc1
     if addend is not None:
