@@ -10,7 +10,8 @@
     aggregator       how replies are combined           (strategies/aggregators/)
 
 The run config fills it: `preconditioner=`, `trust=`, `v-sync=`, `server-opt=`, `aggregator=`
-switch a component; every other key sets a field of the component that declares it. The
+switch a component, `term=` the client term(s); every other key sets a field of the component
+that declares it. The
 checks across components are here, and so is the wire contract (the union of the records the
 components declare), which both sides derive from the very same objects.
 """
@@ -37,6 +38,7 @@ SLOTS = {
     "server_opt": ("server_opt", "server-opt"),
     "aggregator": ("aggregator", "aggregator"),
 }
+TERM_SWITCH = "term"  # replaces the algorithm's client terms by one, or by none ("none")
 
 
 def _switch(kind: str, key: str, name: Any) -> type[Component]:
@@ -57,6 +59,8 @@ class Selection(Component):
     v_sync: str = param(PRESET, "second-moment sync of the Adam family: none, full, block")
     server_opt: str = param(PRESET, "rule on the mean Δ: none, avgm, adam, yogi, adagrad, adamom")
     aggregator: str = param(PRESET, "how replies are combined: mean, clip, median, trimmed-mean, krum")
+    term: str = param(PRESET, "the client term, instead of the algorithm's own: none, feddyn, "
+                      "hafedho, moon, prox, scaffold")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,16 @@ class Algorithm:
             chosen = values.get(switch, PRESET) if switch else PRESET
             cls = type(current) if chosen == PRESET else _switch(kind, switch, chosen)
             changes[slot] = cls.build(values, base=current)
-        changes["terms"] = tuple(type(t).build(values, base=t) for t in self.terms)
+        terms = self.terms
+        chosen = values.get(TERM_SWITCH, PRESET)
+        if chosen != PRESET:  # the algorithm's terms replaced (a term of its own class keeps its values)
+            known = registry("term")
+            if chosen != "none" and chosen not in known:
+                raise ValueError(f"invalid {TERM_SWITCH}={chosen!r}: choose one of "
+                                 f"{['none', *sorted(known)]}")
+            same = [t for t in self.terms if t.name == chosen]
+            terms = () if chosen == "none" else (same[0] if same else known[chosen](),)
+        changes["terms"] = tuple(type(t).build(values, base=t) for t in terms)
         algorithm = dataclasses.replace(self, **changes)
         algorithm.check()
         return algorithm

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adaptfl.algorithms.algorithm import SLOTS, Algorithm, Selection
+from adaptfl.algorithms.algorithm import SLOTS, TERM_SWITCH, Algorithm, Selection
 from adaptfl.algorithms.catalog import get_algorithm
 from adaptfl.algorithms.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
 from adaptfl.algorithms.settings import SETTINGS, Data, Federation, LocalTraining, Output, Runtime
@@ -114,6 +114,9 @@ class RunConfig:
         for slot, (_, switch) in SLOTS.items():
             if switch:
                 out[switch] = getattr(self.algorithm, slot).name
+        terms = [t.name for t in self.algorithm.terms]
+        if terms != [t.name for t in get_algorithm(self.algorithm.name).terms]:
+            out[TERM_SWITCH] = terms[0] if terms else "none"
         for c in self.algorithm.components():
             out.update({k: v for k, v in c.values().items() if v is not None})
         return out
@@ -190,6 +193,8 @@ def _doc(key: str, info: FieldInfo) -> str:
     """A field's doc; for a switch (`server-opt`, `trust`, …) the choices after its ':' are the
     registered components, so a new component file is listed without editing the switch."""
     kind = next((kind for kind, switch in SLOTS.values() if switch == key), None)
+    if key == TERM_SWITCH:
+        return f"{info.param.doc.split(':', 1)[0]}: {', '.join(['none', *sorted(registry('term'))])}"
     if kind is None:
         return info.param.doc
     return f"{info.param.doc.split(':', 1)[0]}: {', '.join(sorted(registry(kind)))}"

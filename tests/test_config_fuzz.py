@@ -29,7 +29,7 @@ FIXED = {"num-server-rounds": 2, "model": "mlp", "task": "fashion-mnist", "max-p
 NOT_DRAWN = {"results-dir", "run-name", "resume", "resume-from", "client-state-dir", "data-dir",
              "device", "num-threads", "round-timeout", "min-replies", "task", "model", "algorithm",
              "num-server-rounds", "max-precond-dim", "partitioning",
-             *(switch for _, switch in SLOTS.values() if switch)}  # drawn among their choices
+             "term", *(switch for _, switch in SLOTS.values() if switch)}  # drawn among their choices
 SMALL = {"local-steps": (1, 3), "batch-size": (1, 16), "hessian-interval": (1, 3),
          "precondition-frequency": (1, 3), "diagnostics-every": (0, 2), "seed": (-1, 50),
          "classes-per-client": (0, 12)}
@@ -64,6 +64,8 @@ def _draw(rng: random.Random) -> dict[str, Any]:
     for kind, switch in SLOTS.values():
         if switch and rng.random() < 0.3:
             values[switch] = rng.choice(sorted(registry(kind)))
+    if rng.random() < 0.2:
+        values["term"] = rng.choice(["none", *sorted(registry("term"))])
     candidates = [(k, decls[0][1]) for k, decls in sorted(declared_keys().items()) if k not in NOT_DRAWN]
     for key, info in rng.sample(candidates, k=6):
         values[key] = _value(info, rng)

@@ -114,3 +114,84 @@ def test_the_test_the_section_shows_passes(nesterov_file: ModuleType) -> None:
     assert tests
     for test in tests:
         test()
+
+
+# --- a client term: one file in algorithms/components/, selected by `term=` -------------------
+TERM_FILE = '''
+"""Pull towards zero: (mu/2)·||w||² added to the local loss (a weight-decay term, as a test)."""
+
+from dataclasses import dataclass
+
+import torch
+from adaptfl.algorithms.params import component, param
+from adaptfl.algorithms.stage import ClientPart, ClientRound, Stage
+
+
+@component("term", "anchor")
+@dataclass(frozen=True)
+class Anchor(Stage):
+    anchor_mu: float = param(0.5, "weight of the pull towards zero", within=(0.0, None))
+
+    def start(self, ctx: ClientRound) -> ClientPart:
+        return _Anchor(ctx, self.anchor_mu)
+
+
+class _Anchor(ClientPart):
+    def __init__(self, ctx: ClientRound, mu: float) -> None:
+        self.mu, self.params = mu, ctx.params
+
+    def loss(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
+        return 0.5 * self.mu * torch.stack([p.pow(2).sum() for p in self.params.values()]).sum()
+'''
+
+
+@pytest.fixture
+def anchor_file(tmp_path: Path) -> Iterator[None]:
+    import adaptfl.algorithms.components as package
+
+    folder = tmp_path / "components"
+    folder.mkdir()
+    (folder / "anchor.py").write_text(TERM_FILE)
+    package.__path__.append(str(folder))
+    params._discovered = False
+    try:
+        params.registry("term")
+        yield
+    finally:
+        package.__path__.remove(str(folder))
+        params._REGISTRY["term"].pop("anchor", None)
+        sys.modules.pop("adaptfl.algorithms.components.anchor", None)
+        params._discovered = True
+
+
+def _one_round(cfg: RunConfig, tiny_data, tmp_path: Path) -> dict[str, torch.Tensor]:
+    from adaptfl.server_app.loop import run_federated
+    from tests.run_outputs import final_model
+
+    cfg = cfg.replace(num_server_rounds=1, local_steps=3, batch_size=16, model="mlp",
+                      data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path),
+                      client_state_dir=str(tmp_path / "state"))
+    return final_model(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
+
+
+def test_a_new_client_term_is_one_file_selected_by_term(anchor_file, tiny_data, tmp_path) -> None:
+    cfg = RunConfig.of(algorithm="fedavg", term="anchor", anchor_mu=2.0)
+    assert [t.name for t in cfg.algorithm.terms] == ["anchor"] and cfg.algorithm.terms[0].anchor_mu == 2.0
+    assert "| `anchor-mu` | term `anchor` | 0.5 | weight of the pull towards zero |" in key_table()
+    assert "anchor" in next(r for r in key_table().splitlines() if r.startswith("| `term` |"))
+    plain = _one_round(RunConfig.of(algorithm="fedavg", run_name="plain"), tiny_data, tmp_path)
+    pulled = _one_round(cfg.replace(run_name="anchored"), tiny_data, tmp_path)
+    norm = lambda m: sum(float(t.pow(2).sum()) for t in m.values())  # noqa: E731
+    assert norm(pulled) < norm(plain)  # the term's gradient ran on the clients
+
+
+def test_term_switches_an_algorithms_term_and_composes(tiny_data, tmp_path) -> None:
+    """fedavg + term='prox' is FedProx, bit for bit; term='none' removes an algorithm's term."""
+    fedprox = _one_round(RunConfig.of(algorithm="fedprox", mu=0.5, run_name="a"), tiny_data, tmp_path)
+    composed = _one_round(RunConfig.of(algorithm="fedavg", term="prox", mu=0.5, run_name="b"), tiny_data,
+                          tmp_path)
+    for name in fedprox:
+        assert torch.equal(fedprox[name], composed[name]), name
+    assert RunConfig.of(algorithm="scaffold", term="none").algorithm.terms == ()
+    with pytest.raises(ValueError, match=r"invalid term='anchor': choose one of \['none', 'feddyn'"):
+        RunConfig.of(algorithm="fedavg", term="anchor")
