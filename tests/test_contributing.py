@@ -166,6 +166,7 @@ def anchor_file(tmp_path: Path) -> Iterator[None]:
 
 def _one_round(cfg: RunConfig, tiny_data, tmp_path: Path) -> dict[str, torch.Tensor]:
     from adaptfl.server_app.loop import run_federated
+
     from tests.run_outputs import final_model
 
     cfg = cfg.replace(num_server_rounds=1, local_steps=3, batch_size=16, model="mlp",
