@@ -176,5 +176,6 @@ def test_the_fused_kernel_is_the_eager_reference_to_rounding(mode: str, fused_co
                                             mix=0.5, addend=addend if fused_correction else None)
             out[eager] = d * scale
         assert torch.equal(state[True][0], state[False][0]) and torch.equal(state[True][1], state[False][1])
-        terms = (addend.abs() if fused_correction else 0.0) + (out[True] - (addend if fused_correction else 0.0)).abs()
-        assert float(((out[True] - out[False]).abs() / terms.clamp(min=1e-30)).max()) < 8 * 2.0**-23, (mode, k)
+        added = addend if fused_correction else torch.zeros(n)
+        terms = (added.abs() + (out[True] - added).abs()).clamp(min=1e-30)  # |ρ·Δ_G| + |(1-ρ)·d|
+        assert float(((out[True] - out[False]).abs() / terms).max()) < 8 * 2.0**-23, (mode, k)
