@@ -37,14 +37,17 @@ deviation over 3 seeds (seed changes the partition, the initial model and the cl
 accuracy in that setting, averaged over the seeds that reach it. Read small gaps with care:
 3 seeds on a short run cannot resolve differences smaller than the spread shown.
 
-**What changed since the previous page.** FedPAC's correction now reaches the clients: the
-server sent g_G (`g-g`) but the ClientApp read only `delta-g`, so every FedPAC row before ran
-local Sophia/Muon/SOAP at lr·(1-β) plus the warm start, without `x -= β·lr·g_G`; FedPAC's
-"MB down" figure already counted g_G. With the correction, SOAP's decoupled decay no longer
-applies to the correction, and the correction also applies on SOAP's initialising first step.
-Independently, every algorithm now runs on one redesigned optimizer shell: AdamW's bias
-corrections are folded into scalars (last-bit differences), PosRatio/TopMass are sampled on
-local steps 1, 11, 21, … instead of every step, and each row's round 0 is the initial model.
+**What changed since the previous page** (the generator's changelog, the one paragraph here
+written by hand). (1) Measuring PosRatio/TopMass no longer changes a run: a measured step of an
+algorithm without trust modulation used to take another code path, whose rounding SOAP's
+eigenbasis amplified (1e-3 within a few steps), so every SOAP row moves. (2) SOAP's first step
+of a round, which only initialises its statistics, is no longer recorded as PosRatio = TopMass
+= 0 (those columns of local-soap were all 0.0 before). (3) The AdamW direction and FedACT's
+correction run in torch's fused AdamW kernel, which rounds a few ulps apart from the eager
+formula: the Adam-family rows move by rounding only. (4) FedPAC-Muon without a Muon-routed
+matrix now corrects in units of lr, not muon-adam-lr (the grids route every 2-D weight to
+Muon, so no row here depends on it). The page before this one brought FedPAC's correction to
+the clients (it had run without `x -= β·lr·g_G`); those conclusions are re-measured below.
 
 """
 

@@ -67,6 +67,7 @@ def _run(algorithm: str, tmp_path) -> torch.Tensor:
     return strategy.state.model["w"]
 
 
+@pytest.mark.slow
 def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts(tmp_path) -> None:
     fedavg = _run("fedavg", tmp_path / "fedavg")
     scaffold = _run("scaffold", tmp_path / "scaffold")

@@ -77,6 +77,7 @@ def test_the_ignore_rules_behave_as_docker_documents() -> None:
         assert not in_context(private), private
 
 
+@pytest.mark.slow
 def test_the_build_context_holds_every_package_pyproject_installs(tmp_path) -> None:
     """Build the wheel from exactly what Docker would send: every package must be in it."""
     files = context_files()

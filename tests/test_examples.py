@@ -137,6 +137,7 @@ def run_stock_app_in_process(package: str, num_nodes: int, out_dir: Path) -> dic
     return {int(r): m["accuracy"] for r, m in json.loads((out_dir / "central.json").read_text()).items()}
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_stock_app_works_before_and_after_the_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                      ) -> None:

@@ -102,6 +102,7 @@ def test_matches_the_oracles(name: str, dtype: torch.dtype) -> None:
             _check_all(x, k, ws)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gaussian", "heavy ties", "signed zeros and infs", "lowest bits"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_matches_the_oracles_above_a_million(name: str, dtype: torch.dtype) -> None:

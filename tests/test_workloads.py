@@ -403,7 +403,8 @@ def test_sample_batches_bad_arguments_raise(args: tuple[int, int, int], message:
 # ------------------------------------------------------------------- models
 
 
-@pytest.mark.parametrize("name", workloads.KNOWN_MODELS)
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in ("vit-s", "resnet18")
+                                  else m for m in workloads.KNOWN_MODELS])  # the big ones: slow
 @pytest.mark.parametrize(("in_channels", "image_size", "num_classes"), [(1, 28, 10), (3, 32, 100)])
 def test_model_output_shape_and_training_step(
     name: str, in_channels: int, image_size: int, num_classes: int

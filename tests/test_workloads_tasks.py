@@ -130,10 +130,10 @@ def fixed_text_batch() -> TextData:
 
 
 @pytest.mark.parametrize("model_name, data", [
-    ("resnet18", fixed_image_batch(3, 32, 10)),    # CIFAR
+    pytest.param("resnet18", fixed_image_batch(3, 32, 10), marks=pytest.mark.slow),  # CIFAR
     ("swin-lite", fixed_image_batch(3, 32, 100)),  # CIFAR-100
     ("swin-lite", fixed_image_batch(1, 28, 10)),   # Fashion-MNIST (28 px: windows pad)
-    ("resnet18", fixed_image_batch(3, 64, 200)),   # Tiny-ImageNet
+    pytest.param("resnet18", fixed_image_batch(3, 64, 200), marks=pytest.mark.slow),  # Tiny-ImageNet
     ("llama-tiny", fixed_text_batch()),            # fortunes / C4
 ], ids=["resnet18-cifar", "swin-cifar100", "swin-fmnist", "resnet18-tiny", "llama-text"])
 def test_model_trains_on_a_fixed_batch(model_name: str, data: ImageData | TextData) -> None:
