@@ -115,8 +115,12 @@ class AdaptiveStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
-        """Flower's `Strategy.start`; the lr schedule runs over `num_rounds`."""
+        """Flower's `Strategy.start`; the lr schedule runs over `num_rounds`. Evaluation is
+        central (`evaluate_fn`): an `evaluate_config` for clients would go unread, so it is refused."""
         self.refuse_loop_only_settings()
+        if evaluate_config:
+            raise ValueError("evaluate_config: adaptfl's strategies evaluate centrally (evaluate_fn) "
+                             "and send no evaluate messages, so no client would read it")
         if num_rounds != self.cfg.federation.num_server_rounds:
             self.cfg = self.cfg.replace(num_server_rounds=num_rounds)
         self.initialize(initial_arrays.to_torch_state_dict())

@@ -10,6 +10,7 @@ Otherwise the reason is returned and the caller drops the reply.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import ArraySpec
 from adaptfl.algorithms.domain import Domain
 from flwr.app import Message, RecordDict
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,17 +59,24 @@ def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: A
 
 def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
                    domains: Mapping[str, Domain] | None = None) -> dict[str, float | int]:
-    """Required keys present; every value a finite number (lists of numbers are kept apart);
-    the declared ones within their domain at float32; the partition id a non-negative int."""
+    """Required keys present; every value the strategy reads a finite number, the declared ones
+    within their domain at float32, the partition id a non-negative int. A client's own extra
+    metric that is not a finite number is left out of the round's record (logged), not a reason
+    to drop the reply; lists of numbers are kept apart (allowed by Flower, recorded by nobody)."""
     missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
     if missing:
         raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
+    read = {wire.NUM_EXAMPLES, wire.PARTITION_ID, *required, *(domains or {})}
     out: dict[str, float | int] = {}
     for key, value in metrics.items():
-        if isinstance(value, list):  # allowed by Flower; recorded by nobody, refused by nobody
+        if isinstance(value, list):
             continue
         if not isinstance(value, int | float) or not math.isfinite(float(value)):
-            raise ReplyRejected(f"{wire.METRICS}[{key}]={value!r} is not a finite number")
+            if key in read:
+                raise ReplyRejected(f"{wire.METRICS}[{key}]={value!r} is not a finite number")
+            log.warning("%s[%s]=%r is not a finite number: left out of the round's metrics",
+                        wire.METRICS, key, value)
+            continue
         out[key] = value
     if not (isinstance(out[wire.NUM_EXAMPLES], int) and out[wire.NUM_EXAMPLES] > 0):
         raise ReplyRejected(f"{wire.NUM_EXAMPLES}={out[wire.NUM_EXAMPLES]!r} must be a positive int")

@@ -112,6 +112,16 @@ def test_extra_client_metrics_are_averaged_and_recorded() -> None:
     assert "pos-ratio" not in strategy.report.metrics  # nobody reported it: no fake 0
 
 
+def test_a_non_finite_extra_metric_is_left_out_not_the_reply() -> None:
+    strategy = _strategy(algorithm="fedavg", lr="preset")
+    _one_round(strategy, 1, (1, {**GOOD_A, "v": None, "extra_metrics": {"accuracy": float("nan"),
+                                                                        "loss": 0.5}}),
+               (2, {**GOOD_B, "v": None, "extra_metrics": {"accuracy": 0.9, "loss": 0.7}}))
+    assert strategy.report.accepted == 2 and not strategy.report.rejected
+    assert strategy.report.metrics["accuracy"] == pytest.approx(0.9)  # the finite one alone
+    assert strategy.report.metrics["loss"] == pytest.approx((0.5 + 3 * 0.7) / 4)
+
+
 def test_configure_train_ships_delta_g_and_v_bar_once_they_exist() -> None:
     grid = InProcessGrid(2, {})
     strategy = _strategy()
@@ -227,3 +237,11 @@ def test_flowers_train_config_reaches_the_clients() -> None:
                                         ConfigRecord({"epochs-hint": 3, "note": "hi"}), GRID)
     config = next(iter(messages)).content.config_records[wire.CONFIG]
     assert (config["epochs-hint"], config["note"], config["server-round"]) == (3, "hi", 1)
+
+
+def test_start_refuses_an_evaluate_config_no_client_reads() -> None:
+    strategy = FedACT(fraction_train=1.0)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="evaluate_config: adaptfl's strategies evaluate centrally"):
+        strategy.start(grid=InProcessGrid(1, {}), initial_arrays=ArrayRecord(model.state_dict()),
+                       num_rounds=1, evaluate_config=ConfigRecord({"batch": 8}))
