@@ -25,6 +25,7 @@ bypassed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from adaptfl.local_update.rules.sophia import gnb_loss
 from adaptfl.local_update.shell import LocalUpdate
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
+log = logging.getLogger(__name__)
 BASE_RECORDS = frozenset({wire.ARRAYS})
 
 
@@ -170,10 +172,15 @@ class ClientSession:
             raise TypeError("a session built from a RecordDict has nothing to reply to; use reply_content")
         return Message(content=self.reply_content(num_examples, metrics), reply_to=self.msg)
 
-    def reply_content(self, num_examples: int, metrics: Mapping[str, int | float] | None = None
-                      ) -> RecordDict:
+    def reply_content(self, num_examples: int, metrics: Mapping[str, int | float] | None = None,
+                      check_steps: bool = True) -> RecordDict:
         """The reply's records: Δ, the algorithm's uploads and the metrics."""
         self._check_hooks_used()
+        if check_steps and self.optimizer.steps != self.info.local_steps:  # Δ_G, c, … divide by K
+            log.warning("this client took %d local steps, the run's local-steps is %d: the server "
+                        "scales Δ by K (Δ_G = -mean Δ/(K·lr), SCAFFOLD's c, FedDyn); pass "
+                        "local_steps= to the strategy to match your training loop",
+                        self.optimizer.steps, self.info.local_steps)
         end = self.model.state_dict()
         delta = {n: (end[n].detach() - t).cpu() for n, t in self.start_state.items()}
         train_loss = self.train_loss()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -25,8 +26,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from adaptfl.algorithms.config import declared_keys
+from adaptfl.algorithms.config import RunConfig, declared_keys
+from adaptfl.client_app.session import ClientSession
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.strategies.base import AdaptiveStrategy
 from flwr.app import Context, RecordDict
 
 from tests.conftest import needs_fashion_mnist
@@ -188,3 +191,20 @@ def test_torch_optimizer_example_resumes_bit_for_bit_under_a_scheduler() -> None
 
 if __name__ == "__main__":  # the diff for examples/flower-app-fedact/README.md
     print(switch_diff(), end="")
+
+
+def test_a_session_warns_when_the_loop_takes_another_number_of_steps(caplog) -> None:
+    """The server scales Δ by the run's K (Δ_G = -mean Δ/(K·lr)): a user's loop that takes fewer
+    steps than the strategy was told is named in the client's log."""
+    model = torch.nn.Linear(3, 2)
+    strategy = AdaptiveStrategy(RunConfig.of(algorithm="fedact", local_steps=5))
+    strategy.initialize(model.state_dict())
+    session = ClientSession(strategy.instruction(1), model)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    for _ in range(2):
+        logits = model(x)
+        session.backward(session.loss(x, logits, torch.nn.functional.cross_entropy(logits, y)), logits)
+        session.step()
+    with caplog.at_level(logging.WARNING):
+        session.reply_content(4)
+    assert "this client took 2 local steps, the run's local-steps is 5" in caplog.text
