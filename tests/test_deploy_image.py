@@ -6,9 +6,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import shutil
 import subprocess
-import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -18,6 +16,8 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.deploy import stand_in, wheelhouse
 from adaptfl.server_app import outputs
 from packaging.specifiers import SpecifierSet
+
+from tests.wheels import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -83,16 +83,7 @@ def test_the_build_context_holds_every_package_pyproject_installs(tmp_path) -> N
     files = context_files()
     for package, folder in PACKAGE_DIRS.items():
         assert f"{folder}/__init__.py" in files, f"{package} ({folder}/) is not in the build context"
-    context = tmp_path / "context"
-    for name in files:
-        (context / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, context / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                           "--no-index", "-q", "-w", str(tmp_path / "dist"), str(context)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("adaptfl-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    names = set(zipfile.ZipFile(build_wheel(files, tmp_path)).namelist())
     for package in PYPROJECT["tool"]["setuptools"]["packages"]:
         assert f"{package.replace('.', '/')}/__init__.py" in names, package
     assert "adaptfl/deploy/fleet_proxy.py" in names

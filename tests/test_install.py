@@ -8,15 +8,15 @@ into a fresh virtual environment, and import each of its modules from there alon
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 import tomllib
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.wheels import build_wheel, tracked_files
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -56,18 +56,7 @@ def test_every_package_folder_is_listed_for_installation() -> None:
 
 @pytest.mark.slow
 def test_a_fresh_venv_gets_adaptfl_alone_and_every_module_imports(tmp_path: Path) -> None:
-    source = tmp_path / "clone"  # what a fresh clone holds: the tracked files
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
-                             ).stdout.decode().split("\0")
-    for name in filter(None, tracked):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                            "--no-index", "-q", "-w", str(tmp_path / "dist"), str(source)],
-                           capture_output=True, text=True, timeout=300, check=False)
-    assert built.returncode == 0, built.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("adaptfl-*.whl")
+    wheel = build_wheel(tracked_files(), tmp_path)  # from what a fresh clone holds
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"adaptfl", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "adaptfl/harness/grids/fedact.toml" in names  # package data
