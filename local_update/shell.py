@@ -27,9 +27,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from adaptfl.algorithms.params import Component, fields_of, lookup
+from adaptfl.algorithms.params import fields_of, lookup
 from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.diagnostics import Diagnostics
+from adaptfl.local_update.groups import as_groups, build_component
 from adaptfl.local_update.modulation import Trust
 from adaptfl.local_update.rules import Preconditioner, Step, group_values
 from adaptfl.local_update.slots import NamedSlots
@@ -37,14 +38,6 @@ from adaptfl.local_update.workspace import Workspace
 
 CORRECTIONS = ("mix", "after-step")
 Tensors = dict[str, torch.Tensor]
-
-
-def _build(kind: str, spec: str | Component, overrides: dict[str, Any]) -> Any:
-    """A component from a name or an instance, with keyword overrides of its fields."""
-    cls = lookup(kind, spec) if isinstance(spec, str) else type(spec)
-    names = {f.name for f in fields_of(cls)}
-    mine = {k: overrides.pop(k) for k in list(overrides) if k in names}
-    return cls(**mine) if isinstance(spec, str) else spec.replace(**mine)
 
 
 class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
@@ -74,8 +67,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                  trust: str | Trust = "none", rho: float = 0.0, correction: str = "mix",
                  step_offset: int = 0, mix_lambda: float = 1.0, diagnostics_every: int = 0,
                  parameters_as_bucket_view: bool = False, **hyper: Any) -> None:
-        rule = _build("preconditioner", preconditioner, hyper)
-        self.trust: Trust = _build("trust", trust, hyper)
+        rule = build_component("preconditioner", preconditioner, hyper)
+        self.trust: Trust = build_component("trust", trust, hyper)
         if hyper:
             raise TypeError(f"LocalUpdate got unexpected keyword arguments {sorted(hyper)}; "
                             f"{rule.name} takes {[f.name for f in fields_of(type(rule))]}")
@@ -91,7 +84,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 raise ValueError(f"invalid {name}={value!r}")
         if correction not in CORRECTIONS:
             raise ValueError(f"invalid correction={correction!r}: choose one of {CORRECTIONS}")
-        groups = _as_groups(params, rule)
+        groups = as_groups(params, rule)
         super().__init__(groups, {"lr": lr, "weight_decay": weight_decay, **group_values(rule)})
         for group in self.param_groups:  # L = lr as scheduled (see `ref_lr`)
             group.setdefault("lr_ratio", group["lr"] / lr if lr else 1.0)
@@ -212,30 +205,6 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                        self.state[p].get("global_direction"))
                 for p, g, (d, scale, _) in zip(active, grads, directions, strict=True)]
 
-    def _flat_grad(self, gi: int, params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The group's flat gradient buffer and its views shaped like the parameters (made once:
-        one foreach copy fills it, cheaper than a cat of 150 reshaped tensors)."""
-        made = self._grad_views.get(gi)
-        like = params[0]
-        if made is None or len(made[1]) != len(params) or made[0].device != like.device \
-                or made[0].dtype != like.dtype:
-            g = torch.empty(sum(p.numel() for p in params), dtype=like.dtype, device=like.device)
-            views = [v.view_as(p) for v, p in zip(g.split([p.numel() for p in params]), params, strict=True)]
-            self._grad_views[gi] = made = (g, views)
-        return made
-
-    def _bucket(self, gi: int, params: list[torch.Tensor]) -> torch.Tensor:
-        """The group's parameters as one flat tensor whose views they are (made, or made again
-        when something replaced a parameter's `.data` since)."""
-        made = self._buckets.get(gi)
-        if made is not None and made[1] == [p.data_ptr() for p in params]:
-            return made[0]
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
-        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
-            p.data = view.view_as(p)
-        self._buckets[gi] = (flat, [p.data_ptr() for p in params])
-        return flat
-
     def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
         """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""
         key = (direction.data_ptr(), direction._version, self.rho)
@@ -327,19 +296,3 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             rule = self.rule(self.param_groups[gi])
             if rule.name == "sophia":
                 rule.refresh(self.state[p], grad)  # type: ignore[attr-defined]
-
-
-def _as_groups(params: Iterable[Any], rule: Preconditioner) -> list[dict[str, Any]]:
-    """Torch's params argument as groups; named parameters are routed by the rule (Muon)."""
-    items = list(params)
-    if not items:
-        raise ValueError("LocalUpdate got no parameters")
-    if isinstance(items[0], dict):
-        return items
-    if isinstance(items[0], tuple):
-        return rule.groups(items, 1.0)
-    if rule.name == "muon":  # routing needs shapes only; positions stand in for names
-        named = [(str(i), p) for i, p in enumerate(items)]
-        groups = rule.groups(named, 1.0)
-        return [{**g, "params": [p for _, p in g["params"]]} for g in groups]
-    return [{"params": items}]

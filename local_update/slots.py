@@ -36,6 +36,8 @@ class NamedSlots:
     _diag_count: int
     _diag_pending: bool
     _scaled_key: Any
+    _grad_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]]
+    _buckets: dict[int, tuple[torch.Tensor, list[int]]]
 
     def rule(self, group: dict[str, Any]) -> Any:  # provided by LocalUpdate
         raise NotImplementedError
@@ -168,6 +170,31 @@ class NamedSlots:
             else:
                 for p, t in mine.items():
                     self.state[p][slot] = t.detach().to(p).clone()
+
+    # --- flat buffers of an elementwise group ----------------------------------------------
+    def _flat_grad(self, gi: int, params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The group's flat gradient buffer and its views shaped like the parameters (made once:
+        one foreach copy fills it, cheaper than a cat of 150 reshaped tensors)."""
+        made = self._grad_views.get(gi)
+        like = params[0]
+        if made is None or len(made[1]) != len(params) or made[0].device != like.device \
+                or made[0].dtype != like.dtype:
+            g = torch.empty(sum(p.numel() for p in params), dtype=like.dtype, device=like.device)
+            views = [v.view_as(p) for v, p in zip(g.split([p.numel() for p in params]), params, strict=True)]
+            self._grad_views[gi] = made = (g, views)
+        return made
+
+    def _bucket(self, gi: int, params: list[torch.Tensor]) -> torch.Tensor:
+        """The group's parameters as one flat tensor whose views they are (made, or made again
+        when something replaced a parameter's `.data` since)."""
+        made = self._buckets.get(gi)
+        if made is not None and made[1] == [p.data_ptr() for p in params]:
+            return made[0]
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            p.data = view.view_as(p)
+        self._buckets[gi] = (flat, [p.data_ptr() for p in params])
+        return flat
 
     # --- torch's state_dict, plus what the chain keeps outside the per-parameter state -------
     def state_dict(self) -> dict[str, Any]:
