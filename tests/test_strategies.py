@@ -153,7 +153,7 @@ def _malformed(to: Message) -> dict[str, Message]:
         "unknown arrays": reply(delta={"w": [1.0, 1.0], "b": [0.0], "extra": [1.0]}),
         "array records": reply(v=None),
         "dtype": wrong_dtype,
-        "not a finite number": reply(extra_metrics={"loss": float("nan")}),
+        "not a finite number": reply(extra_metrics={wire.PARTITION_ID: float("nan")}),  # one it reads
         "positive int": reply(num_examples=0),
     }
 
