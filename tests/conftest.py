@@ -17,6 +17,14 @@ needs_fashion_mnist = pytest.mark.skipif(
 )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist's `--dist loadgroup` (README's test command) the tests that start real
+    Flower processes run one after another on one worker, the others on the rest."""
+    for item in items:
+        if item.get_closest_marker("flower"):
+            item.add_marker(pytest.mark.xdist_group("flower"))
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.set_num_threads(1)  # float results must not depend on the thread count
