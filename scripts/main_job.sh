@@ -213,6 +213,10 @@ done
 printf 'flower-run-id=%s\nstatus=%s\nresults=%s\n' "$run_id" "$status" "$run_dir" >"$home/run.txt"
 
 if [ "$status" != finished:completed ]; then
+  # Under load the SuperLink can mark the run failed ("No heartbeat received") before the
+  # ServerApp reports its exception; the exception is still in the streamed log: name it.
+  raised=$(grep -E '^[A-Za-z_][A-Za-z0-9_.]*(Error|Exception|Aborted): ' "$home/flwr-run.log" | tail -1 || true)
+  [ -z "$raised" ] || [[ $details == *"${raised#*: }"* ]] || details="${details:+$details; }the ServerApp raised $raised"
   echo "main_job: FAILED: Flower run $run_id ${status#finished:}: ${details:-no details}" \
        "(log: $home/flwr-run.log)" >&2
   exit 1
