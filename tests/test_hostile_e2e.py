@@ -108,6 +108,7 @@ DROPPED = [
 ]
 
 
+@pytest.mark.slow  # a 2-round run per attack; test_hostile_replies holds each domain check alone
 @pytest.mark.parametrize("algorithm,attack,reason", DROPPED, ids=lambda v: getattr(v, "__name__", v))
 def test_a_reply_outside_its_domain_is_dropped_every_round(algorithm, attack, reason, tiny_data,
                                                           tmp_path) -> None:

@@ -19,6 +19,7 @@ CASES = [(n, {}) for n in NAMES] + [
 MODEL_BYTES = 4 * (784 * 64 + 64 + 64 * 10 + 10)
 
 
+@pytest.mark.slow  # an in-process run per variant; the fast subset keeps the unit checks
 @pytest.mark.parametrize(("algorithm", "extra"), CASES, ids=[f"{a}{'+' if e else ''}{'+'.join(e)}"
                                                             for a, e in CASES])
 def test_runs_two_rounds_with_drift_and_bytes(algorithm: str, extra: dict, tiny_data, tmp_path) -> None:
