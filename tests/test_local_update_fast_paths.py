@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import adaptfl.local_update.radix as radix
 import adaptfl.local_update.topk as topk
 import pytest
 import torch
@@ -55,9 +56,9 @@ def test_indicator_does_not_depend_on_the_block_layout(monkeypatch: pytest.Monke
                                                          chunk: int) -> None:
     # Blocks decide where the tie fix-up happens, chunks how the digits are counted (as on
     # CUDA: all rows at once): neither may change the selection.
-    monkeypatch.setattr(topk, "_ROWS", rows)
-    monkeypatch.setattr(topk, "_CPU_ROWS", cpu_rows)
-    monkeypatch.setattr(topk, "_CHUNK", chunk)
+    monkeypatch.setattr(radix, "ROWS", rows)
+    monkeypatch.setattr(radix, "_CPU_ROWS", cpu_rows)
+    monkeypatch.setattr(radix, "_CHUNK", chunk)
     for x in _vectors().values():
         for k in (1, x.numel() // 3, x.numel() - 1):
             assert torch.equal(topk.topk_indicator_(x.clone(), k), _reference_mask(x, k).float())
