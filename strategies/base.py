@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,48 +34,19 @@ from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.sampling import sample_size, wait_for_nodes
-from adaptfl.strategies.state import ServerState, Tensors
-from adaptfl.strategies.validation import DecodedReply, ReplyRejected, decode_reply
+from adaptfl.strategies.state import RoundReport, ServerState, Tensors
+from adaptfl.strategies.validation import (
+    DecodedReply,
+    ReplyRejected,
+    decode_reply,
+    shared_partition_ids,
+    summation_order,
+)
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RoundReport:
-    """What happened in one round, for the metrics file."""
-
-    sampled: int = 0
-    accepted: int = 0
-    rejected: dict[str, str] = field(default_factory=dict)  # node id (or "unknown") -> reason
-    skipped: bool = False
-    skip_reason: str = ""  # why the state was kept: too few replies, or the round refused
-    bytes_down: int = 0
-    bytes_up: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def _summation_order(replies: Mapping[int, DecodedReply]) -> Any:
-    """A fixed order of the replies, so float sums depend neither on arrival order nor on the
-    transport: the clients' partition ids where every reply has a distinct one (they are the
-    same in simulation, deployment and the in-process engine; a liar changes only the rounding
-    order), else the node ids."""
-    pids = [r.metrics.get(wire.PARTITION_ID) for r in replies.values()]
-    if all(isinstance(p, int) and p >= 0 for p in pids) and len(set(pids)) == len(pids):
-        return lambda item: item[1].metrics[wire.PARTITION_ID]
-    return lambda item: item[0]
-
-
-def _shared_partition_ids(accepted: Mapping[int, DecodedReply]) -> list[int]:
-    """Nodes whose reply claims a partition id another reply of the round claims too: neither
-    is trusted (the id orders the float sums; one node cannot answer for two partitions)."""
-    owners: dict[int, list[int]] = {}
-    for node, reply in accepted.items():
-        if wire.PARTITION_ID in reply.metrics:
-            owners.setdefault(int(reply.metrics[wire.PARTITION_ID]), []).append(node)
-    return sorted(n for nodes in owners.values() if len(nodes) > 1 for n in nodes)
 
 
 class AdaptiveStrategy(Strategy):
@@ -238,10 +208,10 @@ class AdaptiveStrategy(Strategy):
                 continue
             self.report.bytes_up += decoded.num_bytes
             accepted[node] = decoded
-        for node in _shared_partition_ids(accepted):
+        for node in shared_partition_ids(accepted):
             pid = accepted.pop(node).metrics[wire.PARTITION_ID]
             self._reject(str(node), f"{wire.PARTITION_ID}={pid} is claimed by another node too")
-        return sorted(accepted.items(), key=_summation_order(accepted))
+        return sorted(accepted.items(), key=summation_order(accepted))
 
     def _reject(self, node: str, why: str) -> None:
         self.report.rejected[node] = why

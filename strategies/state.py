@@ -1,4 +1,5 @@
-"""All server state in one serialisable object, so a run can be checkpointed and resumed."""
+"""All server state in one serialisable object, so a run can be checkpointed and resumed; and
+the report of one round, what the metrics file records of it."""
 
 from __future__ import annotations
 
@@ -56,3 +57,17 @@ class ServerState:
     @classmethod
     def load(cls, path: Path) -> ServerState:
         return cls.from_bytes(path.read_bytes())
+
+
+@dataclass
+class RoundReport:
+    """What happened in one round, for the metrics file."""
+
+    sampled: int = 0
+    accepted: int = 0
+    rejected: dict[str, str] = field(default_factory=dict)  # node id (or "unknown") -> reason
+    skipped: bool = False
+    skip_reason: str = ""  # why the state was kept: too few replies, or the round refused
+    bytes_down: int = 0
+    bytes_up: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)

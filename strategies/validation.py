@@ -5,14 +5,15 @@ name, shape and dtype and finite values within its record's declared domain (v â
 statistics PSD, Î” squarable under the rules that square it: algorithms/domain.py), the metrics
 are finite numbers with a positive example count, a non-negative int partition id (and the
 algorithm's required keys, within their domains), and the whole reply is within the size bound.
-Otherwise the reason is returned and the caller drops the reply.
+Otherwise the reason is returned and the caller drops the reply. Across the round's replies: no
+two may claim one partition id, and the ids fix the order of the float sums.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -130,3 +131,26 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
     metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics,
                              metric_domains)
     return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)
+
+
+# --- one reply per partition, and a fixed order of the replies ------------------------------
+
+def summation_order(replies: Mapping[int, DecodedReply]) -> Callable[[tuple[int, DecodedReply]], int]:
+    """A fixed order of the replies, so float sums depend neither on arrival order nor on the
+    transport: the clients' partition ids where every reply has a distinct one (they are the
+    same in simulation, deployment and the in-process engine; a liar changes only the rounding
+    order), else the node ids."""
+    pids = [r.metrics.get(wire.PARTITION_ID) for r in replies.values()]
+    if all(isinstance(p, int) and p >= 0 for p in pids) and len(set(pids)) == len(pids):
+        return lambda item: item[1].metrics[wire.PARTITION_ID]
+    return lambda item: item[0]
+
+
+def shared_partition_ids(accepted: Mapping[int, DecodedReply]) -> list[int]:
+    """Nodes whose reply claims a partition id another reply of the round claims too: neither
+    is trusted (the id orders the float sums; one node cannot answer for two partitions)."""
+    owners: dict[int, list[int]] = {}
+    for node, reply in accepted.items():
+        if wire.PARTITION_ID in reply.metrics:
+            owners.setdefault(int(reply.metrics[wire.PARTITION_ID]), []).append(node)
+    return sorted(n for nodes in owners.values() if len(nodes) > 1 for n in nodes)
