@@ -41,6 +41,11 @@ SLOTS = {
 TERM_SWITCH = "term"  # replaces the algorithm's client terms by one, or by none ("none")
 
 
+def term_choices() -> list[str]:
+    """What `term=` accepts: "none" or a registered client term (a new term file adds itself)."""
+    return ["none", *sorted(registry("term"))]
+
+
 def _switch(kind: str, key: str, name: Any) -> type[Component]:
     known = registry(kind)
     if name not in known:
@@ -95,12 +100,10 @@ class Algorithm:
         terms = self.terms
         chosen = values.get(TERM_SWITCH, PRESET)
         if chosen != PRESET:  # the algorithm's terms replaced (a term of its own class keeps its values)
-            known = registry("term")
-            if chosen != "none" and chosen not in known:
-                raise ValueError(f"invalid {TERM_SWITCH}={chosen!r}: choose one of "
-                                 f"{['none', *sorted(known)]}")
+            if chosen not in term_choices():
+                raise ValueError(f"invalid {TERM_SWITCH}={chosen!r}: choose one of {term_choices()}")
             same = [t for t in self.terms if t.name == chosen]
-            terms = () if chosen == "none" else (same[0] if same else known[chosen](),)
+            terms = () if chosen == "none" else (same[0] if same else registry("term")[chosen](),)
         changes["terms"] = tuple(type(t).build(values, base=t) for t in terms)
         algorithm = dataclasses.replace(self, **changes)
         algorithm.check()

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adaptfl.algorithms.algorithm import SLOTS, TERM_SWITCH, Algorithm, Selection
+from adaptfl.algorithms.algorithm import SLOTS, TERM_SWITCH, Algorithm, Selection, term_choices
 from adaptfl.algorithms.catalog import get_algorithm
 from adaptfl.algorithms.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
 from adaptfl.algorithms.settings import SETTINGS, Data, Federation, LocalTraining, Output, Runtime
@@ -194,10 +194,12 @@ def _doc(key: str, info: FieldInfo) -> str:
     registered components, so a new component file is listed without editing the switch."""
     kind = next((kind for kind, switch in SLOTS.values() if switch == key), None)
     if key == TERM_SWITCH:
-        return f"{info.param.doc.split(':', 1)[0]}: {', '.join(['none', *sorted(registry('term'))])}"
-    if kind is None:
+        choices = term_choices()
+    elif kind is not None:
+        choices = sorted(registry(kind))
+    else:
         return info.param.doc
-    return f"{info.param.doc.split(':', 1)[0]}: {', '.join(sorted(registry(kind)))}"
+    return f"{info.param.doc.split(':', 1)[0]}: {', '.join(choices)}"
 
 
 def algorithm_table() -> str:

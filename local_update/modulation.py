@@ -32,11 +32,6 @@ class Trust(Component):
         with scale = -lr, so the shell folds the lr in here and saves a pass)."""
         return scores.fill_(scale)
 
-    def modulate_(self, u: torch.Tensor, scores: torch.Tensor, sizes: Sequence[int],
-                  ws: Workspace) -> torch.Tensor:
-        """u <- φ ⊙ u, with φ from `scores` (overwritten)."""
-        return u.mul_(self.phi_(scores, sizes, ws)) if self.active else u
-
 
 @component("trust", "none")
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from adaptfl.algorithms.algorithm import SLOTS
+from adaptfl.algorithms.algorithm import SLOTS, term_choices
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig, declared_keys
 from adaptfl.algorithms.params import PRESET, registry
@@ -66,7 +66,7 @@ def _draw(rng: random.Random) -> dict[str, Any]:
         if switch and rng.random() < 0.3:
             values[switch] = rng.choice(sorted(registry(kind)))
     if rng.random() < 0.2:
-        values["term"] = rng.choice(["none", *sorted(registry("term"))])
+        values["term"] = rng.choice(term_choices())
     candidates = [(k, decls[0][1]) for k, decls in sorted(declared_keys().items()) if k not in NOT_DRAWN]
     for key, info in rng.sample(candidates, k=6):
         values[key] = _value(info, rng)
