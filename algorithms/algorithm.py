@@ -58,7 +58,7 @@ def _switch(kind: str, key: str, name: Any) -> type[Component]:
 class Selection(Component):
     """Which algorithm, and which components replace its own."""
 
-    algorithm: str = param("fedact", "the named algorithm (README's algorithm table)")
+    algorithm: str = param("fedact", "the named algorithm (docs/algorithms.md)")
     preconditioner: str = param(PRESET, "local rule: sgd, adam, adamw, sophia, muon, soap")
     trust: str = param(PRESET, "trust modulation: none, act, mgup, cautious")
     v_sync: str = param(PRESET, "second-moment sync of the Adam family: none, full, block")

@@ -12,7 +12,7 @@ for the algorithm's or the component's default, so no valid number is a sentinel
     combination that makes no sense  -> refused (Algorithm.check)
 
 `python -m adaptfl.algorithms.config --pyproject | --markdown` prints the `[tool.flwr.app.config]`
-block and the README's key table from the same declarations (tests keep both in sync).
+block and the key table of docs/algorithms.md from the same declarations (tests keep both in sync).
 """
 
 from __future__ import annotations
@@ -166,6 +166,10 @@ def _toml(value: Any) -> str:
     return repr(value)
 
 
+# The page that holds the generated key and algorithm tables (relative to the checkout).
+ALGORITHMS_PAGE = "docs/algorithms.md"
+
+
 def pyproject_block() -> str:
     """`[tool.flwr.app.config]`: settings with their defaults, component keys as "preset"."""
     lines = ["[tool.flwr.app.config]"]
@@ -177,7 +181,7 @@ def pyproject_block() -> str:
 
 
 def key_table() -> str:
-    """The README's key table: every key, who reads it, its default and what it means."""
+    """The key table of docs/algorithms.md: every key, who reads it, its default and what it means."""
     rows = ["| key | read by | default | meaning |", "|---|---|---|---|"]
     for key, decls in sorted(declared_keys().items()):
         # (kind, name) order, not the registry's: that follows import order, which a test or a
@@ -203,7 +207,7 @@ def _doc(key: str, info: FieldInfo) -> str:
 
 
 def algorithm_table() -> str:
-    """The README's algorithm table: every named algorithm, its paper, its components and what
+    """The algorithm table of docs/algorithms.md: every named algorithm, its paper, its components and what
     crosses the wire (the model `arrays` goes down and Δ `delta` comes back in every round)."""
     from adaptfl.algorithms.catalog import catalog
 

@@ -8,7 +8,7 @@ an aggregator, a block of run settings) is a frozen dataclass whose fields are d
 - the type check and coercion at the edge (`Component.build`),
 - the range / choice check with a one-line message naming the key (`__post_init__`),
 - the values carried in the recipe to clients (`Component.values`),
-- the README's key table and `pyproject.toml`'s `[tool.flwr.app.config]` (algorithms/config.py).
+- the key table of docs/algorithms.md and `pyproject.toml`'s `[tool.flwr.app.config]` (algorithms/config.py).
 
 `None` as a default means "derived" (α = 1/τ, the preconditioner's lr, …), so no valid number
 is ever stolen as a sentinel; in a run config the string "preset" asks for that default.

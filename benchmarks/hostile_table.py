@@ -1,4 +1,4 @@
-"""`python benchmarks/hostile_table.py`: README's "Robustness" table. One hostile client among
+"""`python benchmarks/hostile_table.py`: the table in docs/robustness.md. One hostile client among
 five, tests/test_hostile_e2e.py's setup (8 rounds of 10 local steps, MLP, the first 600/200
 Fashion-MNIST images, seed 1), final test accuracy per algorithm family and aggregator.
 About 40 s on 2 idle cores."""

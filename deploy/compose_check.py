@@ -1,6 +1,6 @@
 """The docker-compose demo, built and run for real: `bash deploy/compose-check.sh`.
 
-Runs the README's compose commands (PHASES below; the README block is generated from them and
+Runs docs/deployment.md's compose commands (PHASES below; that page's block is generated from them and
 tests/test_deploy_compose_check.py keeps the two equal) on a Docker engine of its own:
 images (Flower's, or stand-ins where Docker Hub is unreachable; the project image from the
 host-built wheelhouse), the insecure demo for 2 rounds, then TLS + SuperNode authentication +
@@ -81,7 +81,7 @@ PHASES: dict[str, list[str]] = {
 
 
 def readme_block() -> str:
-    """The README's compose section: exactly the commands this check runs, in its order."""
+    """The compose section of docs/deployment.md: exactly the commands this check runs, in its order."""
     lines = ['export FLWR_HOME="${FLWR_HOME:-$HOME/.flwr}" COMPOSE="docker compose"   '
              "# or COMPOSE=docker-compose (v1)", "cd deploy"]
     for name, commands in PHASES.items():
@@ -259,7 +259,7 @@ def run_check(workdir: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--print-readme", action="store_true", help="print the README's block")
+    parser.add_argument("--print-readme", action="store_true", help="print the block of docs/deployment.md")
     args = parser.parse_args()
     if args.print_readme:
         print(readme_block())

@@ -1,12 +1,12 @@
-"""Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and README.md (the key
-table, the algorithm table) from the declarations: `python scripts/regenerate_docs.py`
+"""Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and docs/algorithms.md
+(the key table, the algorithm table) from the declarations: `python scripts/regenerate_docs.py`
 (tests/test_config.py fails while any is stale)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from adaptfl.algorithms.config import algorithm_table, key_table, pyproject_block
+from adaptfl.algorithms.config import ALGORITHMS_PAGE, algorithm_table, key_table, pyproject_block
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,8 +20,8 @@ def replace_between(path: Path, start: str, end: str, new: str) -> None:
 if __name__ == "__main__":
     replace_between(ROOT / "pyproject.toml", "[tool.flwr.app.config]", "[tool.ruff]",
                     pyproject_block() + "\n")
-    replace_between(ROOT / "README.md", "| key | read by | default | meaning |", "<!-- end of key table -->",
-                    key_table())
-    replace_between(ROOT / "README.md", "| `algorithm=` | paper |", "<!-- end of algorithm table -->",
+    replace_between(ROOT / ALGORITHMS_PAGE, "| key | read by | default | meaning |",
+                    "<!-- end of key table -->", key_table())
+    replace_between(ROOT / ALGORITHMS_PAGE, "| `algorithm=` | paper |", "<!-- end of algorithm table -->",
                     algorithm_table())
-    print("pyproject.toml and README.md regenerated")
+    print(f"pyproject.toml and {ALGORITHMS_PAGE} regenerated")

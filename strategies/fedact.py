@@ -13,6 +13,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class FedACT(AdaptiveStrategy):
-    """`FedACT(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`FedACT(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "fedact"

@@ -7,6 +7,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class FedAdamom(AdaptiveStrategy):
-    """`FedAdamom(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`FedAdamom(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "fedadamom"

@@ -7,6 +7,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class FedAdamW(AdaptiveStrategy):
-    """`FedAdamW(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`FedAdamW(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "fedadamw"

@@ -9,6 +9,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class FedAvg(AdaptiveStrategy):
-    """`FedAvg(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`FedAvg(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "fedavg"

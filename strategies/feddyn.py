@@ -7,6 +7,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class FedDyn(AdaptiveStrategy):
-    """`FedDyn(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`FedDyn(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "feddyn"

@@ -6,6 +6,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class FedProx(AdaptiveStrategy):
-    """`FedProx(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`FedProx(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "fedprox"

@@ -8,6 +8,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class HaFedHo(AdaptiveStrategy):
-    """`HaFedHo(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`HaFedHo(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "hafedho"

@@ -7,6 +7,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class MimeLite(AdaptiveStrategy):
-    """`MimeLite(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`MimeLite(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "mimelite"

@@ -7,6 +7,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class Moon(AdaptiveStrategy):
-    """`Moon(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`Moon(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "moon"

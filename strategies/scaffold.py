@@ -7,6 +7,6 @@ from adaptfl.strategies.base import AdaptiveStrategy
 
 
 class Scaffold(AdaptiveStrategy):
-    """`Scaffold(fraction_train=..., <hyperparameters>)` with the paper's defaults (README key table)."""
+    """`Scaffold(fraction_train=..., <hyperparameters>)` with the paper's defaults (docs/algorithms.md)."""
 
     algorithm = "scaffold"

@@ -1,5 +1,5 @@
 """The run config is checked at the edge: bad input stops the run before round 1, in one line;
-the keys, pyproject.toml and the README's key table all come from the declarations."""
+the keys, pyproject.toml and the key table of docs/algorithms.md all come from the declarations."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import re
 import tomllib
 
 import pytest
-from adaptfl.algorithms.config import RunConfig, algorithm_table, declared_keys, key_table, pyproject_block
+from adaptfl.algorithms.config import (
+    ALGORITHMS_PAGE,
+    RunConfig,
+    algorithm_table,
+    declared_keys,
+    key_table,
+    pyproject_block,
+)
 from adaptfl.algorithms.params import PRESET
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.modulation import ACT, Cautious
@@ -23,12 +30,12 @@ def _pyproject_config() -> dict:
         return tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
 
 
-def test_pyproject_and_readme_are_generated_from_the_declarations() -> None:
+def test_pyproject_and_docs_are_generated_from_the_declarations() -> None:
     text = (PROJECT / "pyproject.toml").read_text()
     assert pyproject_block() in text, "pyproject.toml is stale: python scripts/regenerate_docs.py"
-    readme = (PROJECT / "README.md").read_text()
-    assert key_table() in readme and algorithm_table() in readme, \
-        "README's tables are stale: python scripts/regenerate_docs.py"
+    page = (PROJECT / ALGORITHMS_PAGE).read_text()
+    assert key_table() in page and algorithm_table() in page, \
+        f"{ALGORITHMS_PAGE}'s tables are stale: python scripts/regenerate_docs.py"
     assert RunConfig.from_flower(_pyproject_config()).to_flower() == RunConfig.of().to_flower()
 
 

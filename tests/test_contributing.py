@@ -1,11 +1,11 @@
-"""README's "Contributing: a new component" holds: the server optimizer it shows, dropped as one
+"""docs/contributing.md ("Contributing: a new component") holds: the server optimizer it shows, dropped as one
 file into the server-optimizer folder, is found by the registry, selected by `server-opt=` and
 by the strategies' keywords, listed in the key table, runs in a strategy's rounds with its
 moments in the server state, and the test the section shows passes against it.
 
 The file goes into a temporary folder added to the package's search path (never into the
 checkout), and everything it registered is removed afterwards, so other tests see the registry
-(and the README's key table) as the checkout declares it."""
+(and the key table of docs/algorithms.md) as the checkout declares it."""
 
 from __future__ import annotations
 
@@ -30,14 +30,12 @@ MODULE = "adaptfl.strategies.server_opt.nesterov"
 
 
 def readme_block(first_line: str) -> str:
-    """The ```python block of README's contributor section that starts with `first_line`."""
-    text = (PROJECT / "README.md").read_text()
-    section = text[text.index("## Contributing: a new component"):]
-    section = section[:section.index("\n## ", 1)]
-    for block in re.findall(r"```python\n(.*?)```", section, re.S):
+    """The ```python block of docs/contributing.md that starts with `first_line`."""
+    text = (PROJECT / "docs" / "contributing.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
         if block.startswith(first_line + "\n"):
             return block
-    raise AssertionError(f"README's contributor section has no block starting {first_line!r}")
+    raise AssertionError(f"docs/contributing.md has no block starting {first_line!r}")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""deploy/compose-check.sh: the README runs exactly its commands, it refuses a small disk, and
+"""deploy/compose-check.sh: docs/deployment.md runs exactly its commands, it refuses a small disk, and
 (marked `docker`, opt-in) it passes end to end where a Docker engine can run."""
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from flwr.common.config import parse_config_args
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _readme_compose_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### docker compose"):]
+def _docs_compose_block() -> str:
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    section = page[page.index("### docker compose"):]
     found = re.search(r"```bash\n(.*?)\n```", section, re.S)
-    assert found, "no bash block in the README's compose section"
+    assert found, "no bash block in the compose section of docs/deployment.md"
     return found.group(1)
 
 
-def test_the_readme_compose_section_is_what_the_check_runs() -> None:
-    assert _readme_compose_block() == compose_check.readme_block()
+def test_the_documented_compose_section_is_what_the_check_runs() -> None:
+    assert _docs_compose_block() == compose_check.readme_block()
 
 
 def test_every_phase_tears_down_with_down_v_after_it_brings_up() -> None:

@@ -1,5 +1,5 @@
 """Flower simulation on GPUs: `client-resources-num-gpus` is a fraction, so several ClientApps
-share one GPU (README, "GPUs"). The federation config the README documents goes through
+share one GPU (docs/speed.md). The federation config that page documents goes through
 Flower's own parser exactly as `flwr run --federation-config` parses it."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ def _as_flwr_run_parses_it(text: str):  # noqa: ANN202 - Flower's SimulationConf
 
 
 def test_the_documented_gpu_federation_config_is_accepted() -> None:
-    readme = (PROJECT / "README.md").read_text()
-    documented = re.findall(r'--federation-config "([^"]*client-resources-num-gpus[^"]*)"', readme)
-    assert documented, "README documents no client-resources-num-gpus example"
+    page = (PROJECT / "docs" / "speed.md").read_text()
+    documented = re.findall(r'--federation-config "([^"]*client-resources-num-gpus[^"]*)"', page)
+    assert documented, "docs/speed.md documents no client-resources-num-gpus example"
     for text in documented:
         config = _as_flwr_run_parses_it(text)
         assert 0.0 < config.client_resources_num_gpus <= 1.0  # a share of one GPU per ClientApp
