@@ -19,6 +19,7 @@ from adaptfl.algorithms.settings import Data, Runtime
 from adaptfl.algorithms.stage import RoundInfo
 
 CLIENT_STATE_DIR = "output.client-state-dir"
+CLIENT_STATE_MEMORY = "output.client-state-memory"
 
 
 def _component(prefix: str, c: Component) -> dict[str, Any]:
@@ -26,7 +27,8 @@ def _component(prefix: str, c: Component) -> dict[str, Any]:
 
 
 def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
-              runtime: Runtime | None = None, client_state_dir: str = "") -> dict[str, Any]:
+              runtime: Runtime | None = None, client_state_dir: str = "",
+              client_state_memory: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"algorithm": algorithm.name}
     for slot in SLOTS:
         out.update(_component(slot, getattr(algorithm, slot)))
@@ -38,6 +40,7 @@ def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
         if settings is not None:
             out.update({f"{prefix}.{k}": v for k, v in settings.values().items()})
     out[CLIENT_STATE_DIR] = client_state_dir
+    out[CLIENT_STATE_MEMORY] = client_state_memory
     return out
 
 

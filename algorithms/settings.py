@@ -100,6 +100,11 @@ class Output(Component):
                             "(else refused, unless resume=true)", loop_only=_OUTPUTS)
     client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
                                   "system's temp dir")
+    client_state_memory: bool = param(True, "also keep durable client state in Flower's "
+                                      "context.state: in simulation that is the server process's "
+                                      "memory (model-sized per client that took part) and follows a "
+                                      "client across Ray nodes; false: client-state-dir only (shared "
+                                      "by every node of a multi-node Ray cluster)")
     tensorboard: bool = param(False, "also write TensorBoard event files to <results dir>/tensorboard "
                               "(needs the tensorboard extra)", loop_only=_OUTPUTS)
 

@@ -10,6 +10,7 @@ as one-line error replies.
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 from adaptfl.algorithms import wire
@@ -42,6 +43,15 @@ def _partition(context: Context, data: Data, seed: int, labels: torch.Tensor) ->
     return torch.as_tensor(indices.copy()), pid
 
 
+def ray_node() -> int | None:
+    """The Ray node this ClientApp runs on, when it runs in Flower's simulation (a Ray actor): the
+    first 12 hex digits of Ray's node id as an int (48 bits: exact in any metric); else None."""
+    ray = sys.modules.get("ray")  # imported by the actor; never imported here for nothing
+    if ray is None or not ray.is_initialized():
+        return None
+    return int(ray.get_runtime_context().get_node_id()[:12], 16)
+
+
 def handle_train(msg: Message, context: Context) -> Message:
     """One round of local training as the message's recipe says."""
     recipe = msg.content.config_records.get(wire.RECIPE)
@@ -64,7 +74,11 @@ def handle_train(msg: Message, context: Context) -> Message:
     run_local_steps(session, split, task.loss, indices, client_id)
     log.info("client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
              session.train_loss(), device)
-    return session.reply(num_examples=len(indices), metrics={wire.PARTITION_ID: client_id})
+    metrics = {wire.PARTITION_ID: client_id}
+    node = ray_node()
+    if node is not None:
+        metrics[wire.RAY_NODE] = node
+    return session.reply(num_examples=len(indices), metrics=metrics)
 
 
 def train_or_refuse(msg: Message, context: Context) -> Message:

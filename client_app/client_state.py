@@ -17,6 +17,10 @@ round"; SCAFFOLD, FedDyn: zero variates), and reports where its state came from 
 `client-state` metric (0 none, 1 memory, 2 disk). The run key comes from the server's state
 (new per job, kept across a resume, when Flower's run id changes); without one, Flower's run id
 is used. In round 1 stored state is ignored.
+
+With `client-state-memory=false` nothing goes to `context.state` (and versions left there are
+removed): in simulation every node's context lives in the server's process, so the memory copy
+grows with the clients that ever took part (docs/scale.md), while the disk copy does not.
 """
 
 from __future__ import annotations
@@ -83,11 +87,12 @@ class ClientStateStore:
     """Load and save named tensor dicts for one client in one run."""
 
     def __init__(self, context: Context, directory: str, server_round: int,
-                 run_key: str = "") -> None:
+                 run_key: str = "", in_memory: bool = True) -> None:
         if run_key and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_key):
             raise ValueError(f"run key {run_key!r} is not a plain name; refusing it as a path")
         self.context = context
         self.server_round = server_round
+        self.in_memory = in_memory
         partition = context.node_config.get(wire.NODE_PARTITION_ID)
         who = f"partition-{int(partition)}" if partition is not None else f"node-{context.node_id}"
         root = Path(directory) if directory else default_state_dir()
@@ -143,9 +148,11 @@ class ClientStateStore:
 
     def save(self, name: str, tensors: Tensors) -> None:
         cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        self.context.state[f"adaptfl-{name}.r{self.server_round}"] = ArrayRecord(cpu)
-        for old in sorted(self._memory(name))[:-KEEP]:
-            del self.context.state[self._memory(name)[old]]
+        if self.in_memory:
+            self.context.state[f"adaptfl-{name}.r{self.server_round}"] = ArrayRecord(cpu)
+        held = self._memory(name)
+        for old in sorted(held)[:-KEEP] if self.in_memory else sorted(held):
+            del self.context.state[held[old]]
         make_private_dirs(self.dir, levels=2)  # run-<key>/<client>: this user's only
         path = self.dir / f"{name}.r{self.server_round}.pt"
         tmp = path.with_suffix(".tmp")

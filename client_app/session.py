@@ -32,7 +32,12 @@ from typing import Any
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.algorithm import Algorithm
-from adaptfl.algorithms.recipe import CLIENT_STATE_DIR, algorithm_from_recipe, round_from_recipe
+from adaptfl.algorithms.recipe import (
+    CLIENT_STATE_DIR,
+    CLIENT_STATE_MEMORY,
+    algorithm_from_recipe,
+    round_from_recipe,
+)
 from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
 from adaptfl.local_update.rules.sophia import gnb_loss
@@ -101,7 +106,8 @@ class ClientSession:
                    for name, rec in content.array_records.items() if name != wire.ARRAYS}
         if store is None:
             store = ClientStateStore(context, str(recipe.get(CLIENT_STATE_DIR, "")), self.info.server_round,
-                                     self.info.run_key) if context is not None else MemoryStore()
+                                     self.info.run_key, bool(recipe.get(CLIENT_STATE_MEMORY, True))
+                                     ) if context is not None else MemoryStore()
         self.data = data or ClientData(num_examples=1, dataset_size=1)
         ctx = ClientRound(model, self.algorithm, self.info, records, store, self.data)
         self.parts: list[ClientPart] = [stage.start(ctx) for stage in self.algorithm.stages()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +81,20 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
                        metric_domains=contract.metric_domains)
     except ReplyRejected as why:
         raise ValueError(f"{cfg_name(strategy)}: a client's reply would be refused ({why})") from None
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MiB); in Flower's simulation this process also holds
+    every simulated node's context (docs/scale.md). The peak where /proc is missing."""
+    try:
+        with open("/proc/self/status") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        import resource
+
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        kib = kib // 1024 if sys.platform == "darwin" else kib
+    return round(kib / 1024, 1)
 
 
 def cfg_name(strategy: AdaptiveStrategy) -> str:
@@ -161,6 +176,9 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
                "rejected": dict(report.rejected), "missing": [int(n) for n in missing]}
         if report.skip_reason:
             row["skip-reason"] = report.skip_reason
+        if report.clients:
+            row["clients"] = report.clients
+        row["server-rss-mb"] = rss_mb()
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
         progress.round_done(row)

@@ -137,7 +137,8 @@ class AdaptiveStrategy(Strategy):
         assert self.state is not None
         cfg = self.cfg
         info = cfg.round_info(server_round, self.state.run_key)
-        recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir)
+        recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
+                           cfg.output.client_state_memory)
         train_config = ConfigRecord(dict(config or {}))
         train_config["server-round"] = server_round  # as Flower's FedAvg does
         content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
@@ -208,6 +209,7 @@ class AdaptiveStrategy(Strategy):
                 continue
             self.report.bytes_up += decoded.num_bytes
             accepted[node] = decoded
+            self.report.note_client(node, decoded.metrics)
         for node in shared_partition_ids(accepted):
             pid = accepted.pop(node).metrics[wire.PARTITION_ID]
             self._reject(str(node), f"{wire.PARTITION_ID}={pid} is claimed by another node too")
@@ -265,7 +267,7 @@ class AdaptiveStrategy(Strategy):
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:
         """Weighted means of the clients' numeric metrics over the replies that report each
         (a metric no client reports is absent, never a fake 0)."""
-        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE}
+        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE}
         keys = sorted({k for r in replies for k in r.metrics} - skip)
         out = {}
         for key in keys:

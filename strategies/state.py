@@ -6,10 +6,12 @@ from __future__ import annotations
 import io
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from adaptfl.algorithms import wire
 
 Tensors = dict[str, torch.Tensor]
 
@@ -71,3 +73,16 @@ class RoundReport:
     bytes_down: int = 0
     bytes_up: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    # partition id -> where each accepted reply's client ran and its state came from
+    # ("ray-node" as 12 hex digits, "client-state" 0/1/2), for replies that report them
+    clients: dict[str, dict[str, int | str]] = field(default_factory=dict)
+
+    def note_client(self, node: int, metrics: Mapping[str, float | int]) -> None:
+        """Per reply, not averaged: the Ray node it ran on and where its client state came from."""
+        noted: dict[str, int | str] = {}
+        if wire.RAY_NODE in metrics:
+            noted[wire.RAY_NODE] = f"{int(metrics[wire.RAY_NODE]):012x}"
+        if wire.CLIENT_STATE in metrics:
+            noted[wire.CLIENT_STATE] = int(metrics[wire.CLIENT_STATE])
+        if noted:
+            self.clients[str(int(metrics.get(wire.PARTITION_ID, node)))] = noted
