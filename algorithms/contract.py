@@ -5,10 +5,16 @@ the shape of its arrays, derived from the model). An algorithm's contract is the
 components' records plus the base message (the model down, Δ and metrics up). The server builds
 its payload and validates replies from it; the ClientApp refuses any record it does not list,
 so a record sent and silently ignored cannot happen.
+
+Frozen parameters (`requires_grad=False`: a pretrained base under LoRA adapters, a user's fixed
+feature extractor) are not federated: every node builds them itself, the model record, Δ and
+every per-parameter record (Δ_G, v̄, Θ, c, …) cover the other state_dict entries only, and the
+server's spec carries a digest of the frozen weights that each client checks its own against.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -28,13 +34,17 @@ ArraySpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 class ModelSpec:
     """Names, shapes and dtypes of the model: what valid arrays must look like."""
 
-    entries: dict[str, tuple[tuple[int, ...], torch.dtype]]  # every state_dict entry
+    entries: dict[str, tuple[tuple[int, ...], torch.dtype]]  # every federated state_dict entry
     parameters: tuple[str, ...]  # the trainable ones (optimizer state exists for these)
+    frozen_digest: str = ""  # of the frozen parameters ("" when there are none)
+    frozen_count: int = 0  # numbers in the frozen parameters (the bytes no round sends)
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelSpec:
-        entries = {n: (tuple(t.shape), t.dtype) for n, t in model.state_dict().items()}
-        return cls(entries, tuple(n for n, _ in model.named_parameters()))
+        entries = {n: (tuple(t.shape), t.dtype) for n, t in federated_state(model).items()}
+        frozen = frozen_parameters(model)
+        return cls(entries, tuple(n for n, p in model.named_parameters() if p.requires_grad),
+                   frozen_digest(model), sum(p.numel() for p in frozen.values()))
 
     @classmethod
     def of_arrays(cls, arrays: Mapping[str, torch.Tensor],
@@ -58,6 +68,44 @@ class ModelSpec:
     @property
     def dtype(self) -> torch.dtype:
         return self.entries[self.parameters[0]][1] if self.parameters else torch.float32
+
+
+def frozen_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters that do not train (`requires_grad=False`), by every name they have."""
+    return {n: p for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def federated_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state_dict entries that cross the wire: all but the frozen parameters (no copies)."""
+    frozen = frozen_parameters(model)
+    return {n: t for n, t in model.state_dict(keep_vars=True).items() if n not in frozen}
+
+
+def frozen_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over the frozen parameters' names, dtypes, shapes and bytes ("" if none): a node
+    whose base differs from the server's (another file, another seed) would train adapters for
+    a model nobody evaluates, so it is refused instead."""
+    frozen = frozen_parameters(model)
+    if not frozen:
+        return ""
+    digest = hashlib.sha256()
+    for name in sorted(frozen):
+        t = frozen[name].detach()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def load_federated(model: torch.nn.Module, arrays: Mapping[str, torch.Tensor]) -> None:
+    """Load the wire's model record into `model`, which keeps its frozen parameters. The record
+    must name every trainable entry and nothing the model lacks; frozen entries it carries
+    (a server that counted them as trainable) are loaded too, unchanged by training."""
+    missing, unexpected = model.load_state_dict(dict(arrays), strict=False)
+    trainable_missing = sorted(set(missing) - set(frozen_parameters(model)))
+    if unexpected or trainable_missing:
+        what = f"names {unexpected[:3]} the model lacks" if unexpected else \
+            f"no values for the federated entries {trainable_missing[:3]}"
+        raise ValueError(f"the model record holds {what}: server and client build different models")
 
 
 Shape = Callable[[ModelSpec, "Algorithm"], ArraySpec]

@@ -20,6 +20,7 @@ from adaptfl.algorithms.stage import RoundInfo
 
 CLIENT_STATE_DIR = "output.client-state-dir"
 CLIENT_STATE_MEMORY = "output.client-state-memory"
+FROZEN_DIGEST = "model.frozen-digest"  # of the server's frozen parameters (contract.py)
 
 
 def _component(prefix: str, c: Component) -> dict[str, Any]:

@@ -65,11 +65,12 @@ class ClientRound:
     start: Tensors = field(init=False)  # x^r of every trainable parameter (detached copies)
 
     def __post_init__(self) -> None:
-        self.start = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        self.start = {n: p.detach().clone() for n, p in self.params.items()}
 
     @property
     def params(self) -> dict[str, torch.nn.Parameter]:
-        return dict(self.model.named_parameters())
+        """The trainable parameters (frozen ones take no part: algorithms/contract.py)."""
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
 
 @dataclass

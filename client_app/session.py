@@ -32,9 +32,11 @@ from typing import Any
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.algorithm import Algorithm
+from adaptfl.algorithms.contract import frozen_digest, load_federated
 from adaptfl.algorithms.recipe import (
     CLIENT_STATE_DIR,
     CLIENT_STATE_MEMORY,
+    FROZEN_DIGEST,
     algorithm_from_recipe,
     round_from_recipe,
 )
@@ -81,6 +83,15 @@ def check_records(content: RecordDict, algorithm: Algorithm) -> None:
         raise ContractError(f"message lacks the model record {wire.ARRAYS!r}")
 
 
+def check_frozen(model: torch.nn.Module, recipe: Any) -> None:
+    """This node's frozen parameters must be the server's (algorithms/contract.py)."""
+    expected = str(recipe.get(FROZEN_DIGEST, ""))
+    if expected and frozen_digest(model) != expected:
+        raise ContractError("this node's frozen parameters differ from the server's (another "
+                            "base model file or revision, or a frozen part built from another "
+                            "seed): adapters trained on them would not fit the global model")
+
+
 class ClientSession:
     """One round on one client (see the module docstring)."""
 
@@ -97,11 +108,15 @@ class ClientSession:
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
         self.model = model
-        model.load_state_dict(content.array_records[wire.ARRAYS].to_torch_state_dict())
+        check_frozen(model, recipe)
+        arrays = content.array_records[wire.ARRAYS].to_torch_state_dict()
+        load_federated(model, arrays)
         if device is not None:
             model.to(device)
         self.device = next(model.parameters()).device
-        self.start_state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        # x^r of what the server sent (never the frozen base: no second copy of it)
+        state = model.state_dict()
+        self.start_state = {n: state[n].detach().clone() for n in arrays}
         records = {name: {k: v.to(self.device) for k, v in rec.to_torch_state_dict().items()}
                    for name, rec in content.array_records.items() if name != wire.ARRAYS}
         if store is None:
@@ -114,7 +129,7 @@ class ClientSession:
         self.optimizer = build_optimizer(model, self.algorithm, self.info)
         for part in self.parts:
             part.configure(self.optimizer)
-        self.params = dict(model.named_parameters())
+        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self._losses: list[torch.Tensor] = []
         self._stepped = self._lossed = False
         self._g_hat: dict[str, torch.Tensor] | None = None
@@ -143,7 +158,7 @@ class ClientSession:
                                  "session.backward(loss, logits)")
             from adaptfl.workloads import task_loss
 
-            names = [n for n, p in self.params.items() if p.requires_grad]
+            names = list(self.params)
             grads = torch.autograd.grad(gnb_loss(logits, loss_fn or task_loss),
                                         [self.params[n] for n in names], retain_graph=True,
                                         allow_unused=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_parameters, load_federated
 from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.client_app.session import ClientSession
@@ -34,7 +34,7 @@ from adaptfl.server_app.checkpoint import (
 from adaptfl.server_app.evaluate import evaluate
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
-from adaptfl.server_app.run_checks import check_nodes, check_settings
+from adaptfl.server_app.run_checks import check_frozen, check_nodes, check_settings
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.sampling import NotEnoughNodes
 from adaptfl.strategies.validation import ReplyRejected, decode_content
@@ -52,11 +52,13 @@ def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
     torch.manual_seed(cfg.federation.seed)
     model = build_task_model(cfg.data.model, task)
     strategy = AdaptiveStrategy(cfg)
-    strategy.initialize(model.state_dict(), ModelSpec.of(model))
+    spec = ModelSpec.of(model)
+    strategy.initialize(federated_state(model), spec)
     if cfg.local.batch_size > len(task.train):
         log.warning("batch-size=%d exceeds the %d training examples of the whole task: every "
                     "client step will use its whole partition", cfg.local.batch_size, len(task.train))
     check_settings(cfg, task)
+    check_frozen(cfg, spec)
     preflight(strategy, model, task)
     return strategy, model, task
 
@@ -69,7 +71,9 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
     data = ClientData(num_examples=len(rows), dataset_size=len(rows),
                       full_batches=lambda: [task.test.batch(rows)], loss=task.loss)
     with torch.random.fork_rng():
-        session = ClientSession(content, copy.deepcopy(model), data=data, store=MemoryStore())
+        # frozen parameters are shared with the copy, not copied (a pretrained base is large)
+        shared = {id(p): p for p in frozen_parameters(model).values()}
+        session = ClientSession(content, copy.deepcopy(model, shared), data=data, store=MemoryStore())
         run_local_steps(session, task.test, task.loss, rows, client_id=0, steps=1, warn=False)
         reply = session.reply_content(len(rows), check_steps=False)  # one step of K, on purpose
     contract = strategy.contract()
@@ -165,7 +169,7 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
         if missing:
             log.warning("round %d: no reply from nodes %s within round-timeout=%s s",
                         server_round, missing, fed.round_timeout or "none")
-        model.load_state_dict(strategy.state.model)
+        load_federated(model, strategy.state.model)
         evaluated = time.perf_counter()
         accuracy, loss = evaluate(model, task)
         report = strategy.report

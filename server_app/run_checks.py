@@ -4,6 +4,7 @@ these used to "complete" with every round skipped and an untrained model).
 Anywhere (build_run):
     classes-per-client above the labels the task has (pathological partitioning)
     an aggregator that needs more replies than min-replies guarantees (Krum: 2f + 3)
+    a component that copies the whole model per client, on a model with a frozen base (MOON)
 
 Where the nodes are known before round 1 (the in-process engine: its nodes run here, with
 partition ids 0..N-1), also what otherwise fails on every client:
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.client_app.device import select_device
 from adaptfl.strategies.sampling import nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
@@ -38,6 +40,20 @@ def check_settings(cfg: RunConfig, task: Task) -> None:
             raise ValueError(f"invalid classes-per-client={data.classes_per_client}: task "
                              f"{data.task!r} has {distinct} labels to partition by")
     cfg.algorithm.aggregator.check_federation(cfg.federation.min_replies)
+
+
+# Terms that keep whole copies of the model on each client: a frozen pretrained base would be
+# copied twice per round, and MOON's representation is a classifier's penultimate layer.
+COPIES_MODEL = ("moon",)
+
+
+def check_frozen(cfg: RunConfig, spec: ModelSpec) -> None:
+    """What cannot run on a model with frozen parameters (LoRA adapters over a base)."""
+    copies = [t.name for t in cfg.algorithm.terms if t.name in COPIES_MODEL]
+    if spec.frozen_count and copies:
+        raise ValueError(f"term {copies[0]!r} keeps two whole copies of the model per client; it is "
+                         f"refused for a model with frozen parameters ({spec.frozen_count:,} frozen "
+                         "numbers: a LoRA base)")
 
 
 def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, object]]) -> None:

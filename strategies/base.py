@@ -27,7 +27,7 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.algorithms.params import fields_of
-from adaptfl.algorithms.recipe import to_recipe
+from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.algorithms.stage import Aggregation
 from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
@@ -72,10 +72,15 @@ class AdaptiveStrategy(Strategy):
 
     # --- state ----------------------------------------------------------------------------------
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
-        """Start from these weights (round 0)."""
+        """Start from these weights (round 0); entries the spec leaves out (a model's frozen
+        parameters) are not federated and are dropped here."""
         self.spec = spec or self.spec or ModelSpec.of_arrays(arrays)
+        lacking = sorted(set(self.spec.entries) - set(arrays))
+        if lacking:
+            raise ValueError(f"initial arrays lack the model's entries {lacking[:3]}")
         self.state = ServerState(
-            server_round=0, model={n: t.detach().clone() for n, t in arrays.items()},
+            server_round=0, model={n: t.detach().clone() for n, t in arrays.items()
+                                   if n in self.spec.entries},
             sampling_rng=torch.Generator().manual_seed(self.cfg.federation.seed).get_state())
 
     def contract(self) -> Contract:
@@ -139,6 +144,8 @@ class AdaptiveStrategy(Strategy):
         info = cfg.round_info(server_round, self.state.run_key)
         recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
                            cfg.output.client_state_memory)
+        if self.spec is not None and self.spec.frozen_digest:
+            recipe[FROZEN_DIGEST] = self.spec.frozen_digest
         train_config = ConfigRecord(dict(config or {}))
         train_config["server-round"] = server_round  # as Flower's FedAvg does
         content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),

@@ -31,7 +31,7 @@ def full_gradient(model: torch.nn.Module, ctx: ClientRound) -> dict[str, torch.T
     if data.full_batches is None or data.loss is None:
         raise ValueError("MimeLite needs the client's data for ∇f_i(x): pass data=ClientData(...)")
     device = next(model.parameters()).device
-    params = dict(model.named_parameters())
+    params = ctx.params
     total = {n: torch.zeros_like(p) for n, p in params.items()}
     count = 0
     for x, y in data.full_batches():
