@@ -9,7 +9,8 @@ A round: sample nodes (seeded, the RNG in the state), send each the model (`arra
 `recipe`, the `config` (Flower's train_config + "server-round") and the records the algorithm's
 components send; validate every reply against the algorithm's contract (records, shapes,
 dtypes, values within each record's domain, size, one reply per sampled node, sent by that node,
-partition ids not shared) and drop a bad one with its reason; then the aggregator's combine of Δ
+a partition id its node holds) and drop a bad one with its reason (anything that fails to decode
+too: no reply can raise into the round); then the aggregator's combine of Δ
 (weights capped at max-weight-share) -> server optimizer -> each component's aggregation (through
 the same combine) -> the new `ServerState`, checked against its invariants (strategies/
 invariants.py) and only then replacing the old one; a round that fails is refused and the state
@@ -38,8 +39,8 @@ from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import (
     DecodedReply,
     ReplyRejected,
+    bind_partitions,
     decode_reply,
-    shared_partition_ids,
     summation_order,
 )
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -69,6 +70,7 @@ class AdaptiveStrategy(Strategy):
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
         self._sent: dict[str, int] = {}  # message id -> node, this round
+        self._connected: set[int] = set()  # nodes connected at the last sampling
 
     # --- state ----------------------------------------------------------------------------------
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
@@ -119,6 +121,7 @@ class AdaptiveStrategy(Strategy):
         fed = self.cfg.federation
         nodes = wait_for_nodes(grid, fed)
         self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
+        self._connected = set(nodes)
         count = sample_size(fed, len(nodes))
         gen = torch.Generator()
         gen.set_state(self.state.sampling_rng)
@@ -214,12 +217,18 @@ class AdaptiveStrategy(Strategy):
             except ReplyRejected as why:
                 self._reject("unknown" if node is None else str(node), str(why))
                 continue
+            except Exception as err:  # noqa: BLE001 - whatever one reply holds, it cannot stop the round
+                self._reject(str(node), f"undecodable reply ({type(err).__name__}: {err})")
+                continue
             self.report.bytes_up += decoded.num_bytes
             accepted[node] = decoded
             self.report.note_client(node, decoded.metrics)
-        for node in shared_partition_ids(accepted):
-            pid = accepted.pop(node).metrics[wire.PARTITION_ID]
-            self._reject(str(node), f"{wire.PARTITION_ID}={pid} is claimed by another node too")
+        assert self.state is not None
+        dropped, self.state.partition_owners = bind_partitions(
+            accepted, self.state.partition_owners, self._connected)
+        for node, why in dropped.items():
+            accepted.pop(node)
+            self._reject(str(node), why)
         return sorted(accepted.items(), key=summation_order(accepted))
 
     def _reject(self, node: str, why: str) -> None:

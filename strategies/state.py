@@ -26,6 +26,9 @@ class ServerState:
     # Names this job's durable client state (client_app/client_state.py): new for every run,
     # kept across a resume (Flower gives the resumed run a new run id, so that can't serve).
     run_key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # partition id -> the node that first held it alone (issue 21 §4: a node claiming another's
+    # id is dropped, not the owner); an owner that is no longer connected frees its id
+    partition_owners: dict[int, int] = field(default_factory=dict)
 
     def clone(self) -> ServerState:
         return ServerState(
@@ -34,13 +37,14 @@ class ServerState:
             extras={name: {k: v.clone() for k, v in t.items()} for name, t in self.extras.items()},
             sampling_rng=self.sampling_rng.clone(),
             run_key=self.run_key,
+            partition_owners=dict(self.partition_owners),
         )
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         torch.save({"server_round": self.server_round, "model": self.model,
                     "extras": self.extras, "sampling_rng": self.sampling_rng,
-                    "run_key": self.run_key}, buffer)
+                    "run_key": self.run_key, "partition_owners": self.partition_owners}, buffer)
         return buffer.getvalue()
 
     @classmethod
@@ -48,7 +52,8 @@ class ServerState:
         raw = torch.load(io.BytesIO(blob), weights_only=True)
         return cls(server_round=int(raw["server_round"]), model=raw["model"],
                    extras=raw["extras"], sampling_rng=raw["sampling_rng"],
-                   run_key=str(raw["run_key"]))
+                   run_key=str(raw["run_key"]),
+                   partition_owners={int(p): int(n) for p, n in raw.get("partition_owners", {}).items()})
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint intact."""

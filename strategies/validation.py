@@ -5,15 +5,15 @@ name, shape and dtype and finite values within its record's declared domain (v �
 statistics PSD, Δ squarable under the rules that square it: algorithms/domain.py), the metrics
 are finite numbers with a positive example count, a non-negative int partition id (and the
 algorithm's required keys, within their domains), and the whole reply is within the size bound.
-Otherwise the reason is returned and the caller drops the reply. Across the round's replies: no
-two may claim one partition id, and the ids fix the order of the float sums.
+Otherwise the reason is returned and the caller drops the reply. Across the round's replies: a
+partition id belongs to the node that first held it, and the ids fix the order of the float sums.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -63,16 +63,17 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
     """Required keys present; every value the strategy reads a finite number, the declared ones
     within their domain at float32, the partition id a non-negative int. A client's own extra
     metric that is not a finite number is left out of the round's record (logged), not a reason
-    to drop the reply; lists of numbers are kept apart (allowed by Flower, recorded by nobody)."""
+    to drop the reply; lists of numbers are kept apart (allowed by Flower, recorded by nobody)
+    unless the strategy reads the key: `num-examples = [1, 2]` is a bad reply (issue 21 §1)."""
     missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
     if missing:
         raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
     read = {wire.NUM_EXAMPLES, wire.PARTITION_ID, *required, *(domains or {})}
     out: dict[str, float | int] = {}
     for key, value in metrics.items():
-        if isinstance(value, list):
+        if isinstance(value, list) and key not in read:
             continue
-        if not isinstance(value, int | float) or not math.isfinite(float(value)):
+        if not _finite_number(value):
             if key in read:
                 raise ReplyRejected(f"{wire.METRICS}[{key}]={value!r} is not a finite number")
             log.warning("%s[%s]=%r is not a finite number: left out of the round's metrics",
@@ -90,6 +91,16 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
         if why:
             raise ReplyRejected(f"{wire.METRICS}[{key}]={out[key]!r}: {why} at float32")
     return out
+
+
+def _finite_number(value: object) -> bool:
+    """An int within int64 (what Flower's wire carries; float() of a larger one can overflow)
+    or a finite float; not a bool, not a list."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -2**63 <= value < 2**63
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int,
@@ -133,7 +144,7 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
     return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)
 
 
-# --- one reply per partition, and a fixed order of the replies ------------------------------
+# --- one node per partition, and a fixed order of the replies ------------------------------
 
 def summation_order(replies: Mapping[int, DecodedReply]) -> Callable[[tuple[int, DecodedReply]], int]:
     """A fixed order of the replies, so float sums depend neither on arrival order nor on the
@@ -146,11 +157,27 @@ def summation_order(replies: Mapping[int, DecodedReply]) -> Callable[[tuple[int,
     return lambda item: item[0]
 
 
-def shared_partition_ids(accepted: Mapping[int, DecodedReply]) -> list[int]:
-    """Nodes whose reply claims a partition id another reply of the round claims too: neither
-    is trusted (the id orders the float sums; one node cannot answer for two partitions)."""
-    owners: dict[int, list[int]] = {}
+def bind_partitions(accepted: Mapping[int, DecodedReply], owners: Mapping[int, int],
+                    connected: Collection[int]) -> tuple[dict[int, str], dict[int, int]]:
+    """(node -> why dropped, the new owners) for the round's partition-id claims. A partition
+    belongs to the node that first claimed it alone in a round; a later claim of it by another
+    node is dropped (never the owner's), and so is a node's claim of a second partition. Two
+    first claims in one round bind nobody and drop nobody (the sums then go in node-id order).
+    An owner that is no longer connected frees its id (a restarted SuperNode gets a new node id)."""
+    owners = {p: n for p, n in owners.items() if n in connected}
+    held = {n: p for p, n in owners.items()}
+    claims: dict[int, list[int]] = {}
     for node, reply in accepted.items():
         if wire.PARTITION_ID in reply.metrics:
-            owners.setdefault(int(reply.metrics[wire.PARTITION_ID]), []).append(node)
-    return sorted(n for nodes in owners.values() if len(nodes) > 1 for n in nodes)
+            claims.setdefault(int(reply.metrics[wire.PARTITION_ID]), []).append(node)
+    dropped: dict[int, str] = {}
+    for pid, nodes in sorted(claims.items()):
+        owner = owners.get(pid)
+        for node in nodes:
+            if owner is not None and node != owner:
+                dropped[node] = f"{wire.PARTITION_ID}={pid} belongs to node {owner}, which held it first"
+            elif owner is None and node in held:
+                dropped[node] = f"{wire.PARTITION_ID}={pid}: node {node} holds {held[node]}"
+        if owner is None and len(nodes) == 1 and nodes[0] not in held:
+            owners[pid] = held[nodes[0]] = nodes[0]
+    return dropped, owners

@@ -14,6 +14,7 @@ from adaptfl.algorithms.domain import PSD
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
 from adaptfl.strategies.invariants import check_state
+from adaptfl.strategies.state import ServerState
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 F32 = torch.float32
@@ -122,13 +123,30 @@ def test_a_reply_outside_its_domain_is_dropped_alone(algorithm: str, kind: str, 
     assert _same_state(attacked, honest_only)  # the hostile reply contributed nothing
 
 
-def test_two_replies_claiming_one_partition_are_both_dropped() -> None:
+def test_a_partition_stays_with_the_node_that_first_held_it() -> None:
+    """Issue 21 §4: on main a node claiming another's partition id got both dropped, every
+    round: one client could knock out a chosen honest one. Now the claimer alone is dropped."""
     strategy = _strategy("fedavg")
+    _round(strategy, {n: _honest(strategy, n) for n in range(1, 6)})  # round 1 binds 0..4
+    assert strategy.state.partition_owners == {p: p + 1 for p in range(5)}
     replies = {n: _honest(strategy, n) for n in range(1, 6)}
     replies[HOSTILE]["metrics"][wire.PARTITION_ID] = 0  # node 1's partition
     _round(strategy, replies)
-    assert sorted(strategy.report.rejected) == ["1", "5"]
-    assert "claimed by another node" in strategy.report.rejected["5"]
+    assert list(strategy.report.rejected) == ["5"] and strategy.report.accepted == 4
+    assert "partition-id=0 belongs to node 1" in strategy.report.rejected["5"]
+    # bindings survive a checkpoint; an owner that left frees its id for whoever comes next
+    again = ServerState.from_bytes(strategy.state.to_bytes())
+    assert again.partition_owners == strategy.state.partition_owners
+
+
+def test_two_first_claims_of_one_partition_drop_nobody() -> None:
+    strategy = _strategy("fedavg")
+    replies = {n: _honest(strategy, n) for n in range(1, 6)}
+    replies[HOSTILE]["metrics"][wire.PARTITION_ID] = 0  # node 1's partition, in the first round
+    _round(strategy, replies)
+    assert strategy.report.rejected == {} and strategy.report.accepted == 5
+    assert 0 not in strategy.state.partition_owners  # undecided: bound to neither
+    assert strategy.state.partition_owners == {1: 2, 2: 3, 3: 4}
 
 
 def test_a_reply_must_come_from_the_node_its_instruction_went_to() -> None:
