@@ -7,7 +7,13 @@ the SuperLink does) and validates the result the way the ServerApp will.
 
     python -m adaptfl.algorithms.check_overrides --run-config "tau=0.3 rho=0.2" [--get KEY ...]
 
-Exit 0, printing the merged value of each `--get KEY` on its own line; or exit 2 with one line
+With `--preflight` it also runs what the ServerApp runs before round 1 (`build_run`: load the
+task, build the model, one step of the client pipeline on a few rows, its reply checked), so a
+missing data file, label column or `module:function`, or a model that does not fit the task,
+is named here in seconds instead of inside Flower after Ray has started.
+
+Exit 0, printing the merged value of each `--get KEY` on its own line; or exit 2
+(`REFUSED_EXIT_CODE`, as `python -m adaptfl.engine` for the same input) with one line
 `config error: <message>`.
 """
 
@@ -15,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
+import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import click
+from adaptfl.server_app.exit_codes import REFUSED_EXIT_CODE
 from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
 
 import adaptfl
@@ -39,6 +49,25 @@ def validate(merged: dict[str, Any]) -> None:
     from adaptfl.algorithms.config import RunConfig
 
     RunConfig.from_flower(merged)
+
+
+def preflight(merged: dict[str, Any]) -> None:
+    """Raise ValueError (or the loader's OSError/ImportError) if the ServerApp would refuse this
+    run before round 1: the very function it calls first (server_app/loop.py: build_run).
+
+    Quietly: its warnings and progress bars come again from the ServerApp itself, so a refusal
+    is the one line `main` prints."""
+    from adaptfl.algorithms.config import RunConfig
+    from adaptfl.server_app.loop import build_run
+
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when `datasets` is imported
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build_run(RunConfig.from_flower(merged))
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, Any]:
@@ -69,15 +98,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--get", action="append", default=[], metavar="KEY",
                         help="print this key's merged value (repeatable)")
     parser.add_argument("--app", type=Path, default=APP_DIR, help="folder holding pyproject.toml")
+    parser.add_argument("--preflight", action="store_true",
+                        help="also load the task, build the model and run one client step, as the "
+                             "ServerApp does before round 1")
     args = parser.parse_args(argv)
     try:
         merged = merged_config(args.run_config, args.app)
         values = [merged[key] for key in args.get]
+        if args.preflight:
+            preflight(merged)
     except click.ClickException as err:  # flwr's parser reports bad TOML this way
         return _fail(err.message)
     except KeyError as err:
         return _fail(f"--get {err.args[0]!r}: no such key")
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, ImportError) as err:
         return _fail(str(err))
     for value in values:
         print(str(value).lower() if isinstance(value, bool) else value)
@@ -86,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fail(message: str) -> int:
     print("config error: " + " ".join(message.split()), file=sys.stderr)  # one line, always
-    return 2
+    return REFUSED_EXIT_CODE
 
 
 if __name__ == "__main__":

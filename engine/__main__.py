@@ -1,4 +1,9 @@
-"""`python -m adaptfl.engine --num-nodes 10 algorithm=fedadamw local-steps=20`: a run without Flower."""
+"""`python -m adaptfl.engine --num-nodes 10 algorithm=fedadamw local-steps=20`: a run without Flower.
+
+Exit codes (server_app/exit_codes.py): 0 done, 2 refused before round 1 (`config error: …`),
+3 aborted after it started, 1 anything else. torch and Flower are imported only after the
+arguments are parsed, so `--help` answers at once.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from adaptfl.algorithms.config import RunConfig
-from adaptfl.engine.inprocess import run_inprocess
-from adaptfl.server_app.abort import EXIT_CODE as ABORT_EXIT_CODE
-from adaptfl.server_app.abort import RunAborted
-from tqdm import tqdm
+from adaptfl.server_app.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
+
+PROG = "python -m adaptfl.engine"
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, object]:
@@ -29,18 +32,33 @@ def parse_overrides(pairs: list[str]) -> dict[str, object]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-nodes", type=int, default=10)
     parser.add_argument("--quiet", action="store_true", help="a progress bar only, no log lines")
-    parser.add_argument("overrides", nargs="*", help="run-config key=value pairs")
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", help="run-config key=value pairs (docs/algorithms.md)")
+    return parser
+
+
+def refuse(err: BaseException) -> SystemExit:
+    print(f"config error: {' '.join(str(err).split())}", file=sys.stderr)  # one line, always
+    return SystemExit(REFUSED_EXIT_CODE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     level = logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    from adaptfl.algorithms.config import RunConfig  # heavy: torch, Flower
+
     try:
         cfg = RunConfig.from_flower(parse_overrides(args.overrides))
     except ValueError as err:  # one line naming the key, no traceback
-        raise SystemExit(f"config error: {err}") from None
+        raise refuse(err) from None
+    from adaptfl.engine.inprocess import run_inprocess
+    from adaptfl.server_app.abort import RunAborted
+    from tqdm import tqdm
+
     bar = tqdm(total=cfg.federation.num_server_rounds, unit="round", desc=cfg.algorithm.name,
                disable=None)  # disable=None: no bar when stderr is not a terminal
 
@@ -50,12 +68,13 @@ def main() -> None:
 
     try:
         out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round)
-    except ValueError as err:  # refused before round 1 (task, model, a client's check): one line
-        raise SystemExit(f"error: {err}") from None
+    except (ValueError, OSError, ImportError) as err:  # refused: task, model, a client's check
+        bar.close()
+        raise refuse(err) from None
     except RunAborted as err:  # too many skipped rounds, a non-finite model: one line, exit 3
         bar.close()
         print(err, file=sys.stderr)
-        raise SystemExit(ABORT_EXIT_CODE) from None
+        raise SystemExit(ABORTED_EXIT_CODE) from None
     finally:
         bar.close()
     print(f"results: {out}")

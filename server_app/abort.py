@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from adaptfl.server_app.exit_codes import ABORTED_EXIT_CODE
 
-EXIT_CODE = 3  # `python -m adaptfl.engine`: 1 is a config error, 3 an aborted run
+EXIT_CODE = ABORTED_EXIT_CODE  # `python -m adaptfl.engine`: every code in server_app/exit_codes.py
 
 
 class RunAborted(RuntimeError):

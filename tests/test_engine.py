@@ -85,10 +85,11 @@ def test_engine_cli_errors_are_one_line(tmp_path) -> None:
     import sys
 
     for args, expected in ((["tua=0.3"], "config error: unknown run-config key 'tua' (did you mean 'tau'"),
-                           ([f"results-dir={tmp_path}", "task=nope"], "error: unknown task 'nope'")):
+                           ([f"results-dir={tmp_path}", "task=nope"], "config error: unknown task 'nope'")):
         done = subprocess.run([sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2", *args],
                               capture_output=True, text=True, timeout=120)
-        assert done.returncode == 1 and done.stderr.strip().startswith(expected), done.stderr
+        # exit 2: refused before round 1, as scripts/main_job.sh (server_app/exit_codes.py)
+        assert done.returncode == 2 and done.stderr.strip().startswith(expected), done.stderr
         assert done.stderr.strip().count("\n") == 0, done.stderr
 
 

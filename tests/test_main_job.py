@@ -58,19 +58,31 @@ def test_a_config_error_is_one_line_before_flower_starts(tmp_path: Path) -> None
         assert not (tmp_path / "homes").exists()  # no SuperLink was started
 
 
+def test_missing_data_is_refused_by_the_preflight_before_flower_starts(tmp_path: Path) -> None:
+    empty = tmp_path / "no-data"  # valid config, but no Fashion-MNIST here
+    empty.mkdir()
+    done = run_main_job(tmp_path, f"{TINY} data-dir='{empty}'")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr.splitlines() == [done.stderr.strip()], done.stderr  # exactly one line
+    assert done.stderr.startswith("config error: ") and "lacks Fashion-MNIST" in done.stderr, done.stderr
+    assert not (tmp_path / "homes").exists()  # no SuperLink, no run folder
+
+
 @needs_fashion_mnist
 def test_a_failing_run_exits_non_zero_and_names_the_failure(tmp_path: Path) -> None:
     results = tmp_path / "results"
     previous = results / "fedact-previous"  # a finished earlier run that must not be reported
     previous.mkdir(parents=True)
     (previous / "metrics.jsonl").write_text("{}\n")
-    empty = tmp_path / "no-data"  # valid config, but the ServerApp finds no Fashion-MNIST here
-    empty.mkdir()
-    done = run_main_job(tmp_path, f"{TINY} num-server-rounds=2 results-dir='{results}' data-dir='{empty}'")
+    # Passes the preflight (the server cannot know the node count before Flower starts), but
+    # natural-id wants one client per label (10) and the federation has 2: every client refuses,
+    # the round is skipped and the run aborts inside Flower.
+    done = run_main_job(tmp_path, f"{TINY} num-server-rounds=1 max-skipped-rounds=1 "
+                                  f"partitioning='natural-id' results-dir='{results}'")
 
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     failure = done.stderr.strip().splitlines()[-1]
-    assert re.match(r"main_job: FAILED: Flower run \d+ failed: .*lacks Fashion-MNIST", failure), failure
+    assert re.match(r"main_job: FAILED: Flower run \d+ failed: .*natural-id", failure), failure
     assert "previous" not in done.stdout + done.stderr
     assert "main_job: done" not in done.stdout
 

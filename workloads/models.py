@@ -6,7 +6,9 @@ import math
 from collections.abc import Callable
 
 from torch import nn
-from torchvision.models import ResNet, SwinTransformer, VisionTransformer, resnet18
+
+# torchvision is imported by the builders that use it: importing it pulls in torch._dynamo
+# (seconds), which every process that builds the cnn or the mlp would pay for nothing.
 
 
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
@@ -68,6 +70,8 @@ def _vit(num_classes: int, in_channels: int, image_size: int, hidden: int, heads
         raise ValueError(
             f"vit models need image_size divisible by {VIT_PATCH_SIZE}, got {image_size!r}"
         )
+    from torchvision.models import VisionTransformer
+
     model = VisionTransformer(
         image_size=image_size,
         patch_size=VIT_PATCH_SIZE,
@@ -106,7 +110,9 @@ def build_mlp(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
 def build_resnet18(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """torchvision's ResNet-18 with the CIFAR stem: a 3x3 stride-1 first conv and no max-pool,
     so 32 px inputs keep a 4x4 map before the pooling head (the ImageNet stem leaves 1x1). ~11.2M."""
-    model: ResNet = resnet18(num_classes=num_classes)
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=num_classes)
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision
     model.maxpool = nn.Identity()  # type: ignore[assignment]
@@ -121,6 +127,8 @@ def build_swin_lite(num_classes: int, in_channels: int, image_size: int) -> nn.M
     4x4 windows (a 32 px image is 16x16 tokens, 4x4 after two merges). ~1.3M parameters."""
     if image_size < 8:
         raise ValueError(f"swin-lite needs image_size >= 8, got {image_size!r}")
+    from torchvision.models import SwinTransformer
+
     model = SwinTransformer(patch_size=[2, 2], embed_dim=SWIN_EMBED_DIM, depths=[2, 2, 2],
                             num_heads=[3, 6, 12], window_size=[4, 4], num_classes=num_classes)
     # torchvision hard-codes 3 input channels in the patch embedding; swap in ours.

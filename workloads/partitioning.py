@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import warnings
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import torch
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    NaturalIdPartitioner,
-    Partitioner,
-    PathologicalPartitioner,
-)
+
+if TYPE_CHECKING:  # imported where a partition is drawn: flwr-datasets brings seaborn and scipy
+    import datasets
+    from flwr_datasets.partitioner import DirichletPartitioner, NaturalIdPartitioner, Partitioner
 
 # iid: equal random shards; dirichlet: label shares ~ Dir(α) per client; pathological: each
 # client holds `classes_per_client` labels; natural-id: one client per label value (for text,
@@ -99,6 +96,9 @@ def _check_partition_args(
 def _cached_partitioner(
     label_bytes: bytes, num_partitions: int, scheme: str, alpha: float, seed: int
 ) -> Partitioner:
+    import datasets
+    from flwr_datasets.partitioner import IidPartitioner, PathologicalPartitioner
+
     labels = np.frombuffer(label_bytes, dtype=np.int64)
     if scheme == "natural-id":
         return _natural_id(labels)
@@ -129,6 +129,9 @@ def _cached_partitioner(
 def _natural_id(labels: np.ndarray) -> NaturalIdPartitioner:
     # Rows sorted by label (stable): the partitioner numbers ids in order of first appearance,
     # so partition i is the i-th smallest label whatever order the data came in.
+    import datasets
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
     order = np.argsort(labels, kind="stable")
     table = datasets.Dataset.from_dict({"label": labels[order], "idx": order}).with_format("arrow")
     partitioner = NaturalIdPartitioner(partition_by="label")
@@ -139,6 +142,8 @@ def _natural_id(labels: np.ndarray) -> NaturalIdPartitioner:
 def _assigned_dirichlet(
     table: datasets.Dataset, num_partitions: int, alpha: float, seed: int, min_size: int
 ) -> DirichletPartitioner:
+    from flwr_datasets.partitioner import DirichletPartitioner
+
     partitioner = DirichletPartitioner(
         num_partitions=num_partitions,
         partition_by="label",
