@@ -27,7 +27,16 @@ from typing import Any
 from adaptfl.algorithms.algorithm import SLOTS, TERM_SWITCH, Algorithm, Selection, term_choices
 from adaptfl.algorithms.catalog import get_algorithm
 from adaptfl.algorithms.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
-from adaptfl.algorithms.settings import SETTINGS, Data, Federation, LocalTraining, Output, Runtime
+from adaptfl.algorithms.settings import (
+    SETTINGS,
+    Data,
+    Federation,
+    LanguageModel,
+    LocalTraining,
+    Output,
+    Runtime,
+    check_llm_keys,
+)
 from adaptfl.algorithms.stage import RoundInfo
 
 # Fields a title leaves out: numerical details, not what tells runs apart.
@@ -67,6 +76,7 @@ class RunConfig:
     data: Data
     output: Output
     runtime: Runtime
+    llm: LanguageModel
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any], drop_unused: bool = False) -> RunConfig:
@@ -91,6 +101,7 @@ class RunConfig:
                              f"algorithm {algorithm.name!r} ({algorithm.describe()}); remove "
                              f"{'them' if len(unused) > 1 else 'it'} or choose a component that reads "
                              f"{'them' if len(unused) > 1 else 'it'}")
+        check_llm_keys(settings[LanguageModel], settings[Data])  # type: ignore[arg-type]
         return cls(selection, algorithm, *(settings[s] for s in SETTINGS))  # type: ignore[arg-type]
 
     @classmethod
@@ -107,7 +118,7 @@ class RunConfig:
         """Every key with its effective value ("preset" for keys this algorithm does not read);
         `from_flower(to_flower())` gives the same config."""
         out: dict[str, Any] = {key: PRESET for key in declared_keys()}
-        for settings in (self.federation, self.local, self.data, self.output, self.runtime):
+        for settings in (self.federation, self.local, self.data, self.output, self.runtime, self.llm):
             out.update(settings.values())
         out["lr"], out["weight-decay"] = self.lr, self.weight_decay
         out["algorithm"] = self.algorithm.name

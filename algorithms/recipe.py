@@ -15,7 +15,7 @@ from typing import Any
 
 from adaptfl.algorithms.algorithm import SLOTS, Algorithm
 from adaptfl.algorithms.params import Component, fields_of, lookup
-from adaptfl.algorithms.settings import Data, Runtime
+from adaptfl.algorithms.settings import Data, LanguageModel, Runtime
 from adaptfl.algorithms.stage import RoundInfo
 
 CLIENT_STATE_DIR = "output.client-state-dir"
@@ -29,7 +29,7 @@ def _component(prefix: str, c: Component) -> dict[str, Any]:
 
 def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
               runtime: Runtime | None = None, client_state_dir: str = "",
-              client_state_memory: bool = True) -> dict[str, Any]:
+              client_state_memory: bool = True, llm: LanguageModel | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"algorithm": algorithm.name}
     for slot in SLOTS:
         out.update(_component(slot, getattr(algorithm, slot)))
@@ -37,7 +37,7 @@ def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
     for t in algorithm.terms:
         out.update({k: v for k, v in _component(f"terms.{t.name}", t).items() if k != f"terms.{t.name}"})
     out.update({f"round.{k.replace('_', '-')}": v for k, v in dataclasses.asdict(info).items()})
-    for prefix, settings in (("data", data), ("runtime", runtime)):
+    for prefix, settings in (("data", data), ("runtime", runtime), ("llm", llm)):
         if settings is not None:
             out.update({f"{prefix}.{k}": v for k, v in settings.values().items()})
     out[CLIENT_STATE_DIR] = client_state_dir
@@ -82,3 +82,7 @@ def round_from_recipe(record: Mapping[str, Any]) -> RoundInfo:
 def settings_from_recipe(record: Mapping[str, Any]) -> tuple[Data, Runtime]:
     return Data.build({k[5:]: v for k, v in record.items() if k.startswith("data.")}), \
         Runtime.build({k[8:]: v for k, v in record.items() if k.startswith("runtime.")})
+
+
+def llm_from_recipe(record: Mapping[str, Any]) -> LanguageModel:
+    return LanguageModel.build({k[4:]: v for k, v in record.items() if k.startswith("llm.")})

@@ -115,6 +115,9 @@ class Runtime(Component):
     """What the clients run on."""
 
     device: str = param("auto", "auto, cpu, cuda or cuda:N (a node config may override it)")
+    precision: str = param("auto", "local steps' forward pass: auto (bf16 autocast on CUDA, fp32 "
+                           "on CPU), fp32, or bf16 (CUDA only); weights and optimizer state stay "
+                           "fp32", choices=("auto", "fp32", "bf16"))
     num_threads: int = param(0, "torch threads per client process; 0: torch's default",
                              within=(0, None))
 
@@ -123,4 +126,40 @@ class Runtime(Component):
             raise ValueError(f"invalid device={self.device!r}: choose auto, cpu, cuda or cuda:N")
 
 
-SETTINGS = (Federation, LocalTraining, Data, Output, Runtime)
+@component("settings", "llm")
+@dataclass(frozen=True)
+class LanguageModel(Component):
+    """A pretrained causal LM (`model='hf:…'`) with LoRA adapters, and instruction SFT
+    (`task='sft:…'`): docs/llm-lora.md."""
+
+    lora_rank: int = param(32, "LoRA rank r of the adapters (hf: models)", within=(1, None))
+    lora_alpha: float = param(64.0, "LoRA scale α (the update is α/r·B·A)", within=(0.0, None),
+                              open_low=True)
+    lora_dropout: float = param(0.05, "dropout on the adapters' input", within=(0.0, 1.0),
+                                open_high=True)
+    lora_targets: str = param("all-linear", "modules that get adapters: all-linear (every linear "
+                              "layer but the output head) or comma-separated names (q_proj,v_proj)")
+    max_length: int = param(256, "tokens per SFT example (prompt + response), longer ones cut",
+                            within=(8, None))
+    prompt_template: str = param("alpaca", "SFT prompt: alpaca (the Alpaca template) or chat (the "
+                                 "tokenizer's chat template)", choices=("alpaca", "chat"))
+    gradient_checkpointing: bool = param(False, "recompute activations in backward (less memory, "
+                                         "~30% more time; hf: models)")
+
+
+SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel)
+# llm keys and what they need to matter: the adapters an hf: model, the rest an sft: task
+_NEEDS = {"lora-rank": "model", "lora-alpha": "model", "lora-dropout": "model",
+          "lora-targets": "model", "gradient-checkpointing": "model", "max-length": "task",
+          "prompt-template": "task"}
+
+
+def check_llm_keys(llm: LanguageModel, data: Data) -> None:
+    """An llm key set away from its default must be read by something: refused otherwise."""
+    defaults = LanguageModel().values()
+    for key, value in llm.values().items():
+        needs = _NEEDS[key]
+        wanted = "hf:" if needs == "model" else "sft:"
+        if value != defaults[key] and not getattr(data, needs).startswith(wanted):
+            raise ValueError(f"{key}={value!r} is read only with {needs}='{wanted}…' "
+                             f"({needs}={getattr(data, needs)!r}); remove it")

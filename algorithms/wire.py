@@ -27,6 +27,7 @@ METRICS = "metrics"  # MetricRecord: the keys below, plus any numeric metric the
 # --- MetricRecord keys of a reply ---
 NUM_EXAMPLES = "num-examples"  # int, the client's data size (aggregation weight); required
 PARTITION_ID = "partition-id"  # int, informational (replies are ordered by node id)
+PEAK_MEMORY = "peak-memory-mb"  # float, the client's peak memory this round (client_app/device.py)
 TRAIN_LOSS = "train-loss"  # float, mean loss over the K local steps
 POS_RATIO = "pos-ratio"  # float, PosRatio of the trust scores (mean over the steps measured)
 TOP_MASS = "top-mass"  # float, TopMass_0.01 of the trust scores (same steps)

@@ -14,10 +14,10 @@ import sys
 
 import torch
 from adaptfl.algorithms import wire
-from adaptfl.algorithms.recipe import settings_from_recipe
+from adaptfl.algorithms.recipe import llm_from_recipe, settings_from_recipe
 from adaptfl.algorithms.settings import Data
 from adaptfl.algorithms.stage import ClientData
-from adaptfl.client_app.device import select_device
+from adaptfl.client_app.device import peak_memory_mb, reset_peak_memory, select_device
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.workloads import build_task_model, load_task, partition_indices
@@ -62,19 +62,23 @@ def handle_train(msg: Message, context: Context) -> Message:
     if runtime.num_threads > 0:
         torch.set_num_threads(runtime.num_threads)
     device = select_device(str(node.get(wire.NODE_DEVICE, runtime.device)))
-    task = load_task(data.task, str(node.get(wire.NODE_DATA_DIR, data.data_dir)))
+    llm = llm_from_recipe(recipe)
+    data_dir = str(node.get(wire.NODE_DATA_DIR, data.data_dir))
+    task = load_task(data.task, data_dir, data.model, llm)
     seed = int(recipe["round.seed"])  # algorithms/recipe.py
     indices, client_id = _partition(context, data, seed, task.labels)
-    model = build_task_model(data.model, task)
+    model = build_task_model(data.model, task, llm, data_dir)
     split = task.train
-    batches = lambda: [split.batch(chunk) for chunk in indices.split(512)]  # noqa: E731
+    chunk = min(512, task.eval_batch_size)
+    batches = lambda: [split.batch(rows) for rows in indices.split(chunk)]  # noqa: E731
     client_data = ClientData(num_examples=len(indices), dataset_size=len(task.labels),
                              full_batches=batches, loss=task.loss)
+    reset_peak_memory(device)
     session = ClientSession(msg, model, context=context, data=client_data, device=device)
-    run_local_steps(session, split, task.loss, indices, client_id)
+    run_local_steps(session, split, task.loss, indices, client_id, precision=runtime.precision)
     log.info("client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
              session.train_loss(), device)
-    metrics = {wire.PARTITION_ID: client_id}
+    metrics = {wire.PARTITION_ID: client_id, wire.PEAK_MEMORY: peak_memory_mb(device)}
     node = ray_node()
     if node is not None:
         metrics[wire.RAY_NODE] = node

@@ -6,6 +6,9 @@ sets one, else from the run config's `device`; the same code runs on a GPU node 
 
 from __future__ import annotations
 
+import resource
+import sys
+
 import torch
 
 
@@ -24,3 +27,17 @@ def select_device(choice: str) -> torch.device:
                              f"{torch.cuda.device_count()} CUDA device(s)")
         return torch.device(choice)
     raise ValueError(f"invalid device={choice!r}: choose auto, cpu, cuda or cuda:N")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This round's peak on CUDA (`max_memory_allocated`); on CPU the process's peak resident
+    set (`ru_maxrss`: since the process started, so in the in-process engine the server's too)."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / 2**20 if sys.platform == "darwin" else peak / 2**10, 1)

@@ -36,11 +36,23 @@ def _on_device(split: Split, indices: torch.Tensor, device: torch.device
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The forward pass's autocast dtype: bf16 on CUDA for auto/bf16, none (fp32) otherwise.
+    Weights, gradients and optimizer state stay fp32 (the masters): autocast only casts the
+    matmuls' inputs, so the update rules see fp32 gradients."""
+    if precision == "bf16" and device.type != "cuda":
+        raise ValueError(f"precision='bf16' needs a CUDA device; this client runs on {device}")
+    return torch.bfloat16 if precision in ("auto", "bf16") and device.type == "cuda" else None
+
+
 def run_local_steps(session: ClientSession, split: Split, loss_fn: Loss, indices: torch.Tensor,
-                    client_id: int, steps: int | None = None, warn: bool = True) -> None:
+                    client_id: int, steps: int | None = None, warn: bool = True,
+                    precision: str = "fp32") -> None:
     """The recipe's K local steps (or `steps`) on the rows `indices` of `split` (`warn`: about
-    a batch larger than the rows; the server's preflight step on a few rows does not)."""
+    a batch larger than the rows; the server's preflight step on a few rows does not;
+    `precision`: the run's runtime key)."""
     info, model, device = session.info, session.model, session.device
+    cast = autocast_dtype(precision, device)
     seed = round_seed(info.seed, info.server_round, client_id)
     torch.manual_seed(seed)  # dropout etc. in models that have it
     generator = torch.Generator().manual_seed(seed)
@@ -58,7 +70,8 @@ def run_local_steps(session: ClientSession, split: Split, loss_fn: Loss, indices
         else:
             x, y = split.batch(indices[batch])
             x, y = x.to(device), y.to(device)
-        logits = model(x)
-        loss = session.loss(x, logits, loss_fn(logits, y))
+        with torch.autocast(device.type, dtype=cast or torch.float32, enabled=cast is not None):
+            logits = model(x)
+            loss = session.loss(x, logits, loss_fn(logits, y))
         session.backward(loss, logits, loss_fn)
         session.step()

@@ -31,7 +31,7 @@ from adaptfl.server_app.checkpoint import (
     resume_source,
     save_checkpoint,
 )
-from adaptfl.server_app.evaluate import evaluate
+from adaptfl.server_app.evaluate import evaluate_all
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
 from adaptfl.server_app.run_checks import check_frozen, check_nodes, check_settings
@@ -48,9 +48,9 @@ PREFLIGHT_ROWS = 4  # examples of the test split one preflight step trains on
 
 def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
     """Strategy, model and task; refuses anything that would fail a client, before round 1."""
-    task = load_task(cfg.data.task, cfg.data.data_dir)
+    task = load_task(cfg.data.task, cfg.data.data_dir, cfg.data.model, cfg.llm)
     torch.manual_seed(cfg.federation.seed)
-    model = build_task_model(cfg.data.model, task)
+    model = build_task_model(cfg.data.model, task, cfg.llm, cfg.data.data_dir)
     strategy = AdaptiveStrategy(cfg)
     spec = ModelSpec.of(model)
     strategy.initialize(federated_state(model), spec)
@@ -150,10 +150,10 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     guard = SkipGuard(fed.max_skipped_rounds, outputs.rows)
     assert strategy.state is not None
     if not outputs.rows:  # a fresh run: where training starts from
-        accuracy, loss = evaluate(model, task)
-        outputs.record({"round": 0, "test-accuracy": accuracy, "test-loss": loss})
+        scores = evaluate_all(model, task)
+        outputs.record({"round": 0, **scores})
         log.info("[ROUND 0/%d] the initial model: accuracy %.4f, loss %.4f", fed.num_server_rounds,
-                 accuracy, loss)
+                 scores["test-accuracy"], scores["test-loss"])
     progress = Progress(fed.num_server_rounds, strategy.state.server_round + 1, on_round)
     for server_round in range(strategy.state.server_round + 1, fed.num_server_rounds + 1):
         started = time.perf_counter()
@@ -171,9 +171,9 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
                         server_round, missing, fed.round_timeout or "none")
         load_federated(model, strategy.state.model)
         evaluated = time.perf_counter()
-        accuracy, loss = evaluate(model, task)
+        scores = evaluate_all(model, task)
         report = strategy.report
-        row = {"round": server_round, "test-accuracy": accuracy, "test-loss": loss,
+        row = {"round": server_round, **scores,
                **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
                "seconds": time.perf_counter() - started,
                "eval-seconds": time.perf_counter() - evaluated,

@@ -146,7 +146,7 @@ class AdaptiveStrategy(Strategy):
         cfg = self.cfg
         info = cfg.round_info(server_round, self.state.run_key)
         recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
-                           cfg.output.client_state_memory)
+                           cfg.output.client_state_memory, cfg.llm)
         if self.spec is not None and self.spec.frozen_digest:
             recipe[FROZEN_DIGEST] = self.spec.frozen_digest
         train_config = ConfigRecord(dict(config or {}))
@@ -282,10 +282,13 @@ class AdaptiveStrategy(Strategy):
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:
         """Weighted means of the clients' numeric metrics over the replies that report each
-        (a metric no client reports is absent, never a fake 0)."""
-        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE}
+        (a metric no client reports is absent, never a fake 0); the peak memory is the largest."""
+        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE, wire.PEAK_MEMORY}
         keys = sorted({k for r in replies for k in r.metrics} - skip)
         out = {}
+        peaks = [float(r.metrics[wire.PEAK_MEMORY]) for r in replies if wire.PEAK_MEMORY in r.metrics]
+        if peaks:
+            out[wire.PEAK_MEMORY] = max(peaks)
         for key in keys:
             pairs = [(float(r.metrics[key]), w) for r, w in zip(replies, weights, strict=True)
                      if key in r.metrics]

@@ -79,15 +79,19 @@ class RoundReport:
     bytes_up: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     # partition id -> where each accepted reply's client ran and its state came from
-    # ("ray-node" as 12 hex digits, "client-state" 0/1/2), for replies that report them
-    clients: dict[str, dict[str, int | str]] = field(default_factory=dict)
+    # ("ray-node" as 12 hex digits, "client-state" 0/1/2, "peak-memory-mb"), for replies that
+    # report them
+    clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
 
     def note_client(self, node: int, metrics: Mapping[str, float | int]) -> None:
-        """Per reply, not averaged: the Ray node it ran on and where its client state came from."""
-        noted: dict[str, int | str] = {}
+        """Per reply, not averaged: the Ray node it ran on, where its client state came from and
+        its peak memory."""
+        noted: dict[str, int | float | str] = {}
         if wire.RAY_NODE in metrics:
             noted[wire.RAY_NODE] = f"{int(metrics[wire.RAY_NODE]):012x}"
         if wire.CLIENT_STATE in metrics:
             noted[wire.CLIENT_STATE] = int(metrics[wire.CLIENT_STATE])
+        if wire.PEAK_MEMORY in metrics:
+            noted[wire.PEAK_MEMORY] = float(metrics[wire.PEAK_MEMORY])
         if noted:
             self.clients[str(int(metrics.get(wire.PARTITION_ID, node)))] = noted

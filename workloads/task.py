@@ -52,6 +52,9 @@ class Task:
     name: str = "task"
     loss: Loss = field(default=task_loss)
     accuracy: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = field(default=count_correct)
+    # sequence tasks (SFT): logits, targets -> [B] each example's mean NLL (its response NLL)
+    example_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    eval_batch_size: int = 1000  # examples per evaluation forward pass (an LLM's logits are large)
 
     def __post_init__(self) -> None:
         for which in ("train", "test"):
@@ -92,4 +95,4 @@ def load_object(spec: str, what: str) -> Any:
 
 def is_reference(spec: str) -> bool:
     return ":" in spec and "/" not in spec.split(":", 1)[0] and not spec.startswith(
-        ("hf:", "csv:", "parquet:", "imagefolder:"))
+        ("hf:", "csv:", "parquet:", "imagefolder:", "sft:"))

@@ -2,12 +2,14 @@
 
 Built-in tasks are named (`fashion-mnist`, `cifar10`, `fortunes`, …); your own are
 `package.module:function` (workloads/task.py); data sets from Hugging Face or local files are
-`hf:<name>`, `csv:<path>`, `parquet:<path>`, `imagefolder:<dir>` (workloads/hub.py).
+`hf:<name>`, `csv:<path>`, `parquet:<path>`, `imagefolder:<dir>` (workloads/hub.py); instruction
+SFT for a pretrained causal LM is `sft:…` with `model='hf:…'` (workloads/instructions.py).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from torch import nn
 
@@ -52,8 +54,14 @@ def as_task(train: ImageData | TextData, test: ImageData | TextData, name: str) 
 
 
 @lru_cache(maxsize=4)
-def load_task(task: str, data_dir: str = "") -> Task:
-    """The task named in a run config (cached: a client process loads it once)."""
+def load_task(task: str, data_dir: str = "", model: str = "", llm: Any = None) -> Task:
+    """The task named in a run config (cached: a client process loads it once). `model` and
+    `llm` (algorithms.settings.LanguageModel) are read by sft: tasks only: the model's tokenizer
+    and the max-length and prompt-template keys."""
+    if task.startswith("sft:"):
+        from .instructions import load_sft_task
+
+        return load_sft_task(task, data_dir, model, llm if llm is not None else _default_llm())
     if task.startswith(HUB_PREFIXES):
         from .hub import load_hub_task
 
@@ -67,9 +75,26 @@ def load_task(task: str, data_dir: str = "") -> Task:
     return as_task(*_builtin(task, data_dir), task)
 
 
-def build_task_model(name: str, task: Task) -> nn.Module:
+def _default_llm() -> Any:
+    from adaptfl.algorithms.settings import LanguageModel
+
+    return LanguageModel()
+
+
+def build_task_model(name: str, task: Task, llm: Any = None, data_dir: str = "") -> nn.Module:
     """A fresh model sized for the task: built-in image models by channels and side, language
-    models by vocabulary, your own `package.module:function(task)`."""
+    models by vocabulary, your own `package.module:function(task)`, a pretrained causal LM with
+    LoRA adapters `hf:<folder|file.gguf|package>` (workloads/causal_lm.py; `llm` sets them)."""
+    if name.startswith("hf:"):
+        from .causal_lm import build_causal_lm
+
+        if not task.name.startswith("sft:"):
+            raise ValueError(f"model={name!r} (a causal LM) trains on an instruction task "
+                             f"task='sft:…', not {task.name!r}")
+        return build_causal_lm(name, llm if llm is not None else _default_llm(), data_dir)
+    if task.name.startswith("sft:"):
+        raise ValueError(f"task={task.name!r} needs a pretrained causal LM, model='hf:…'; got "
+                         f"model={name!r}")
     if is_reference(name):
         model = load_object(name, "model")(task)
         if not isinstance(model, nn.Module):
