@@ -25,6 +25,7 @@ import sys
 from typing import NamedTuple
 
 import torch
+from adaptfl.local_update.devices import cpu_path
 from adaptfl.local_update.workspace import Workspace
 
 ROWS = 16  # blocks of y: one histogram row each; the tie fix-up touches one block
@@ -60,7 +61,7 @@ def _digits(y: torch.Tensor, prefix: torch.Tensor | None, low: int, tmp: torch.T
     if width == 16:  # 16-bit floats: one pass, the whole pattern read as an unsigned number
         return index.copy_(bits).bitwise_and_(_BINS - 1)
     if prefix is None:  # the top 16 bits, read as an unsigned number
-        if y.device.type == "cpu":  # the high half-words as they lie in memory: one widening copy
+        if cpu_path(y):  # the high half-words as they lie in memory: one widening copy
             words = width // 16
             return index.copy_(y.view(torch.uint16)[..., words - 1::words])
         top = torch.bitwise_right_shift(bits, width - 16, out=tmp).bitwise_and_(_BINS - 1)
@@ -85,7 +86,7 @@ def _chunk_rows(x: torch.Tensor) -> int:
     `_CPU_ROWS` rows of about `_CHUNK` entries, so that y and its int64 digits (twice the size
     of the data) stay in cache between the arithmetic that makes them and the scatter."""
     rows, length = x.shape
-    if x.device.type != "cpu":
+    if not cpu_path(x):
         return rows
     return min(rows, max(_CPU_ROWS, _CHUNK // max(length, 1) // _CPU_ROWS * _CPU_ROWS))
 

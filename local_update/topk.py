@@ -16,15 +16,19 @@ selection's two digit passes (float32).
 The result is exactly `torch.topk`'s set with ties to the lower index, for every input without
 NaN (inputs must not hold NaN; checking would need a sync): ±0.0 tie, ±inf, denormals (with
 torch's default of no flush-to-zero), all-equal, k = 0 and k = D. Below `_SMALL` entries one
-stable sort is cheaper and is used instead (exact and sync-free as well). Nothing reads a value
-on the host, so the same code runs on CUDA without a sync (the tests hold it on CPU by counting
-host reads with the profiler, and on CUDA under `torch.cuda.set_sync_debug_mode("error")`).
+stable sort is cheaper and is used instead (exact and sync-free as well). On an accelerator
+nothing reads a value on the host, so CUDA never syncs (the tests hold it on CPU by counting
+host reads with the profiler on the accelerator's branches, and on CUDA under
+`torch.cuda.set_sync_debug_mode("error")`). On a CPU, where a host read costs nothing, the
+threshold comes from a band around the previous call's (band.py: a few compares and counts
+instead of two histogram passes) and the radix selection runs only when the band misses.
 """
 
 from __future__ import annotations
 
 import torch
-from adaptfl.local_update import radix
+from adaptfl.local_update import band, radix
+from adaptfl.local_update.devices import cpu_path
 from adaptfl.local_update.workspace import Workspace, scratch
 
 _SMALL = 1 << 14  # below this many entries one stable sort is the cheapest exact selection
@@ -109,7 +113,14 @@ def _write_top(x: torch.Tensor, k: int, ws: Workspace, out: torch.Tensor) -> tor
 
     Float comparisons: -0.0 == +0.0 as the selection requires, with no +0.0 pass.
     """
+    if cpu_path(x):  # a band around the last threshold, counted on the host (band.py)
+        sel = band.select(x, k, ws)
+        if sel is not None:
+            torch.ge(x, sel.t, out=out)
+            return out if sel.drop is None else out.index_fill_(0, sel.drop, 0)
     th = radix.threshold(x, k, ws, in_place=out is x)
+    if cpu_path(x):
+        band.remember(x, k, th.t, ws)
     t = th.t
     up = torch.nextafter(t, t.new_full((), float("inf")))
     up = torch.where(up > t, up, float("nan"))  # above +inf: nothing (x >= nan is False)
@@ -128,7 +139,15 @@ def kth_largest(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.T
         raise ValueError(f"k={k} must be in [1, {n}]")
     if n < _SMALL:
         return torch.sort(x, descending=True).values[k - 1] + 0.0
-    return radix.threshold(x, k, scratch(ws), in_place=False).t
+    ws = scratch(ws)
+    if cpu_path(x) and k < n:
+        sel = band.select(x, k, ws)
+        if sel is not None:
+            return sel.t
+    t = radix.threshold(x, k, ws, in_place=False).t
+    if cpu_path(x) and k < n:
+        band.remember(x, k, t, ws)
+    return t
 
 
 def topk_mask(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.Tensor:

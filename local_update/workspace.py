@@ -20,6 +20,7 @@ class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._filled: dict[str, Hashable] = {}  # name -> key of what `filled` wrote
+        self.hints: dict[Hashable, tuple[float, float]] = {}  # band.py: (centre, half-width)
 
     def get(self, name: str, n: int, like: torch.Tensor,
             dtype: torch.dtype | None = None) -> torch.Tensor:

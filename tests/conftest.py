@@ -25,6 +25,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("flower"))
 
 
+@pytest.fixture
+def accelerator_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors take the branches written for CUDA (local_update/devices.py), so their logic
+    runs in CI without a GPU."""
+    from adaptfl.local_update import devices
+
+    monkeypatch.setattr(devices, "ACCELERATOR_PATHS_ON_CPU", True)
+
+
+@pytest.fixture(params=["cpu-paths", "accelerator-paths"])
+def either_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs twice: the CPU branches, then the accelerator branches on CPU."""
+    from adaptfl.local_update import devices
+
+    monkeypatch.setattr(devices, "ACCELERATOR_PATHS_ON_CPU", request.param == "accelerator-paths")
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.set_num_threads(1)  # float results must not depend on the thread count

@@ -4,7 +4,8 @@ Two independent oracles: `torch.topk`'s k-th value with the ties at it taken fro
 index up, and a stable descending sort (which keeps index order among equal values). Inputs
 are random and adversarial (heavy ties, all equal, constant blocks, ±0.0, ±inf, denormals,
 values that differ only in the lowest bits, sorted runs), D from 1 to over a million, every
-supported dtype, and k from 0 to D.
+supported dtype, and k from 0 to D; each through the CPU branches (the band of band.py) and the
+accelerator's (the radix selection alone), the `either_path` fixture.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ SIZES = [1, 2, 3, 17, topk._SMALL - 1, topk._SMALL, topk._SMALL + 1, 5 * topk._S
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(INPUTS))
-def test_matches_the_oracles(name: str, dtype: torch.dtype) -> None:
+def test_matches_the_oracles(name: str, dtype: torch.dtype, either_path: str) -> None:
     ws = Workspace()  # reused across sizes, as an optimizer does across calls
     for n in SIZES:
         x = _input(name, n, dtype)
@@ -112,7 +113,7 @@ def test_matches_the_oracles_above_a_million(name: str, dtype: torch.dtype) -> N
         _check_all(x, k)
 
 
-def test_random_inputs_and_ks() -> None:
+def test_random_inputs_and_ks(either_path: str) -> None:
     gen = torch.Generator().manual_seed(3)
     ws = Workspace()
     for trial in range(40):
@@ -123,7 +124,7 @@ def test_random_inputs_and_ks() -> None:
         _check_all(x, k, ws if trial % 2 else None)
 
 
-def test_ties_straddling_blocks_keep_the_lowest_indices() -> None:
+def test_ties_straddling_blocks_keep_the_lowest_indices(either_path: str) -> None:
     # All equal: the kept ties end inside one block of the radix path; k = D - 1 leaves out
     # exactly the last index, k = 1 keeps exactly the first.
     n = 16 * topk._SMALL + 7
@@ -135,7 +136,7 @@ def test_ties_straddling_blocks_keep_the_lowest_indices() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_topk_sum_positive_matches_a_sort(dtype: torch.dtype) -> None:
+def test_topk_sum_positive_matches_a_sort(dtype: torch.dtype, either_path: str) -> None:
     for name in ("gaussian", "heavy ties", "negative", "mostly zero"):
         x = _input(name, 3 * topk._SMALL + 1, dtype).double().to(dtype)
         ordered = torch.sort(x.double(), descending=True).values

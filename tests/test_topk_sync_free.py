@@ -1,8 +1,10 @@
 """The top-k selection, the trust modulation and the diagnostics never read a value on the host.
 
 On CPU the profiler counts the ops through which a host read goes (tests/sync_check.py) and
-requires none; with a GPU the same calls run under `torch.cuda.set_sync_debug_mode("error")`,
-which raises on any synchronising call, and must agree with the CPU bit for bit.
+requires none, with CPU tensors sent down the accelerator's branches (`accelerator_paths`: the
+CPU's own band selection reads counts on purpose, local_update/band.py); with a GPU the same
+calls run under `torch.cuda.set_sync_debug_mode("error")`, which raises on any synchronising
+call, and must agree with the CPU bit for bit.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def test_the_probe_sees_host_reads() -> None:
 
 
 @pytest.mark.parametrize("name", list(_calls("cpu")))
-def test_no_host_reads_on_cpu(name: str) -> None:
+def test_no_host_reads_on_cpu(name: str, accelerator_paths: None) -> None:
     call = _calls("cpu")[name]
     call()  # first call: workspace buffers are allocated
     assert host_reads(call) == []

@@ -1,0 +1,117 @@
+"""CPU: the exact k-th largest by counting inside a band of values, reading counts on the host.
+
+The radix selection (radix.py) runs a fixed kernel sequence so that a GPU never waits for the
+host: two histogram passes over all D entries, each scattering every entry into 65,536 bins,
+and the bins' fixed cost dominates small models. A CPU has nothing to wait for, so here the
+selection may branch on counts:
+
+1. A band [lo, hi] that likely holds the k-th largest: around the threshold this selection
+   (same D, k and dtype, same workspace) found at the previous call, since the τ-quantile of
+   the trust scores moves little between local steps; at the first call, between two order
+   statistics of a strided sample.
+2. #{x > hi}, and the positions of the entries in [lo, hi] (two compares, one count, and a
+   `nonzero` over the mask's int64 words, then over the words that hold any). If the k-th
+   largest lies in the band it is the (k - #above)-th largest of the band's entries, found
+   by `kthvalue`; the entries tied with it that the top k leaves out are the highest-indexed
+   ones, all inside the band.
+3. Otherwise `select` returns None and the caller runs the radix selection. The answer is exact
+   either way; the band decides only the speed. The next band is centred on the new threshold,
+   its width scaled so that it holds about `_TARGET` of the entries, and widened after a miss.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from adaptfl.local_update.workspace import Workspace
+
+_SAMPLE = 1 << 14  # strided sample for the first band
+_Z = 5.0  # its half-width in binomial standard deviations of the sampled quantile
+_TARGET = 1 / 128  # share of the entries a band should hold (at least `_MIN_BAND`)
+_MIN_BAND = 1024
+_GROW = 4.0  # the most a band widens or narrows from one call to the next
+
+
+class Selection(NamedTuple):
+    """The k-th largest t (0-dim, +0.0 for a zero) and the positions of the entries equal to t
+    that the top k leaves out (the highest-indexed ties), or None if it keeps them all."""
+
+    t: torch.Tensor
+    drop: torch.Tensor | None
+
+
+def _sample_band(x: torch.Tensor, k: int) -> tuple[float, float]:
+    """Two order statistics of a strided sample around the k-th largest's quantile."""
+    n = x.numel()
+    sample = x[:: max(n // _SAMPLE, 1)].clone()
+    m = sample.numel()
+    q = 1.0 - k / n  # the threshold's quantile in ascending order
+    half = _Z * math.sqrt(max(q * (1.0 - q), 1.0 / m) / m)
+    i_lo, i_hi = int((q - half) * m), math.ceil((q + half) * m)
+    lo = -math.inf if i_lo < 1 else float(torch.kthvalue(sample, i_lo).values)
+    hi = math.inf if i_hi > m else float(torch.kthvalue(sample, i_hi).values)
+    return lo, hi
+
+
+def select(x: torch.Tensor, k: int, ws: Workspace) -> Selection | None:
+    """The k-th largest of the 1-D x (1 <= k < n) and the ties it leaves out, or None if the
+    band missed (the caller then selects otherwise and may `remember` its threshold)."""
+    n = x.numel()
+    key = (n, k, x.dtype)
+    hint = ws.hints.get(key)
+    lo, hi = _sample_band(x, k) if hint is None else (hint[0] - hint[1], hint[0] + hint[1])
+    over = torch.gt(x, hi, out=ws.get("band.over", n, x, torch.bool))
+    above = int(torch.count_nonzero(over))
+    index = None
+    if above < k:  # the band's entries, if the k-th largest may lie among them
+        padded = ws.get("band.inside", -(-n // 8) * 8, x, torch.bool)  # whole int64 words
+        torch.ge(x, lo, out=padded[:n]).logical_and_(over.logical_not_())
+        padded[n:] = False
+        index = _positions(padded)
+    if index is None or k > above + index.numel():  # the k-th largest is outside [lo, hi]
+        if hint is not None:
+            ws.hints[key] = (hint[0], hint[1] * _GROW)  # `remember` re-centres it
+        return None
+    values = x.index_select(0, index)
+    rank = k - above  # of the k-th largest among the band's entries, from the top
+    t = torch.kthvalue(values, values.numel() - rank + 1).values + 0.0  # -0.0 -> +0.0
+    tied = values == t
+    need = rank - int(torch.count_nonzero(values > t))  # ties the top k keeps, >= 1
+    ties = index[tied]  # ascending positions
+    _adapt(ws, key, float(t), lo, hi, values.numel(), n)
+    return Selection(t, ties[need:] if ties.numel() > need else None)
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """mask.nonzero() for a sparse bool mask of whole int64 words: the nonzero words first
+    (an eighth of the entries to scan), then their 8 entries each."""
+    words = mask.view(torch.int64).nonzero().squeeze(1)
+    candidates = (words[:, None] * 8 + torch.arange(8, device=mask.device)).reshape(-1)
+    return candidates[mask.index_select(0, candidates)]
+
+
+def _adapt(ws: Workspace, key: tuple, t: float, lo: float, hi: float, count: int, n: int) -> None:
+    """The next band: centred on t, its half-width scaled towards `_TARGET`·n entries (the
+    density near t is about count / width), never narrower than twice the threshold's move."""
+    half = (hi - lo) / 2
+    if not (math.isfinite(t) and math.isfinite(half)):  # an infinite t or bound: sample again
+        ws.hints.pop(key, None)
+        return
+    target = max(_TARGET * n, _MIN_BAND)
+    half *= min(max(target / max(count, 1), 1.0 / _GROW), _GROW)
+    ws.hints[key] = (t, max(half, 2.0 * abs(t - (lo + hi) / 2)))
+
+
+def remember(x: torch.Tensor, k: int, t: torch.Tensor, ws: Workspace) -> None:
+    """Centre the next band on a threshold found otherwise (after a miss: wider, as `select`
+    left it; at a first call: a start width from t's magnitude)."""
+    key = (x.numel(), k, x.dtype)
+    value = float(t)
+    if not math.isfinite(value):
+        ws.hints.pop(key, None)
+        return
+    hint = ws.hints.get(key)
+    width = max(abs(value) * 1e-3, 1e-30) if hint is None else max(hint[1], 2.0 * abs(value - hint[0]))
+    ws.hints[key] = (value, width)

@@ -1,0 +1,99 @@
+"""The CPU's band selection (local_update/band.py): exact whether the band hits or misses, and
+used in place of the radix selection when it hits. The oracle is a stable descending sort
+(torch.topk's set, ties to the lower index); tests/test_topk_exact.py runs its adversarial
+inputs through both branches as well."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from adaptfl.local_update import band, radix, topk
+from adaptfl.local_update.workspace import Workspace
+
+N = 50_000  # above topk._SMALL: the band / radix path, not the small-D sort
+
+
+def _oracle(x: torch.Tensor, k: int) -> torch.Tensor:
+    mask = torch.zeros(x.numel(), dtype=torch.bool)
+    mask[torch.sort(x, descending=True, stable=True).indices[:k]] = True
+    return mask
+
+
+@pytest.fixture
+def radix_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = radix.threshold
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(radix, "threshold", counted)
+    return calls
+
+
+def test_drifting_scores_are_selected_in_the_band_exactly(radix_calls: list[int]) -> None:
+    # Scores that drift a little from one call to the next, as between local steps: after the
+    # first call every selection comes from the band around the previous threshold.
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(N, generator=gen) * torch.randn(N, generator=gen)
+    ws, k = Workspace(), N // 2
+    for step in range(8):
+        x = base + 0.02 * step * torch.randn(N, generator=gen)
+        x[::50] = x[7]  # ties, some of them at the threshold's neighbourhood
+        assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))
+        ind = topk.topk_indicator_(x.clone(), k, ws)
+        assert torch.equal(ind, _oracle(x, k).float())
+    assert radix_calls == []
+    centre, width = ws.hints[(N, k, torch.float32)]
+    assert math.isfinite(centre) and 0.0 < width < float(base.abs().max())
+
+
+def test_a_band_that_misses_falls_back_to_the_radix_and_recentres(radix_calls: list[int]) -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(N, generator=gen)
+    ws, k = Workspace(), N // 3
+    key = (N, k, torch.float32)
+    ws.hints[key] = (100.0, 1e-3)  # far above every score: a miss
+    assert band.select(x, k, ws) is None
+    assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))  # the radix selection, exact
+    assert len(radix_calls) == 1
+    centre, width = ws.hints[key]
+    assert centre == float(torch.topk(x, k).values[-1]) and width >= 2 * (100.0 - centre)
+    assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))  # now inside the band
+    assert len(radix_calls) == 1
+
+
+@pytest.mark.parametrize("k", [1, 17, N // 2, N - 1])
+def test_ties_at_the_threshold_keep_the_lowest_indices(k: int) -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(-3, 3, (N,), generator=gen).float()  # 6 values: ties everywhere
+    x[::11] = -0.0
+    ws = Workspace()
+    for _ in range(2):  # the sampled band, then the remembered one
+        sel = band.select(x, k, ws)
+        assert sel is not None
+        assert torch.equal(sel.t, torch.topk(x, k).values[-1])
+        assert not (sel.t == 0 and sel.t.signbit())  # a zero threshold is +0.0
+        assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))
+
+
+def test_infinite_thresholds_are_exact_and_not_remembered() -> None:
+    x = torch.full((N,), math.inf)
+    x[: N // 4] = torch.randn(N // 4)
+    ws, k = Workspace(), N // 2  # the k-th largest is +inf
+    for _ in range(2):
+        assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))
+        assert torch.equal(topk.kth_largest(x, k, ws), torch.tensor(math.inf))
+    assert (N, k, torch.float32) not in ws.hints
+
+
+def test_the_accelerator_branch_never_reads_a_band(accelerator_paths: None,
+                                                   radix_calls: list[int]) -> None:
+    x = torch.randn(N, generator=torch.Generator().manual_seed(3))
+    ws = Workspace()
+    for _ in range(2):
+        assert torch.equal(topk.topk_mask(x, N // 2, ws), _oracle(x, N // 2))
+    assert ws.hints == {} and len(radix_calls) == 2
