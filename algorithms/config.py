@@ -34,6 +34,7 @@ from adaptfl.algorithms.settings import (
     LanguageModel,
     LocalTraining,
     Output,
+    Privacy,
     Runtime,
     check_llm_keys,
 )
@@ -77,6 +78,7 @@ class RunConfig:
     output: Output
     runtime: Runtime
     llm: LanguageModel
+    privacy: Privacy
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any], drop_unused: bool = False) -> RunConfig:
@@ -102,7 +104,11 @@ class RunConfig:
                              f"{'them' if len(unused) > 1 else 'it'} or choose a component that reads "
                              f"{'them' if len(unused) > 1 else 'it'}")
         check_llm_keys(settings[LanguageModel], settings[Data])  # type: ignore[arg-type]
-        return cls(selection, algorithm, *(settings[s] for s in SETTINGS))  # type: ignore[arg-type]
+        config = cls(selection, algorithm, *(settings[s] for s in SETTINGS))  # type: ignore[arg-type]
+        from adaptfl.privacy.checks import check_privacy
+
+        check_privacy(config.privacy, algorithm, config.federation)
+        return config
 
     @classmethod
     def of(cls, **values: Any) -> RunConfig:
@@ -118,7 +124,8 @@ class RunConfig:
         """Every key with its effective value ("preset" for keys this algorithm does not read);
         `from_flower(to_flower())` gives the same config."""
         out: dict[str, Any] = {key: PRESET for key in declared_keys()}
-        for settings in (self.federation, self.local, self.data, self.output, self.runtime, self.llm):
+        for settings in (self.federation, self.local, self.data, self.output, self.runtime, self.llm,
+                         self.privacy):
             out.update(settings.values())
         out["lr"], out["weight-decay"] = self.lr, self.weight_decay
         out["algorithm"] = self.algorithm.name

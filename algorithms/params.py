@@ -186,6 +186,7 @@ _REGISTRY: dict[str, dict[str, type[Component]]] = {}
 # new preconditioner, term, server optimizer or aggregator is one new file in one of them.
 COMPONENT_PACKAGES = (
     "adaptfl.algorithms.settings",
+    "adaptfl.privacy.settings",
     "adaptfl.local_update.rules",
     "adaptfl.local_update.modulation",
     "adaptfl.algorithms.components",

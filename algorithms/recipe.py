@@ -15,12 +15,13 @@ from typing import Any
 
 from adaptfl.algorithms.algorithm import SLOTS, Algorithm
 from adaptfl.algorithms.params import Component, fields_of, lookup
-from adaptfl.algorithms.settings import Data, LanguageModel, Runtime
+from adaptfl.algorithms.settings import Data, LanguageModel, Privacy, Runtime
 from adaptfl.algorithms.stage import RoundInfo
 
 CLIENT_STATE_DIR = "output.client-state-dir"
 CLIENT_STATE_MEMORY = "output.client-state-memory"
 FROZEN_DIGEST = "model.frozen-digest"  # of the server's frozen parameters (contract.py)
+SAMPLED = "privacy.sampled"  # nodes sampled this round: dp='client' noise shares are 1/n each
 
 
 def _component(prefix: str, c: Component) -> dict[str, Any]:
@@ -29,7 +30,8 @@ def _component(prefix: str, c: Component) -> dict[str, Any]:
 
 def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
               runtime: Runtime | None = None, client_state_dir: str = "",
-              client_state_memory: bool = True, llm: LanguageModel | None = None) -> dict[str, Any]:
+              client_state_memory: bool = True, llm: LanguageModel | None = None,
+              privacy: Privacy | None = None, sampled: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {"algorithm": algorithm.name}
     for slot in SLOTS:
         out.update(_component(slot, getattr(algorithm, slot)))
@@ -42,6 +44,9 @@ def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
             out.update({f"{prefix}.{k}": v for k, v in settings.values().items()})
     out[CLIENT_STATE_DIR] = client_state_dir
     out[CLIENT_STATE_MEMORY] = client_state_memory
+    if privacy is not None and privacy.on:  # what a dp='client' client clips and noises with
+        out.update({f"privacy.{k}": v for k, v in privacy.values().items()})
+        out[SAMPLED] = sampled
     return out
 
 
@@ -77,6 +82,12 @@ def round_from_recipe(record: Mapping[str, Any]) -> RoundInfo:
     except KeyError as missing:
         raise ValueError(f"recipe lacks {missing}; server and client run different adaptfl "
                          "versions") from None
+
+
+def privacy_from_recipe(record: Mapping[str, Any]) -> tuple[Privacy, int]:
+    """The dp settings and the round's sampled count (dp='none' when the recipe has none)."""
+    values = {k[8:]: v for k, v in record.items() if k.startswith("privacy.") and k != SAMPLED}
+    return Privacy.build(values), int(record.get(SAMPLED, 1))
 
 
 def settings_from_recipe(record: Mapping[str, Any]) -> tuple[Data, Runtime]:

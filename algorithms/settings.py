@@ -147,7 +147,9 @@ class LanguageModel(Component):
                                          "~30% more time; hf: models)")
 
 
-SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel)
+from adaptfl.privacy.settings import Privacy  # noqa: E402 - declared in its own package
+
+SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel, Privacy)
 # llm keys and what they need to matter: the adapters an hf: model, the rest an sft: task
 _NEEDS = {"lora-rank": "model", "lora-alpha": "model", "lora-dropout": "model",
           "lora-targets": "model", "gradient-checkpointing": "model", "max-length": "task",

@@ -32,18 +32,20 @@ from typing import Any
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.algorithm import Algorithm
-from adaptfl.algorithms.contract import frozen_digest, load_federated
+from adaptfl.algorithms.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.algorithms.recipe import (
     CLIENT_STATE_DIR,
     CLIENT_STATE_MEMORY,
     FROZEN_DIGEST,
     algorithm_from_recipe,
+    privacy_from_recipe,
     round_from_recipe,
 )
 from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
 from adaptfl.local_update.rules.sophia import gnb_loss
 from adaptfl.local_update.shell import LocalUpdate
+from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 log = logging.getLogger(__name__)
@@ -105,6 +107,8 @@ class ClientSession:
         self.msg = msg
         self.algorithm = algorithm_from_recipe(recipe)
         self.info = round_from_recipe(recipe)
+        self.privacy, self.sampled = privacy_from_recipe(recipe)
+        self.node_id = context.node_id if context is not None else 0
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
         self.model = model
@@ -213,8 +217,13 @@ class ClientSession:
         for out in outputs:
             values.update(out.metrics)
         values.update(metrics or {})
-        content = RecordDict({wire.DELTA: ArrayRecord(delta), wire.METRICS: MetricRecord(values)})
-        for out in outputs:
-            for name, tensors in out.records.items():
-                content[name] = ArrayRecord(tensors)
+        records = {wire.DELTA: delta, **{n: t for out in outputs for n, t in out.records.items()}}
+        if self.privacy.dp == "client":  # clipped and noised here: the server never sees them bare
+            names = shared_records(self.algorithm.contract(ModelSpec.of(self.model)))
+            seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
+            records, values = privatize(records, values, names, self.privacy, self.sampled, seed)
+        content = RecordDict({wire.DELTA: ArrayRecord(records.pop(wire.DELTA)),
+                              wire.METRICS: MetricRecord(values)})
+        for name, tensors in records.items():
+            content[name] = ArrayRecord(tensors)
         return content

@@ -22,6 +22,8 @@ from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.train import run_local_steps
+from adaptfl.privacy.mechanism import metric_domains, reply_domains
+from adaptfl.privacy.server import BudgetReached
 from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model
 from adaptfl.server_app.checkpoint import (
     continues_same_job,
@@ -81,8 +83,9 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
     try:
         decode_content(reply, contract.reply_spec(strategy.spec),
                        max_bytes=int(strategy.cfg.federation.max_reply_mb * 2**20),
-                       required_metrics=contract.up_metrics, domains=contract.reply_domains(),
-                       metric_domains=contract.metric_domains)
+                       required_metrics=contract.up_metrics,
+                       domains=reply_domains(contract, strategy.cfg.privacy),
+                       metric_domains=metric_domains(contract, strategy.cfg.privacy))
     except ReplyRejected as why:
         raise ValueError(f"{cfg_name(strategy)}: a client's reply would be refused ({why})") from None
 
@@ -162,6 +165,9 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
                                                      ConfigRecord(), grid))
         except NotEnoughNodes as err:
             raise RunAborted(f"run aborted before round {server_round}: {err}") from None
+        except BudgetReached as reached:  # dp-on-target='stop': the rounds so far are the run
+            log.warning("%s", reached)
+            break
         replies = list(grid.send_and_receive(messages, timeout=timeout))
         strategy.aggregate_train(server_round, replies)
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)

@@ -11,7 +11,8 @@ from typing import Any
 DIAGNOSTICS = (("direction-consistency", "direction consistency (mean cos Δ_i, mean Δ)"),
                ("pos-ratio", "PosRatio (share of s = u ⊙ g > 0)"),
                ("top-mass", "TopMass₀.₀₁ (positive score mass in the top 1%)"),
-               ("preconditioner-drift", "preconditioner drift (mean ‖Θ_i - Θ̄‖²)"))
+               ("preconditioner-drift", "preconditioner drift (mean ‖Θ_i - Θ̄‖²)"),
+               ("dp-epsilon", "privacy spent ε (at dp-delta)"))
 
 
 def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:

@@ -31,6 +31,8 @@ from adaptfl.algorithms.params import fields_of
 from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.algorithms.stage import Aggregation
+from adaptfl.privacy import server as dp
+from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.invariants import InvariantViolated, check_state
@@ -140,13 +142,15 @@ class AdaptiveStrategy(Strategy):
             raise RuntimeError(f"records {undeclared} are sent but not in {algorithm.name}'s contract")
         return out
 
-    def instruction(self, server_round: int, config: ConfigRecord | None = None) -> RecordDict:
-        """The round's message content, the same for every sampled node."""
+    def instruction(self, server_round: int, config: ConfigRecord | None = None,
+                    sampled: int = 1) -> RecordDict:
+        """The round's message content, the same for every sampled node (`sampled` of them)."""
         assert self.state is not None
         cfg = self.cfg
         info = cfg.round_info(server_round, self.state.run_key)
         recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
-                           cfg.output.client_state_memory, cfg.llm)
+                           cfg.output.client_state_memory, cfg.llm,
+                           cfg.privacy, sampled)
         if self.spec is not None and self.spec.frozen_digest:
             recipe[FROZEN_DIGEST] = self.spec.frozen_digest
         train_config = ConfigRecord(dict(config or {}))
@@ -161,9 +165,11 @@ class AdaptiveStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         if self.state is None:
             self.initialize(arrays.to_torch_state_dict())
-        content = self.instruction(server_round, config)
         nodes = self.sample_nodes(grid)
         assert self.state is not None
+        dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
+                        len(nodes), self.num_nodes, self.contract())  # refused: nothing is sent
+        content = self.instruction(server_round, config, len(nodes))
         per_message = num_bytes(self.state.model) + sum(num_bytes(t) for t in self.payload().values())
         self.report = RoundReport(sampled=len(nodes), bytes_down=per_message * len(nodes))
         messages = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
@@ -198,7 +204,7 @@ class AdaptiveStrategy(Strategy):
         contract = self.contract()
         assert self.spec is not None
         expected = contract.reply_spec(self.spec)
-        domains = contract.reply_domains()
+        domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
         max_bytes = int(self.cfg.federation.max_reply_mb * 2**20)
         by_node: dict[int | None, list[Message]] = {}
         for msg in replies:
@@ -213,7 +219,7 @@ class AdaptiveStrategy(Strategy):
                     raise ReplyRejected(f"{len(msgs)} replies from one node")
                 self._check_identity(node, msgs[0])
                 decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics, domains,
-                                       contract.metric_domains)
+                                       metric_domains(contract, self.cfg.privacy))
             except ReplyRejected as why:
                 self._reject("unknown" if node is None else str(node), str(why))
                 continue
@@ -254,7 +260,10 @@ class AdaptiveStrategy(Strategy):
         weights = cap_shares(claimed, fed.max_weight_share)
         contract = self.contract()
         memory = memory_of(self.state.extras)
-        combine = Combine(algorithm.aggregator, weights, contract.domains, memory,
+        private = dp.round_combine(self.cfg.privacy, fed, contract, len(accepted), self.report.sampled,
+                                   server_round) \
+            if self.cfg.privacy.on else None  # clips and noises every shared record
+        combine = Combine(private or algorithm.aggregator, weights, contract.domains, memory,
                           new_memory={k: dict(v) for k, v in memory.items()})
         deltas = [r.arrays[wire.DELTA] for r in accepted]
         try:
@@ -271,13 +280,20 @@ class AdaptiveStrategy(Strategy):
             new.extras.update({**moments, **agg.new_extras, **combine.slots()})
             check_state(new, contract, algorithm)
         except (AggregationRefused, InvariantViolated) as why:
+            if private is not None and private.combined:  # noise was drawn: a release all the same
+                self._record_release(self.state, len(accepted))
             return self._skip(server_round, f"round refused: {why}")
+        privacy_stats = self._record_release(new, len(accepted)) if private is not None else {}
         self.state = new  # the only assignment: a failure above leaves the state untouched
         stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
-                 **self._client_metrics(accepted, weights), **agg.stats, **combine.stats}
+                 **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
+                 **privacy_stats}
         if weights != claimed:  # replies whose claimed share was above max-weight-share
             stats["weights-capped"] = float(sum(c / sum(claimed) > fed.max_weight_share for c in claimed))
         return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
+
+    def _record_release(self, state: ServerState, replies: int) -> dict[str, float]:
+        return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes)
 
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:

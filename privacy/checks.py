@@ -1,0 +1,51 @@
+"""What composes with dp, checked with the run config (one line, before round 1; exit 2 from
+`check_overrides` and the engine):
+
+    aggregator    only `mean`: Krum and multi-Krum pick replies by their distances, so one
+                  client decides which others enter the mean (its reach is not C/m); the
+                  coordinate-wise median and trimmed mean move a coordinate by up to C each,
+                  √d·C in all; `clip` starts from the replies' median norm (data-dependent) and
+                  clips twice. dp's own clipping already bounds every reply's influence.
+    weighting     `uniform`, or `examples` with max-weight-share < 1 (the cap is the noise's
+                  share bound); dp='client' needs `uniform`, the weights each client's noise
+                  share is calibrated for
+    target ε      set with dp on; with dp-num-clients = N the planned rounds are checked here
+"""
+
+from __future__ import annotations
+
+from adaptfl.algorithms.algorithm import Algorithm
+from adaptfl.algorithms.settings import Federation
+from adaptfl.privacy.accountant import planned_epsilon
+from adaptfl.privacy.settings import Privacy
+from adaptfl.strategies.sampling import sample_size
+
+
+def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:
+    if not privacy.on:
+        if privacy.dp_target_epsilon > 0.0:
+            raise ValueError(f"dp-target-epsilon={privacy.dp_target_epsilon:g} with dp='none': "
+                             "nothing is noised; set dp='central' or dp='client'")
+        return
+    aggregator = algorithm.aggregator.name
+    if aggregator != "mean":
+        raise ValueError(f"dp={privacy.dp!r} with aggregator={aggregator!r}: only aggregator='mean' "
+                         "keeps one client's reach within its clipping norm (Krum selects replies by "
+                         "distance, median/trimmed-mean move each coordinate by up to C); dp's "
+                         "clipping already bounds every reply")
+    if fed.weighting == "examples" and (privacy.dp == "client" or fed.max_weight_share >= 1.0):
+        need = "weighting='uniform'" if privacy.dp == "client" else \
+            "weighting='uniform' or max-weight-share < 1 (it enters the noise)"
+        raise ValueError(f"dp={privacy.dp!r} with weighting='examples' and max-weight-share="
+                         f"{fed.max_weight_share:g}: one client's claimed num-examples could carry "
+                         f"the whole mean; use {need}")
+    population = privacy.dp_num_clients
+    if privacy.dp_target_epsilon > 0.0 and population > 0:
+        n = sample_size(fed, population)
+        rounds = fed.num_server_rounds if privacy.dp_on_target == "refuse" else 1
+        planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, rounds,
+                                  privacy.dp_delta, privacy.dp_accounting)
+        if planned > privacy.dp_target_epsilon:
+            from adaptfl.privacy.server import target_error
+
+            raise ValueError(target_error(privacy, planned, rounds, n, population))

@@ -1,0 +1,82 @@
+"""The `dp*` keys, declared once: user-level differential privacy over everything a client shares.
+
+    dp                     none | central (the server clips and noises) | client (each client
+                           clips and adds its share of the noise before replying)
+    dp-noise-multiplier    z: the accounted noise multiplier of one round's release
+    dp-clip-norm           C_Δ, Δ's clipping norm (the start value when adaptive)
+    dp-state-clip-norm     C_s, the clipping norm of every other shared record (v, Θ_i, Δc,
+                           ∇f_i(x), f̂_i), each on its own (the start value when adaptive)
+    dp-clip-lr             η of C <- C·exp(-η(b̃ - γ)) per record (0: fixed clipping)
+    dp-clip-quantile       γ, the quantile of the norms each C tracks (adaptive)
+    dp-count-stddev        σ_b of the noised clipped counts (0: m/20, Andrew et al.'s choice)
+    dp-delta               δ of the (ε, δ) reported
+    dp-target-epsilon      ε the run may spend (0: none) and `dp-on-target`: refuse to start when
+                           the planned rounds exceed it, or stop before the round that would
+    dp-num-clients         N for the refusal before Flower starts (0: the nodes at round 1)
+    dp-accounting          the bound: without-replacement (fixed-size sampling, what the strategy
+                           does) or no-amplification (Flower's fixed-clipping accountant)
+    dp-seed                -1: noise from OS entropy; >= 0: reproducible noise, which anyone
+                           who knows the seed can subtract (tests and benchmarks only)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaptfl.algorithms.params import Component, component, param
+
+MODES = ("none", "central", "client")
+ON_TARGET = ("refuse", "stop")
+ACCOUNTING = ("without-replacement", "no-amplification")
+
+
+@component("settings", "privacy")
+@dataclass(frozen=True)
+class Privacy(Component):
+    """User-level DP (McMahan et al. 2018; adaptive clipping: Andrew et al. 2021)."""
+
+    dp: str = param("none", "differential privacy over every record a client shares: none, "
+                    "central (server clips and noises) or client (clients clip and noise)",
+                    choices=MODES)
+    dp_noise_multiplier: float = param(1.0, "z: noise std / sensitivity of one round's release",
+                                       within=(0.0, None), open_low=True)
+    dp_clip_norm: float = param(1.0, "C_Δ: clipping norm of Δ (the start value when dp-clip-lr > 0)",
+                                within=(0.0, None), open_low=True)
+    dp_state_clip_norm: float = param(1.0, "C_s: clipping norm of each other shared record (v, "
+                                      "Θ_i, Δc, ∇f_i(x), f̂_i), each on its own",
+                                      within=(0.0, None), open_low=True)
+    dp_clip_lr: float = param(0.0, "η of the adaptive C <- C·exp(-η(b̃ - γ)) per record, b̃ the "
+                              "noised share not clipped; 0: fixed clipping", within=(0.0, None),
+                              sane=(0.0, 10.0))
+    dp_clip_quantile: float = param(0.5, "γ: the quantile of the norms an adaptive C tracks",
+                                    within=(0.0, 1.0))
+    dp_count_stddev: float = param(0.0, "σ_b: noise std of the clipped counts (adaptive); 0: "
+                                   "replies/20", within=(0.0, None))
+    dp_delta: float = param(1e-5, "δ of the (ε, δ) guarantee reported", within=(0.0, 1.0),
+                            open_low=True, open_high=True)
+    dp_target_epsilon: float = param(0.0, "ε the run may spend; 0: no target", within=(0.0, None))
+    dp_on_target: str = param("refuse", "when the planned rounds exceed dp-target-epsilon: refuse "
+                              "(before round 1) or stop (before the round that would exceed it)",
+                              choices=ON_TARGET)
+    dp_num_clients: int = param(0, "N, the nodes sampled from, for the target check before Flower "
+                                "starts; 0: checked at round 1 with the connected nodes",
+                                within=(0, None))
+    dp_accounting: str = param("without-replacement", "the privacy bound: without-replacement "
+                               "(fixed-size sampling, replace-one) or no-amplification (add/remove "
+                               "one, as Flower's fixed-clipping accountant)", choices=ACCOUNTING)
+    dp_seed: int = param(-1, "-1: noise from OS entropy; >= 0: reproducible noise (anyone who "
+                         "knows the seed can remove it: tests only)", within=(-1, None))
+
+    @property
+    def on(self) -> bool:
+        return self.dp != "none"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.dp_clip_lr > 0.0
+
+    def check(self) -> None:
+        if self.dp == "client" and self.adaptive:
+            raise ValueError("dp='client' with dp-clip-lr > 0: adaptive clipping needs the clients' "
+                             "clipped counts, which dp='client' does not send; use dp-clip-lr=0 "
+                             "or dp='central'")
