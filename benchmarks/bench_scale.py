@@ -1,0 +1,137 @@
+"""adaptfl against Flower's own FedAvg as the number of simulated clients grows.
+
+    python benchmarks/bench_scale.py [--clients 10,100,1000] [--sampled 10] [--rounds 4]
+                                     [--repeats 1] [--algorithm fedavg] [--steps 10]
+
+For each size, `flwr run` in simulation (the same Ray engine, `client-resources-num-cpus=1`) of
+adaptfl's app and of benchmarks/flower_fedavg (Flower's `FedAvg` + `strategy.start`, the same
+model, data, Dirichlet partitions, plain SGD and central evaluation), each sampling `--sampled`
+clients a round. Per run: the round time (median of rounds 2.., round 1 pays Ray's start), the
+server process's RSS after the last round (Flower's simulation process: the ServerApp and every
+simulated node's context), and the disk the run left (results, and adaptfl's durable client
+state). Runs alternate between the two apps so that a load change hits both. Goal: adaptfl's
+round time <= 1.15x Flower's at every size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.flower_processes import flower_env, stop_local_superlink  # noqa: E402
+
+BASELINE = ROOT / "benchmarks" / "flower_fedavg"
+GOAL = 1.15
+
+
+def du_mb(*paths: Path) -> float:
+    total = sum(f.stat().st_size for p in paths if p.exists() for f in p.rglob("*") if f.is_file())
+    return total / 2**20
+
+
+def flwr_run(app: Path, home: Path, clients: int, run_config: str, timeout: float) -> None:
+    federation = f"num-supernodes={clients} client-resources-num-cpus=1"
+    try:
+        done = subprocess.run(["flwr", "run", str(app), "--stream", "--federation-config", federation,
+                               "--run-config", run_config], env=flower_env(home), capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    finally:
+        stop_local_superlink(home)
+    if done.returncode != 0:
+        raise RuntimeError(f"flwr run {app.name} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def rows_of(path: Path, rounds: int) -> list[dict]:
+    if not path.exists():
+        raise RuntimeError(f"{path} missing: the run failed (see its Flower log)")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    done = [r for r in rows if r["round"] >= 1]
+    if len(done) != rounds:
+        raise RuntimeError(f"{path}: {len(done)} rounds of {rounds}")
+    return done
+
+
+def run_adaptfl(work: Path, args: argparse.Namespace, clients: int) -> dict:
+    results, state = work / "results", work / "state"
+    config = (f"algorithm='{args.algorithm}' num-server-rounds={args.rounds} "
+              f"fraction-train={args.sampled / clients} local-steps={args.steps} batch-size=32 "
+              f"lr=0.1 lr-schedule='constant' num-threads=1 diagnostics-every=0 model='cnn' "
+              f"dirichlet-alpha=0.3 results-dir='{results}' run-name='run' "
+              f"client-state-dir='{state}' client-state-memory={str(args.state_memory).lower()}")
+    flwr_run(ROOT, work / "home", clients, config, args.timeout)
+    rows = rows_of(results / "run" / "metrics.jsonl", args.rounds)
+    return {"rows": rows, "disk-mb": du_mb(results, state), "state-mb": du_mb(state)}
+
+
+def run_flower(work: Path, args: argparse.Namespace, clients: int) -> dict:
+    out = work / "out"
+    config = (f"num-server-rounds={args.rounds} fraction-train={args.sampled / clients} "
+              f"local-steps={args.steps} batch-size=32 lr=0.1 model='cnn' out-dir='{out}'")
+    flwr_run(BASELINE, work / "home", clients, config, args.timeout)
+    return {"rows": rows_of(out / "metrics.jsonl", args.rounds), "disk-mb": du_mb(out), "state-mb": 0.0}
+
+
+def summarise(runs: list[dict]) -> dict:
+    later = [r for run in runs for r in run["rows"] if r["round"] >= 2]
+    return {"round-s": statistics.median(r["seconds"] for r in later),
+            "rss-mb": statistics.median(run["rows"][-1]["server-rss-mb"] for run in runs),
+            "disk-mb": statistics.median(run["disk-mb"] for run in runs),
+            "state-mb": statistics.median(run["state-mb"] for run in runs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="10,100,1000")
+    parser.add_argument("--sampled", type=int, default=10, help="clients per round, at every size")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=10, help="local steps K")
+    parser.add_argument("--algorithm", default="fedavg", help="adaptfl's side (fedavg: like for like)")
+    parser.add_argument("--state-memory", action=argparse.BooleanOptionalAction, default=False,
+                        help="client-state-memory for adaptfl (default false: disk only)")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    if shutil.which("flwr") is None:
+        raise SystemExit("the flwr CLI is not on PATH (pip install flwr==1.42.0)")
+    sizes = [int(n) for n in args.clients.split(",")]
+    if args.rounds < 2 or min(sizes) < args.sampled:
+        raise SystemExit(f"--rounds must be >= 2 and every size >= --sampled={args.sampled}")
+    runs: dict[tuple[str, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        for repeat in range(args.repeats):
+            for clients in sizes:
+                order = [("adaptfl", run_adaptfl), ("flower", run_flower)]
+                for name, fn in order if repeat % 2 == 0 else order[::-1]:
+                    work = Path(tmp) / f"{name}-{clients}-{repeat}"
+                    started = time.perf_counter()
+                    runs.setdefault((name, clients), []).append(fn(work, args, clients))
+                    print(f"  {name} {clients} clients, repeat {repeat + 1}: "
+                          f"{time.perf_counter() - started:.0f} s wall", file=sys.stderr, flush=True)
+                    shutil.rmtree(work, ignore_errors=True)
+    print(f"adaptfl {args.algorithm} vs Flower's FedAvg: {args.sampled} clients a round, K={args.steps}, "
+          f"cnn on Fashion-MNIST (Dirichlet 0.3), medians of rounds 2..{args.rounds} x "
+          f"{args.repeats} repeat(s)")
+    print("| clients | adaptfl round s | Flower round s | ratio | adaptfl server RSS MB | "
+          "Flower server RSS MB | adaptfl disk MB (client state) | Flower disk MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    worst = 0.0
+    for clients in sizes:
+        a, f = summarise(runs[("adaptfl", clients)]), summarise(runs[("flower", clients)])
+        ratio = a["round-s"] / f["round-s"]
+        worst = max(worst, ratio)
+        print(f"| {clients} | {a['round-s']:.2f} | {f['round-s']:.2f} | {ratio:.2f} | {a['rss-mb']:.0f} | "
+              f"{f['rss-mb']:.0f} | {a['disk-mb']:.1f} ({a['state-mb']:.1f}) | {f['disk-mb']:.2f} |")
+    print(f"worst ratio {worst:.2f} (goal <= {GOAL}: {'met' if worst <= GOAL else 'NOT MET'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Flower's FedAvg (`strategy.start`) with adaptfl's task, model, partitions and evaluation."""
