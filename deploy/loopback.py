@@ -23,12 +23,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptfl.deploy import commands
-from adaptfl.deploy.processes import ProcessGroup, free_port, wait_for_port
+from adaptfl.deploy.processes import PeakMemory, ProcessGroup, free_port, wait_for_port
 
 import adaptfl
 
@@ -47,6 +49,37 @@ class LoopbackResult:
     seconds: float  # wall time of `flwr run`
     commands: dict[str, list[str]]  # process name -> the argv it ran
     attacks: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
+    # process name -> peak RSS (MiB) during the runs, its children (flwr-clientapp) included
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    more: list[subprocess.CompletedProcess[str]] = field(default_factory=list)  # `more_runs`
+    more_peak_rss_mb: list[dict[str, float]] = field(default_factory=list)  # and their peaks
+
+
+@dataclass
+class Nodes:
+    """What a `during` callback may do to the SuperNodes while `flwr run` runs."""
+
+    group: ProcessGroup
+    workdir: Path
+    certs: Path
+    superlink: str  # the address SuperNodes dial (the Fleet proxy)
+    num_partitions: int
+    starts: dict[int, int] = field(default_factory=dict)  # node -> times started
+
+    def kill(self, i: int) -> None:
+        """SuperNode i and its SuperExec (and the ClientApp it runs) die at once, like a machine."""
+        for name in (self._name("supernode", i), self._name("superexec-clientapp", i)):
+            self.group.kill(name)
+
+    def restart(self, i: int) -> None:
+        """SuperNode i again, with its registered key (so the same node id) and partition."""
+        self.starts[i] = self.starts.get(i, 1) + 1
+        _start_node(self.group, self.workdir, self.certs, i, self.superlink, self.num_partitions, None,
+                    name=self._name("supernode", i))
+
+    def _name(self, kind: str, i: int) -> str:
+        n = self.starts.get(i, 1)
+        return f"{kind}-{i}" if n == 1 else f"{kind}-{i}-start{n}"
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
@@ -101,9 +134,12 @@ def attack_with_ca_only(certs: Path, env: dict[str, str], timeout: float = 120
 
 def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder: bool = False,
                  timeout: float = 600, attacker: bool = False,
-                 trusted_entities: Path | None = None) -> LoopbackResult:
+                 trusted_entities: Path | None = None, during: Callable[[Nodes], None] | None = None,
+                 more_runs: Sequence[tuple[Path, str]] = ()) -> LoopbackResult:
     """Deploy, run once (unless run_config is None), tear down. Raises if a step before
-    `flwr run` fails. `trusted_entities` is given to every SuperNode."""
+    `flwr run` fails. `trusted_entities` is given to every SuperNode. `during(nodes)` runs in a
+    thread beside `flwr run` (to kill and restart SuperNodes); `more_runs` are (app, run config)
+    pairs run after it on the same deployment (another Flower app: a baseline)."""
     adaptfl.checkout("python -m adaptfl.deploy.loopback")
     if num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes} must be >= 1")
@@ -148,15 +184,29 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
                                    None, name="supernode-intruder")
             intruder_exit = _wait_exit(stranger, limit=60)
         attacks = attack_with_ca_only(certs, env) if attacker else {}
+        nodes = Nodes(group, workdir, certs, public_address, num_nodes)
+        side = threading.Thread(target=during, args=(nodes,), daemon=True) if during else None
         started = time.perf_counter()
-        run = None
-        if run_config is not None:
-            run = flwr_cli(["run", str(PROJECT), CONNECTION, "--stream", "--run-config", run_config],
-                           env, timeout=timeout)
+        run, more, peaks = None, [], []
+        with PeakMemory(group) as memory:
+            if side is not None:
+                side.start()
+            if run_config is not None:
+                run = flwr_cli(["run", str(PROJECT), CONNECTION, "--stream", "--run-config", run_config],
+                               env, timeout=timeout)
+            seconds = time.perf_counter() - started
+            if side is not None:
+                side.join(timeout=60)
+        for app, config in more_runs:
+            with PeakMemory(group) as other:
+                more.append(flwr_cli(["run", str(app), CONNECTION, "--stream", "--run-config", config],
+                                     env, timeout=timeout))
+            peaks.append(other.peak_mb)
         return LoopbackResult(run=run, intruder_exit=intruder_exit, log_dir=group.log_dir,
-                              seconds=time.perf_counter() - started,
+                              seconds=seconds,
                               commands={name: list(p.args) for name, p in group.procs.items()},
-                              attacks=attacks)
+                              attacks=attacks, peak_rss_mb=memory.peak_mb, more=more,
+                              more_peak_rss_mb=peaks)
     finally:
         group.stop_all()
 

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +52,12 @@ class ProcessGroup:
         self.procs[name] = proc
         return proc
 
+    def kill(self, name: str) -> None:
+        """SIGKILL the process `name` and its group (its children) now."""
+        proc = self.procs[name]
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(timeout=10)
+
     def stop_all(self, grace: float = 10.0) -> None:
         """SIGTERM each started process's group (its PID), newest first, then SIGKILL."""
         for proc in reversed(list(self.procs.values())):
@@ -72,3 +79,59 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)  # the group id is the PID we started (start_new_session)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def process_tree() -> dict[int, list[int]]:
+    """parent PID -> its children's PIDs, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def rss_mb_of_tree(pid: int, children: dict[int, list[int]]) -> float:
+    """Resident memory (MiB) of a process and its descendants now; 0 for a gone process."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        todo.extend(children.get(current, []))
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total / 1024
+
+
+class PeakMemory:
+    """Samples each started process's RSS (with its children) twice a second; `peak_mb` holds
+    the peak per process name. Linux (/proc) only; elsewhere it stays empty."""
+
+    def __init__(self, group: ProcessGroup, every: float = 0.5) -> None:
+        self.group, self.every = group, every
+        self.peak_mb: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            children = process_tree()
+            for name, proc in list(self.group.procs.items()):
+                if proc.poll() is None:
+                    rss = rss_mb_of_tree(proc.pid, children)
+                    self.peak_mb[name] = max(self.peak_mb.get(name, 0.0), rss)
+
+    def __enter__(self) -> PeakMemory:
+        if Path("/proc/self/status").exists():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
