@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--algorithm", default="fedavg", help="adaptfl's side (fedavg: like for like)")
     parser.add_argument("--state-memory", action=argparse.BooleanOptionalAction, default=False,
                         help="client-state-memory for adaptfl (default false: disk only)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="adaptfl only (e.g. scaffold's durable state at 1,000 clients)")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     if shutil.which("flwr") is None:
@@ -109,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         for repeat in range(args.repeats):
             for clients in sizes:
-                order = [("adaptfl", run_adaptfl), ("flower", run_flower)]
+                order = [("adaptfl", run_adaptfl)] + ([] if args.no_baseline else [("flower", run_flower)])
                 for name, fn in order if repeat % 2 == 0 else order[::-1]:
                     work = Path(tmp) / f"{name}-{clients}-{repeat}"
                     started = time.perf_counter()
@@ -117,6 +119,14 @@ def main() -> None:
                     print(f"  {name} {clients} clients, repeat {repeat + 1}: "
                           f"{time.perf_counter() - started:.0f} s wall", file=sys.stderr, flush=True)
                     shutil.rmtree(work, ignore_errors=True)
+    if args.no_baseline:
+        for clients in sizes:
+            a = summarise(runs[("adaptfl", clients)])
+            print(f"adaptfl {args.algorithm}, {clients} clients, {args.sampled} a round: "
+                  f"round {a['round-s']:.2f} s, "
+                  f"server RSS {a['rss-mb']:.0f} MB, disk {a['disk-mb']:.1f} MB of which client state "
+                  f"{a['state-mb']:.1f} MB (client-state-memory={str(args.state_memory).lower()})")
+        return
     print(f"adaptfl {args.algorithm} vs Flower's FedAvg: {args.sampled} clients a round, K={args.steps}, "
           f"cnn on Fashion-MNIST (Dirichlet 0.3), medians of rounds 2..{args.rounds} x "
           f"{args.repeats} repeat(s)")

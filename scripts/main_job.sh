@@ -3,7 +3,12 @@
 # Dirichlet α=0.3. Extra arguments go to `flwr run`, e.g.
 #   scripts/main_job.sh --run-config "algorithm='fedadamw'"
 # ADAPTFL_SKIP_SETUP=1 skips the apt/pip set-up (tests, repeated runs); ADAPTFL_FLOWER_HOMES
-# moves the per-invocation Flower homes (default .flwr/runs).
+# moves the per-invocation Flower homes (default .flwr/runs). RAY_ADDRESS=<head>:<port> runs the
+# simulation on that running Ray cluster (`ray start --head` / `ray start --address=...`) instead
+# of a Ray of its own, e.g. (docs/scale.md):
+#   RAY_ADDRESS=10.0.0.1:6379 scripts/main_job.sh \
+#     --federation-config "num-supernodes=1000 client-resources-num-cpus=2 client-resources-num-gpus=0.5" \
+#     --run-config "fraction-train=0.05 client-state-dir='/shared/adaptfl-state'"
 #
 # Each invocation starts its own Flower SuperLink (private FLWR_HOME under .flwr/runs/<id>/,
 # a free port), so concurrent main jobs never share one, and stops exactly that SuperLink by
@@ -177,6 +182,7 @@ superexec_groups=$(pgrep -P "$superlink_pid" || true)
 
 # ---- the run -------------------------------------------------------------------------------
 say "flwr run . --stream (10 simulated clients unless your --federation-config says otherwise)"
+[ -z "${RAY_ADDRESS:-}" ] || say "the simulation attaches to the Ray cluster at RAY_ADDRESS=$RAY_ADDRESS"
 say "results will go to $run_dir"
 say "Flower's log follows (also in ${home#"$checkout"/}/flwr-run.log); round 1 waits ~20 s for Ray and torch"
 start=$SECONDS

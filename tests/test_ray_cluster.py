@@ -70,4 +70,4 @@ def test_main_job_on_a_two_node_ray_cluster_uses_both_and_survives_losing_one(tm
     last = {c["ray-node"] for c in rows[-1].get("clients", {}).values()}
     assert len(last) == 1 and last < first, rows[-1]
     assert job.returncode in (0, 1), out[-3000:]
-    assert "Flower run" in out, out[-3000:]
+    assert f"attaches to the Ray cluster at RAY_ADDRESS={cluster.address}" in out, out[-3000:]
