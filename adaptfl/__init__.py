@@ -20,17 +20,9 @@ _in_checkout = (_root / "pyproject.toml").is_file() and (_root / "strategies" / 
 if _in_checkout:
     __path__.append(str(_root))  # noqa: F821 - `__path__` is defined for packages
 
+# Where adaptfl runs from. adaptfl's own modules import these from `adaptfl.server_app.source`,
+# which also answers when this file never runs (a clone named `adaptfl` in the current folder
+# is a namespace package to Python; see there).
+from adaptfl.server_app.source import checkout, source_checkout  # noqa: E402
 
-def source_checkout() -> Path | None:
-    """The source checkout (or unpacked Flower app) this package runs from; None when it is an
-    installed wheel, which holds the modules and their data but not the Flower app itself."""
-    return _root if _in_checkout else None
-
-
-def checkout(needed_by: str) -> Path:
-    """The source checkout, for the tools that work on it (the deployment kit, the systems
-    figures: they run `flwr run` on its pyproject.toml and build images from it)."""
-    if not _in_checkout:
-        raise RuntimeError(f"{needed_by} works on adaptfl's source checkout (git clone it and run "
-                           f"it there); this adaptfl is an installed package in {_root}")
-    return _root
+__all__ = ["__version__", "checkout", "source_checkout"]

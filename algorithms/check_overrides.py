@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+from adaptfl.server_app import source as where
 from adaptfl.server_app.exit_codes import REFUSED_EXIT_CODE
 from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
 
-import adaptfl
-
 # The Flower app whose defaults the overrides go over: adaptfl's own in a source checkout (or an
 # unpacked FAB), else the folder you run it in (your own app, as `flwr run .` would take).
-APP_DIR = adaptfl.source_checkout() or Path.cwd()
+APP_DIR = where.source_checkout() or Path.cwd()
 
 # flwr's own key=value pattern (flwr/common/config.py, parse_config_args): text it does not match
 # is dropped without a word, so `tau = 0.3` would silently change nothing.

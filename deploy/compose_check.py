@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 from adaptfl.deploy import dockerd, loopback, stand_in
-
-import adaptfl
+from adaptfl.server_app import source as where
 
 # adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl.checkout).
-PROJECT = adaptfl.source_checkout() or Path(__file__).resolve().parent.parent
+# An installed wheel has neither; its entry points then stop in one line (server_app/source.py: checkout).
+PROJECT = where.source_checkout() or Path(__file__).resolve().parent.parent
 DEPLOY = PROJECT / "deploy"
 # Measured on a fresh machine: +12.4 GB at peak (3 GB of wheels, BuildKit's copy of them, the
 # 6.6 GB image, the stand-ins); 12 GB, the first estimate, would not have been enough.
@@ -214,7 +213,7 @@ def free_gb(path: Path) -> float:
 
 
 def run_check(workdir: Path) -> str:
-    adaptfl.checkout("python -m adaptfl.deploy.compose_check")
+    where.checkout("python -m adaptfl.deploy.compose_check")
     docker_root = Path("/var/lib/docker")
     for place in (DEPLOY, docker_root if docker_root.exists() else Path("/var/lib")):
         if free_gb(place) < MIN_FREE_GB:

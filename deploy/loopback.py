@@ -31,12 +31,11 @@ from pathlib import Path
 
 from adaptfl.deploy import commands
 from adaptfl.deploy.processes import PeakMemory, ProcessGroup, free_port, wait_for_port
-
-import adaptfl
+from adaptfl.server_app import source as where
 
 # adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl.checkout).
-PROJECT = adaptfl.source_checkout() or Path(__file__).resolve().parent.parent
+# An installed wheel has neither; its entry points then stop in one line (server_app/source.py: checkout).
+PROJECT = where.source_checkout() or Path(__file__).resolve().parent.parent
 CONNECTION = "loopback"  # the operator's connection in $FLWR_HOME/config.toml: the SuperLink's port
 OUTSIDER = "outsider"  # the same ca.crt, but the public port: the Fleet API proxy's
 
@@ -140,7 +139,7 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
     `flwr run` fails. `trusted_entities` is given to every SuperNode. `during(nodes)` runs in a
     thread beside `flwr run` (to kill and restart SuperNodes); `more_runs` are (app, run config)
     pairs run after it on the same deployment (another Flower app: a baseline)."""
-    adaptfl.checkout("python -m adaptfl.deploy.loopback")
+    where.checkout("python -m adaptfl.deploy.loopback")
     if num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes} must be >= 1")
     workdir = workdir.resolve()

@@ -17,12 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from adaptfl.deploy.dockerd import DOCKER
-
-import adaptfl
+from adaptfl.server_app import source as where
 
 # adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl.checkout).
-PROJECT = adaptfl.source_checkout() or Path(__file__).resolve().parent.parent
+# An installed wheel has neither; its entry points then stop in one line (server_app/source.py: checkout).
+PROJECT = where.source_checkout() or Path(__file__).resolve().parent.parent
 # Flower's tag for its Python 3.11 build; the bare `1.42.0` is its newest Python (3.13), outside
 # adaptfl's requires-python. deploy/Dockerfile and the compose files name the same tag.
 FLOWER_TAG = "1.42.0-py3.11-ubuntu24.04"
@@ -44,7 +43,7 @@ def have_image(name: str) -> bool:
 
 def ensure_flower_images(workdir: Path, after_step: Callable[[], None] = lambda: None) -> str:
     """Make FLOWER_IMAGES available; say whether they were there, pulled or stood in for."""
-    adaptfl.checkout("python -m adaptfl.deploy.stand_in")
+    where.checkout("python -m adaptfl.deploy.stand_in")
     missing = [image for image in FLOWER_IMAGES.values() if not have_image(image)]
     if not missing:
         return "Flower images present"

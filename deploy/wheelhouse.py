@@ -20,11 +20,11 @@ import sys
 import tomllib
 from pathlib import Path
 
-import adaptfl
+from adaptfl.server_app import source as where
 
 # adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl.checkout).
-PROJECT = adaptfl.source_checkout() or Path(__file__).resolve().parent.parent
+# An installed wheel has neither; its entry points then stop in one line (server_app/source.py: checkout).
+PROJECT = where.source_checkout() or Path(__file__).resolve().parent.parent
 TORCH_PACKAGES = ("torch", "torchvision")
 
 
@@ -45,7 +45,7 @@ def _is_torch(requirement: str) -> bool:
 
 def build(out: Path, torch_index: str = "") -> list[str]:
     """pip wheel every requirement into `out`; returns the requirements written."""
-    adaptfl.checkout("python -m adaptfl.deploy.wheelhouse")
+    where.checkout("python -m adaptfl.deploy.wheelhouse")
     out.mkdir(parents=True, exist_ok=True)
     requirements = deployment_requirements()
     torch_reqs = [r for r in requirements if _is_torch(r)]

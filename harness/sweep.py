@@ -21,12 +21,11 @@ from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.harness.grid import Cell, Grid, load_grid
 from adaptfl.harness.table import SERIES_PREFIX, append_row, finished_cells
+from adaptfl.server_app import source as where
 from tqdm import tqdm
 
-import adaptfl
-
 # <checkout>/results/sweeps, or ~/.adaptfl/results/sweeps for an installed adaptfl
-DEFAULT_RESULTS_DIR = (adaptfl.source_checkout() or Path.home() / ".adaptfl") / "results" / "sweeps"
+DEFAULT_RESULTS_DIR = (where.source_checkout() or Path.home() / ".adaptfl") / "results" / "sweeps"
 CellRunner = Callable[[Cell, Path], dict[str, Any]]
 
 

@@ -24,8 +24,7 @@ from typing import Any
 
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
-
-import adaptfl
+from adaptfl.server_app import source as where
 
 # Spec §8: what crosses the wire per sampled client and round, in model-sized arrays
 # (down, up), from the second round on (round 1 sends no Δ_G / v̄ / g).
@@ -106,7 +105,7 @@ def flwr_run(num_nodes: int, run_config: dict[str, Any], timeout: float = 900) -
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
     overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
-    app = adaptfl.checkout("the flwr-run systems figure")  # its pyproject.toml is the Flower app
+    app = where.checkout("the flwr-run systems figure")  # its pyproject.toml is the Flower app
     command = [flwr, "run", str(app), "--stream", "--federation-config",
                f"num-supernodes={num_nodes} client-resources-num-cpus=1", "--run-config", overrides]
     peak, stop = [0], threading.Event()
