@@ -118,8 +118,9 @@ class Runtime(Component):
     precision: str = param("auto", "local steps' forward pass: auto (bf16 autocast on CUDA, fp32 "
                            "on CPU), fp32, or bf16 (CUDA only); weights and optimizer state stay "
                            "fp32", choices=("auto", "fp32", "bf16"))
-    num_threads: int = param(0, "torch threads per client process; 0: torch's default",
-                             within=(0, None))
+    num_threads: int = param(0, "torch threads per client; 0: the CPUs it has (simulation: "
+                             "client-resources-num-cpus; python -m adaptfl.engine: CPUs // "
+                             "num-nodes; a SuperNode: its process's CPUs)", within=(0, None))
 
     def check(self) -> None:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):

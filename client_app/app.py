@@ -19,6 +19,7 @@ from adaptfl.algorithms.settings import Data
 from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.device import peak_memory_mb, reset_peak_memory, select_device
 from adaptfl.client_app.session import ClientSession
+from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.workloads import build_task_model, load_task, partition_indices
 from flwr.app import Context, Error, Message
@@ -59,8 +60,9 @@ def handle_train(msg: Message, context: Context) -> Message:
         raise ValueError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
     data, runtime = settings_from_recipe(recipe)
     node = context.node_config
-    if runtime.num_threads > 0:
-        torch.set_num_threads(runtime.num_threads)
+    threads = client_threads(runtime.num_threads)  # 0: the CPUs this client has (threads.py)
+    if threads is not None and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
     device = select_device(str(node.get(wire.NODE_DEVICE, runtime.device)))
     llm = llm_from_recipe(recipe)
     data_dir = str(node.get(wire.NODE_DATA_DIR, data.data_dir))

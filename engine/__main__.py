@@ -55,9 +55,15 @@ def main(argv: list[str] | None = None) -> None:
         cfg = RunConfig.from_flower(parse_overrides(args.overrides))
     except ValueError as err:  # one line naming the key, no traceback
         raise refuse(err) from None
+    import torch
+    from adaptfl.client_app.threads import engine_threads
     from adaptfl.engine.inprocess import run_inprocess
     from adaptfl.server_app.abort import RunAborted
     from tqdm import tqdm
+
+    # The nodes share this process's CPUs (client_app/threads.py); num-threads > 0 is applied
+    # by each client call as well.
+    torch.set_num_threads(engine_threads(cfg.runtime.num_threads, args.num_nodes))
 
     bar = tqdm(total=cfg.federation.num_server_rounds, unit="round", desc=cfg.algorithm.name,
                disable=None)  # disable=None: no bar when stderr is not a terminal
