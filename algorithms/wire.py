@@ -41,3 +41,6 @@ NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DEVICE = "device"  # optional per-node override: "cpu", "cuda", "cuda:1", "auto"
 NODE_DATA_DIR = "data-dir"  # optional: this node's own data (then it trains on all of it)
+
+# --- A client's own context.state (kept by Flower across the rounds of one run) ---
+WARNED = "adaptfl-warned"  # ConfigRecord {warning: True}: the warnings this client gave in this run

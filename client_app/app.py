@@ -22,7 +22,7 @@ from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.workloads import build_task_model, load_task, partition_indices
-from flwr.app import Context, Error, Message
+from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
@@ -53,6 +53,19 @@ def ray_node() -> int | None:
     return int(ray.get_runtime_context().get_node_id()[:12], 16)
 
 
+def first_time(context: Context, warning: str) -> bool:
+    """True the first time this client gives `warning` in this run (Flower keeps
+    `context.state` across a run's rounds; a new run starts it empty), so a warning that holds
+    for the whole run is said once per client, not once per round."""
+    given = context.state.config_records.get(wire.WARNED)
+    if given is None:
+        given = context.state[wire.WARNED] = ConfigRecord()
+    if warning in given:
+        return False
+    given[warning] = True
+    return True
+
+
 def handle_train(msg: Message, context: Context) -> Message:
     """One round of local training as the message's recipe says."""
     recipe = msg.content.config_records.get(wire.RECIPE)
@@ -77,7 +90,9 @@ def handle_train(msg: Message, context: Context) -> Message:
                              full_batches=batches, loss=task.loss)
     reset_peak_memory(device)
     session = ClientSession(msg, model, context=context, data=client_data, device=device)
-    run_local_steps(session, split, task.loss, indices, client_id, precision=runtime.precision)
+    warn = session.info.batch_size > len(indices) and first_time(context, "batch-size")
+    run_local_steps(session, split, task.loss, indices, client_id, warn=warn,
+                    precision=runtime.precision)
     log.info("client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
              session.train_loss(), device)
     metrics = {wire.PARTITION_ID: client_id, wire.PEAK_MEMORY: peak_memory_mb(device)}

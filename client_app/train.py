@@ -49,8 +49,8 @@ def run_local_steps(session: ClientSession, split: Split, loss_fn: Loss, indices
                     client_id: int, steps: int | None = None, warn: bool = True,
                     precision: str = "fp32") -> None:
     """The recipe's K local steps (or `steps`) on the rows `indices` of `split` (`warn`: about
-    a batch larger than the rows; the server's preflight step on a few rows does not;
-    `precision`: the run's runtime key)."""
+    a batch larger than the rows; the ClientApp says it once per client and run, the server's
+    preflight step on a few rows never; `precision`: the run's runtime key)."""
     info, model, device = session.info, session.model, session.device
     cast = autocast_dtype(precision, device)
     seed = round_seed(info.seed, info.server_round, client_id)

@@ -97,12 +97,13 @@ def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, tiny_data, caplo
     import logging
 
     cfg = RunConfig.of(results_dir=str(tmp_path), model="mlp", data_dir=tiny_data["fashion-mnist"],
-                       num_server_rounds=1, local_steps=1, batch_size=1_000_000, run_name="big")
+                       num_server_rounds=3, local_steps=1, batch_size=1_000_000, run_name="big")
     with caplog.at_level(logging.WARNING, logger="adaptfl"):
         run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "batch-size=1000000 exceeds the 600 training examples" in messages  # the server, first
-    # each of the 2 clients once; the server's one-step preflight on 4 rows stays quiet
+    # each of the 2 clients once in the run's 3 rounds (it holds for the whole run); the
+    # server's one-step preflight on 4 rows stays quiet
     assert messages.count("exceeds this client's") == 2, messages
     row = metric_rows(tmp_path / "big")[0]
     assert 0 < row["eval-seconds"] <= row["seconds"]  # the central evaluation's share of the round
