@@ -4,10 +4,12 @@ consistency, PosRatio, TopMass, preconditioner drift)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+PANEL_TITLE_CHARS = 30  # a 4.2-inch panel holds about this many characters of a 12 pt title
 DIAGNOSTICS = (("direction-consistency", "direction consistency (mean cos Δ_i, mean Δ)"),
                ("pos-ratio", "PosRatio (share of s = u ⊙ g > 0)"),
                ("top-mass", "TopMass₀.₀₁ (positive score mass in the top 1%)"),
@@ -25,6 +27,19 @@ def plot_run(rows: Sequence[dict[str, Any]], out: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    fig = run_figure(rows, title)
+    fig.savefig(out / "plot.png", dpi=100)
+    plt.close(fig)
+    fig = diagnostics_figure(rows, title)
+    if fig is not None:
+        fig.savefig(out / "diagnostics.png", dpi=100)
+        plt.close(fig)
+
+
+def run_figure(rows: Sequence[dict[str, Any]], title: str) -> Any:
+    """plot.png: accuracy and loss per round."""
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
@@ -38,18 +53,24 @@ def plot_run(rows: Sequence[dict[str, Any]], out: Path, title: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out / "plot.png", dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def diagnostics_figure(rows: Sequence[dict[str, Any]], title: str) -> Any | None:
+    """diagnostics.png: one panel per diagnostic the run recorded; None if it recorded none.
+    The panel titles are wrapped to the panel's width: tight_layout makes room for a title's
+    height, never for its width, so a long one ran off the figure's right edge."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     present = [(k, label) for k, label in DIAGNOSTICS if _series(rows, k)[0]]
     if not present:
-        return
-    fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 3.6), squeeze=False)
+        return None
+    fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 3.8), squeeze=False)
     for ax, (key, label) in zip(axes[0], present, strict=True):
         ax.plot(*_series(rows, key), marker="o")
-        ax.set(xlabel="round", title=label)
+        ax.set(xlabel="round", title=textwrap.fill(label, PANEL_TITLE_CHARS))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out / "diagnostics.png", dpi=100)
-    plt.close(fig)
+    return fig
