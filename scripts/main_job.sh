@@ -51,7 +51,7 @@ install_python_packages() {
   else
     # Linux wheels of torch pull NVIDIA's CUDA libraries even on machines without a GPU.
     say "pip install -e '.[test]': first install downloads torch with ~3.2 GB of CUDA libraries;" \
-        "this can take many minutes (CPU-only install: see README, 'The two commands')"
+        "this can take many minutes (CPU-only machine: stop, run scripts/install_cpu_torch.sh, start again)"
   fi
   # pip's download and install lines show progress; the ~60 'already satisfied' lines do not.
   python -m pip install -e ".[test]" 2>&1 | { grep -v '^Requirement already satisfied' || true; } \
