@@ -50,6 +50,10 @@ class ClientData:
     dataset_size: int  # |D| over all clients (HaFedHo's p_i = |D_i| / |D|)
     full_batches: Callable[[], Any] | None = None  # iterable of (x, y) over the whole partition
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # the task's loss
+    # iterable of (x, y) over the given positions 0..num_examples-1: lets a stage draw a random
+    # sample (MimeLite's mime-grad-examples); without it a bounded pass reads full_batches' first rows
+    batches_of: Callable[[torch.Tensor], Any] | None = None
+    sample_seed: int = 0  # this client's own seed for such samples (the ClientApp: its partition id)
 
 
 @dataclass

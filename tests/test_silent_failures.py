@@ -71,11 +71,12 @@ def test_the_silent_settings_are_refused_before_round_1(case: str, tiny_data, tm
 @pytest.mark.slow
 def test_mimelite_on_the_text_corpus_times_out_and_aborts_naming_the_timeout(tiny_data,
                                                                            tmp_path) -> None:
-    """MimeLite's ∇f_i(x) passes over the client's whole partition every round: on the fortunes
-    corpus (121k windows) that is minutes per client, so the round-timeout cuts it and the run
-    stops non-zero saying so (it used to end "successfully" untrained)."""
+    """MimeLite's ∇f_i(x) over the client's whole partition (mime-grad-examples=0; the default
+    bounds it): on the fortunes corpus (121k windows) that is minutes per client, so the
+    round-timeout cuts it and the run stops non-zero saying so (it used to end "successfully"
+    untrained)."""
     cfg = _cfg(tiny_data, tmp_path, task="fortunes", algorithm="mimelite", data_dir="",
-               num_server_rounds=2, round_timeout=1.0, max_skipped_rounds=2)
+               num_server_rounds=2, round_timeout=1.0, max_skipped_rounds=2, mime_grad_examples=0)
     started = time.monotonic()
     with pytest.raises(RunAborted, match=r"no reply within round-timeout from nodes \[1, 2\]"):
         run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
