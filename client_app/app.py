@@ -9,9 +9,11 @@ as one-line error replies.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 
+import numpy as np
 import torch
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.recipe import llm_from_recipe, settings_from_recipe
@@ -30,8 +32,15 @@ log = logging.getLogger(__name__)
 app = ClientApp()
 
 
+PARTITION_CACHE = "adaptfl-partition"  # context.state key: this node's rows, and what they are of
+
+
 def _partition(context: Context, data: Data, seed: int, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(this node's rows, a stable client id for its seeds)."""
+    """(this node's rows, a stable client id for its seeds).
+
+    The rows are kept in `context.state` after the first round: a deployed SuperNode starts a
+    fresh ClientApp process per message, and the N-way split (flwr-datasets, Arrow tables)
+    costs that process seconds and ~200 MB every time (docs/scale.md)."""
     node = context.node_config
     if wire.NODE_DATA_DIR in node:  # the node's own data: all of it
         return torch.arange(len(labels)), int(node.get(wire.NODE_PARTITION_ID, context.node_id))
@@ -39,8 +48,16 @@ def _partition(context: Context, data: Data, seed: int, labels: torch.Tensor) ->
         raise ValueError("node config sets neither data-dir (own data) nor partition-id and "
                          "num-partitions (a share of the run's data set)")
     pid, count = int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS])
+    digest = hashlib.sha256(labels.numpy().tobytes()).hexdigest()[:16]  # the very labels split
+    key = (f"{data.task}|{data.data_dir}|{digest}|{data.partitioning}|{count}|{pid}|"
+           f"{data.dirichlet_alpha}|{data.classes_per_client}|{seed}")
+    cached = context.state.config_records.get(PARTITION_CACHE)
+    if cached is not None and cached.get("key") == key:
+        rows = np.frombuffer(cached["rows"], dtype=np.int64)
+        return torch.from_numpy(rows.copy()), pid
     indices = partition_indices(labels, count, pid, data.partitioning, data.dirichlet_alpha, seed,
                                 data.classes_per_client)
+    context.state[PARTITION_CACHE] = ConfigRecord({"key": key, "rows": indices.astype(np.int64).tobytes()})
     return torch.as_tensor(indices.copy()), pid
 
 

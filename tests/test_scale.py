@@ -30,7 +30,7 @@ def _cfg(tmp_path, tiny_data, **extra) -> RunConfig:
 
 def test_the_partition_is_computed_once_for_all_rounds_and_clients(tmp_path, tiny_data,
                                                                    monkeypatch) -> None:
-    cfg = _cfg(tmp_path, tiny_data, seed=1234)  # a seed no other test's cache entry has
+    cfg = _cfg(tmp_path, tiny_data, seed=1234, fraction_train=0.2)  # a seed no other test uses
     calls = []
     real = client_app.partition_indices
     monkeypatch.setattr(client_app, "partition_indices",
@@ -38,9 +38,11 @@ def test_the_partition_is_computed_once_for_all_rounds_and_clients(tmp_path, tin
     before = partitioning._cached_partitioner.cache_info().misses
     rows = metric_rows(run_federated(InProcessGrid(NODES, cfg.to_flower()), cfg))
     sampled = [r["replies-sampled"] for r in rows]
-    assert sampled == [3] * ROUNDS and [r["replies-accepted"] for r in rows] == sampled
-    # one look-up per message (the sampled clients), never one per existing client per round
-    assert len(calls) == sum(sampled) and len(set(calls)) > 1
+    assert sampled == [12] * ROUNDS and [r["replies-accepted"] for r in rows] == sampled
+    # one look-up per client, the first time it is sampled (then its rows come from its
+    # context.state: a deployed ClientApp is a fresh process every message), never one per
+    # existing client per round; clients were sampled again, so some look-ups were saved
+    assert len(calls) == len(set(calls)) < sum(sampled)
     # ... and one computation of the 60-way split: the server's check of every node's partition
     # and all the clients' messages share it
     assert partitioning._cached_partitioner.cache_info().misses - before == 1
@@ -98,3 +100,24 @@ def test_scaffold_state_in_the_server_process_only_with_client_state_memory(tmp_
     # a client sampled again finds its state where the setting says
     sources = {v["client-state"] for r in rows[1:] for v in r["clients"].values()}
     assert sources <= {0, 1 if in_memory else 2}
+
+
+def test_a_node_keeps_its_rows_and_recomputes_them_when_the_split_changes(monkeypatch) -> None:
+    from adaptfl.algorithms.settings import Data
+    from flwr.app import Context, RecordDict
+
+    labels = torch.arange(200) % 10
+    context = Context(run_id=1, node_id=5, node_config={"partition-id": 3, "num-partitions": 8},
+                      state=RecordDict(), run_config={})
+    calls = []
+    real = client_app.partition_indices
+    monkeypatch.setattr(client_app, "partition_indices", lambda *a, **k: calls.append(a) or real(*a, **k))
+    data = Data(partitioning="dirichlet", dirichlet_alpha=0.5)
+    first, pid = client_app._partition(context, data, 7, labels)
+    again, _ = client_app._partition(context, data, 7, labels)
+    assert pid == 3 and len(calls) == 1 and torch.equal(first, again)
+    assert torch.equal(first, torch.as_tensor(real(labels, 8, 3, "dirichlet", 0.5, 7)))
+    for changed in [(Data(partitioning="dirichlet", dirichlet_alpha=0.9), 7, labels), (data, 8, labels),
+                    (data, 7, labels.flip(0))]:  # another α, seed, or data: computed again
+        client_app._partition(context, *changed)
+    assert len(calls) == 4
