@@ -4,13 +4,14 @@
     correction       u = (1-ρ)·d + ρ·Δ_G               (components/correction.py, mimelite.py)
     trust            u <- φ ⊙ u                         (local_update/modulation.py)
     moments          FedACT's v̄ sync                    (components/moments.py)
+    local_state      fresh or persistent inner state    (components/local_state.py)
     sharing          FedPAC / FedMIX-P Θ                (components/sharing.py)
     terms            client terms with server parts     (components/prox.py, hafedho.py, …)
     server_opt       the rule on the mean Δ             (strategies/server_opt/)
     aggregator       how replies are combined           (strategies/aggregators/)
 
-The run config fills it: `preconditioner=`, `trust=`, `v-sync=`, `server-opt=`, `aggregator=`
-switch a component, `term=` the client term(s); every other key sets a field of the component
+The run config fills it: `preconditioner=`, `trust=`, `v-sync=`, `server-opt=`, `aggregator=`,
+`local-state=` switch a component, `term=` the client term(s); every other key sets a field of the component
 that declares it. The
 checks across components are here, and so is the wire contract (the union of the records the
 components declare), which both sides derive from the very same objects.
@@ -37,6 +38,7 @@ SLOTS = {
     "sharing": ("sharing", ""),
     "server_opt": ("server_opt", "server-opt"),
     "aggregator": ("aggregator", "aggregator"),
+    "local_state": ("local_state", "local-state"),
 }
 TERM_SWITCH = "term"  # replaces the algorithm's client terms by one, or by none ("none")
 
@@ -66,6 +68,7 @@ class Selection(Component):
     aggregator: str = param(PRESET, "how replies are combined: mean, clip, median, trimmed-mean, krum")
     term: str = param(PRESET, "the client term, instead of the algorithm's own: none, feddyn, "
                       "hafedho, moon, prox, scaffold")
+    local_state: str = param(PRESET, "the inner optimizer's state across rounds: fresh, persist")
 
 
 @dataclass(frozen=True)
@@ -80,14 +83,25 @@ class Algorithm:
     server_opt: Any  # ServerOpt
     aggregator: Any  # Aggregator
     terms: tuple[Stage, ...] = ()
+    local_state: Any = None  # LocalState; None: fresh (set by the catalog and the recipe)
+    # the algorithm's own weight decay (DiLoCo's 0.1), used while its preconditioner is kept;
+    # None: the preconditioner's default
+    weight_decay: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.local_state is None:
+            from adaptfl.algorithms.components.local_state import Fresh
+
+            object.__setattr__(self, "local_state", Fresh())
 
     def stages(self) -> tuple[Stage, ...]:
-        """The components with a part on each side of the wire, in the order they run."""
-        return (self.correction, self.moments, self.sharing, *self.terms)
+        """The components with a part on each side of the wire, in the order they run (the kept
+        optimizer state first, so what the server sends this round is imported over it)."""
+        return (self.local_state, self.correction, self.moments, self.sharing, *self.terms)
 
     def components(self) -> tuple[Component, ...]:
         return (self.preconditioner, self.correction, self.trust, self.moments, self.sharing,
-                self.server_opt, self.aggregator, *self.terms)
+                self.server_opt, self.aggregator, *self.terms, self.local_state)
 
     def configured(self, values: Mapping[str, Any]) -> Algorithm:
         """This algorithm with a run config's values: switches first, then fields by key."""
@@ -105,6 +119,8 @@ class Algorithm:
             same = [t for t in self.terms if t.name == chosen]
             terms = () if chosen == "none" else (same[0] if same else registry("term")[chosen](),)
         changes["terms"] = tuple(type(t).build(values, base=t) for t in terms)
+        if type(changes["preconditioner"]) is not type(self.preconditioner):
+            changes["weight_decay"] = None  # another rule: its own default weight decay
         algorithm = dataclasses.replace(self, **changes)
         algorithm.check()
         return algorithm
@@ -121,7 +137,8 @@ class Algorithm:
             raise ValueError(f"v-sync={self.moments.name!r} syncs Adam's second moment v, which "
                              f"preconditioner={rule.name!r} does not have (algorithm {name!r}); "
                              "choose adam or adamw, or v-sync='none'")
-        if self.moments.synced and getattr(rule, "bias_correction", "") == "local":
+        if self.moments.synced and getattr(rule, "bias_correction", "") == "local" and \
+                not self.local_state.persists:
             raise ValueError("bias-correction='local' restarts v's correction every round, which "
                              "contradicts a synced v; use 'paper' or 'single-counter'")
         if self.sharing.shares and not rule.shareable:
@@ -131,6 +148,12 @@ class Algorithm:
             raise ValueError(f"trust={self.trust.name!r} scales single coordinates of Muon's "
                              "orthogonalised update, which breaks its orthogonality; set "
                              "trust-on-muon=true to opt in")
+        if self.local_state.persists and getattr(rule, "bias_correction", "local") in \
+                ("paper", "single-counter"):
+            raise ValueError(f"local-state='persist' carries the step count k across rounds, so "
+                             f"bias-correction={rule.bias_correction!r} (v on the global step "
+                             "(r-1)·K + k) would count the earlier rounds twice; use 'local' "
+                             "(torch's AdamW, kept) or 'off'")
         names = [r.name for s in self.stages() for r in (*s.records_down(), *s.records_up())]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -153,5 +176,5 @@ class Algorithm:
 
     def describe(self) -> str:
         parts = [c.describe() for c in self.components()
-                 if c.name not in ("none", "mean") or c is self.preconditioner]
+                 if c.name not in ("none", "mean", "fresh") or c is self.preconditioner]
         return f"{self.name} [{', '.join(parts)}]"

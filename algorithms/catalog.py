@@ -21,6 +21,7 @@ from adaptfl.algorithms.components.correction import (
 )
 from adaptfl.algorithms.components.feddyn import FedDyn
 from adaptfl.algorithms.components.hafedho import HaFedHo
+from adaptfl.algorithms.components.local_state import Fresh, Persist
 from adaptfl.algorithms.components.mimelite import MimeLite
 from adaptfl.algorithms.components.moments import FullSync, NoSync
 from adaptfl.algorithms.components.moon import Moon
@@ -38,13 +39,14 @@ from adaptfl.strategies.server_opt.adagrad import ServerAdagrad
 from adaptfl.strategies.server_opt.adam import ServerAdam
 from adaptfl.strategies.server_opt.adamom import Adamom
 from adaptfl.strategies.server_opt.avgm import AvgM
+from adaptfl.strategies.server_opt.nesterov import Nesterov
 from adaptfl.strategies.server_opt.none import Average
 from adaptfl.strategies.server_opt.yogi import ServerYogi
 
 
 def _algorithm(name: str, paper: str, preconditioner: object, **parts: object) -> Algorithm:
     base = dict(correction=NoCorrection(), trust=NoTrust(), moments=NoSync(), sharing=NoSharing(),
-                server_opt=Average(), aggregator=Mean(), terms=())
+                server_opt=Average(), aggregator=Mean(), terms=(), local_state=Fresh())
     return Algorithm(name, paper, preconditioner, **{**base, **parts})  # type: ignore[arg-type]
 
 
@@ -75,6 +77,18 @@ def catalog() -> dict[str, Algorithm]:
         _algorithm("feddyn", "Acar et al. 2021 (FedDyn)", sgd, terms=(FedDyn(),)),
         _algorithm("moon", "Li, He & Song 2021 (MOON)", sgd, terms=(Moon(),)),
         _algorithm("mimelite", "Karimireddy et al. 2021 (MimeLite)", sgd, correction=MimeLite()),
+    ]
+    # Cross-datacenter pre-training recipes: inner optimizer state kept on each worker, outer
+    # Nesterov momentum on p = -mean Δ (DiLoCo's Alg. 1: inner AdamW β = (0.9, 0.95), wd 0.1;
+    # outer lr 0.7, momentum 0.9, the Nesterov component's defaults)
+    diloco = dict(server_opt=Nesterov(), local_state=Persist())
+    diloco_adamw = AdamW(beta2=0.95, bias_correction="local")
+    algorithms += [
+        _algorithm("diloco", "Douillard et al. 2023 (DiLoCo)", diloco_adamw, weight_decay=0.1, **diloco),
+        _algorithm("muloco", "Thérien et al. 2025 (MuLoCo)", Muon(), **diloco),
+        # FedACT's trust modulation on DiLoCo's inner steps: no published system has it
+        _algorithm("diloco-act", "new: DiLoCo + seed 000's trust (ACT)", diloco_adamw, trust=ACT(),
+                   weight_decay=0.1, **diloco),
     ]
     for rule in (Sophia(), Muon(), SOAP()):
         x = rule.name

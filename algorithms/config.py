@@ -143,7 +143,7 @@ class RunConfig:
         """One line a reader can tell runs apart by: the algorithm, its numbers, the workload."""
         parts = []
         for c in self.algorithm.components():
-            if c.name in ("none", "mean") and c is not self.algorithm.preconditioner:
+            if c.name in ("none", "mean", "fresh") and c is not self.algorithm.preconditioner:
                 continue
             knobs = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                               for k, v in c.values().items()
@@ -162,7 +162,7 @@ class RunConfig:
 
     @property
     def weight_decay(self) -> float:
-        wd = self.local.weight_decay
+        wd = self.local.weight_decay if self.local.weight_decay is not None else self.algorithm.weight_decay
         return self.algorithm.preconditioner.default_weight_decay if wd is None else wd
 
     def round_info(self, server_round: int, run_key: str = "") -> RoundInfo:
@@ -233,8 +233,9 @@ def algorithm_table() -> str:
     for name, a in catalog().items():
         parts = [f"{slot.replace('_', '-')} `{c.name}`" for slot, c in
                  (("preconditioner", a.preconditioner), ("correction", a.correction), ("trust", a.trust),
-                  ("v-sync", a.moments), ("sharing", a.sharing), ("server-opt", a.server_opt))
-                 if c.name != "none" or slot == "preconditioner"]
+                  ("v-sync", a.moments), ("sharing", a.sharing), ("server-opt", a.server_opt),
+                  ("local-state", a.local_state))
+                 if c.name not in ("none", "fresh") or slot == "preconditioner"]
         parts += [f"term `{t.name}`" for t in a.terms]
         down = ", ".join(f"`{r.name}`" for s in a.stages() for r in s.records_down()) or "–"
         up = ", ".join(f"`{r.name}`" for s in a.stages() for r in s.records_up()) or "–"

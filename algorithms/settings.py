@@ -62,7 +62,8 @@ class LocalTraining(Component):
     lr_schedule: str = param("cosine", "lr over rounds: cosine (to 0 after the last) or constant",
                              choices=("cosine", "constant"))
     weight_decay: float | None = param(None, "decoupled weight decay (L2 for adam); preset: the "
-                                       "preconditioner's", within=(0.0, None), sane=(0.0, 10.0))
+                                       "algorithm's (diloco 0.1), else the preconditioner's",
+                                       within=(0.0, None), sane=(0.0, 10.0))
     diagnostics_every: int = param(10, "PosRatio / TopMass on local steps 1, 1+N, 1+2N, … (0: off); "
                                    "kept on the device, read once per round", within=(0, None))
 

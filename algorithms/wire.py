@@ -34,6 +34,7 @@ TOP_MASS = "top-mass"  # float, TopMass_0.01 of the trust scores (same steps)
 F_HAT = "f-hat"  # float, HaFedHo's f̂_i: mean local loss f_i over the local steps
 CLIENT_STATE = "client-state"  # int, where durable client state came from: 0 none, 1 memory, 2 disk
 RAY_NODE = "ray-node"  # int, the first 12 hex digits of the Ray node id a simulated client ran on
+LOCAL_STATE_SOURCE = "local-state-source"  # int, where a kept inner optimizer state came from (same codes)
 TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as the client applied it
 
 # --- Node config keys (set by simulation or `flower-supernode --node-config`) ---

@@ -11,7 +11,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "AdaptiveStrategy": "base", "RoundReport": "state", "FedACT": "fedact", "FedAdamW": "fedadamw",
+    "AdaptiveStrategy": "base", "RoundReport": "state", "DiLoCo": "diloco", "DiLoCoACT": "diloco_act",
+    "MuLoCo": "muloco", "FedACT": "fedact", "FedAdamW": "fedadamw",
     "FedAdamom": "fedadamom", "FedAvg": "fedavg", "FedDyn": "feddyn", "FedMIXP": "fedmixp",
     "FedPAC": "fedpac", "FedProx": "fedprox", "HaFedHo": "hafedho", "MimeLite": "mimelite",
     "Moon": "moon", "Scaffold": "scaffold",

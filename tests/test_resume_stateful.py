@@ -1,7 +1,8 @@
 """Exact resume with stateful clients (issue 13 §2): the server is killed -9 INSIDE round 3,
 after some clients have already saved their round-3 durable state; the resumed job re-runs
 round 3 from the clients' round-2 state (client state is versioned by the round that wrote
-it) and ends with the very model an uninterrupted run gives, bit for bit."""
+it) and ends with the very model an uninterrupted run gives, bit for bit. DiLoCo's clients keep
+their whole inner AdamW state (moments and step counts) the same way."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from adaptfl.engine.inprocess import run_inprocess
 from tests.flower_processes import PROJECT
 from tests.run_outputs import assert_same_model, completed_round, final_model, kill_when, metric_rows
 
-STATE_NAMES = {"scaffold": "scaffold", "hafedho": "hafedho", "feddyn": "feddyn", "moon": "moon"}
+# algorithm -> the name of its durable client state (DiLoCo's: its whole kept AdamW state)
+STATE_NAMES = {"scaffold": "scaffold", "hafedho": "hafedho", "feddyn": "feddyn", "moon": "moon",
+               "diloco": "local-state"}
 NODES = 3
 
 

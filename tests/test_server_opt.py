@@ -109,3 +109,53 @@ def test_bad_server_hyperparameters_are_named(key: str, value: object) -> None:
                  "adamom-eps": "fedadamom", "eta": "fedadam", "server-opt": "fedavg"}[key]
     with pytest.raises(ValueError, match=key):
         RunConfig.from_flower({"algorithm": algorithm, key: value})
+
+
+def test_nesterov_matches_torch_sgd_nesterov_through_the_strategy() -> None:
+    """server-opt='nesterov' over three rounds of weighted replies = torch.optim.SGD(momentum=β,
+    nesterov=True) stepping x with the gradient p = -mean Δ; its momentum is server state, and
+    a strategy restored from that state (a resume) takes the very same third step."""
+    from adaptfl.strategies.state import ServerState
+
+    grid = InProcessGrid(2, {})
+    cfg = RunConfig.of(algorithm="fedavg", server_opt="nesterov", eta=0.7, server_momentum=0.8)
+    ours = AdaptiveStrategy(cfg)
+    ours.initialize({k: v.clone() for k, v in X0.items()}, SPEC)
+    oracle = {k: torch.nn.Parameter(v.clone()) for k, v in X0.items()}
+    sgd = torch.optim.SGD(list(oracle.values()), lr=0.7, momentum=0.8, nesterov=True)
+    for server_round, clients in enumerate(ROUNDS, start=1):
+        if server_round == 3:  # resume: a fresh strategy from the checkpointed state
+            fresh = AdaptiveStrategy(cfg)
+            fresh.initialize({k: v.clone() for k, v in X0.items()}, SPEC)
+            fresh.state = ServerState.from_bytes(ours.state.to_bytes())
+            ours = fresh
+        sent = list(ours.configure_train(server_round, ArrayRecord(ours.state.model), ConfigRecord(), grid))
+        replies, mean = [], {k: torch.zeros_like(v) for k, v in X0.items()}
+        for pid, (delta, n) in enumerate(clients):
+            d = {k: torch.tensor(v) for k, v in delta.items()}
+            content = RecordDict({wire.DELTA: ArrayRecord(d),
+                                  wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: n})})
+            replies.append(_reply(content, sent[pid]))
+            for k in d:
+                mean[k] += d[k] * n / 4
+        ours.aggregate_train(server_round, replies)
+        sgd.zero_grad()
+        for k, p in oracle.items():
+            p.grad = -mean[k]
+        sgd.step()
+        for k in X0:  # dyadic inputs; the one rounding is float32's in the momentum products
+            torch.testing.assert_close(ours.state.model[k], oracle[k].detach(), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(ours.state.extras["server-opt/momentum"][k],
+                                       sgd.state[oracle[k]]["momentum_buffer"], rtol=1e-6, atol=1e-6)
+
+
+def test_nesterov_differs_from_heavy_ball() -> None:
+    """The look-ahead term matters: from the second step on, Nesterov ≠ FedAvgM's x - η·m."""
+    from adaptfl.strategies.server_opt.avgm import AvgM
+    from adaptfl.strategies.server_opt.nesterov import Nesterov
+
+    x, d = {"w": torch.tensor([1.0])}, {"w": torch.tensor([0.5])}
+    nx, nm = Nesterov(eta=1.0, server_momentum=0.5).rule(x, d, {}, 1)
+    hx, hm = AvgM(eta=1.0, server_momentum=0.5).rule(x, d, {}, 1)
+    torch.testing.assert_close(nm["momentum"]["w"], hm["momentum"]["w"])  # same momentum m = -Δ
+    assert float(nx["w"]) == 1.0 + 0.5 + 0.25 and float(hx["w"]) == 1.5  # x + Δ + β·Δ vs x + Δ
