@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from tests.flower_processes import PROJECT
 
-MODULE = "adaptfl.strategies.server_opt.nesterov"
+MODULE = "adaptfl.strategies.server_opt.rmsprop"
 
 
 def readme_block(first_line: str) -> str:
@@ -39,14 +39,14 @@ def readme_block(first_line: str) -> str:
 
 
 @pytest.fixture
-def nesterov_file(tmp_path: Path) -> Iterator[ModuleType]:
-    """README's file, as strategies/server_opt/nesterov.py would be, found by the registry's own
+def rmsprop_file(tmp_path: Path) -> Iterator[ModuleType]:
+    """The page's file, as strategies/server_opt/rmsprop.py would be, found by the registry's own
     discovery; unregistered afterwards."""
     import adaptfl.strategies.server_opt as package
 
     folder = tmp_path / "server_opt"
     folder.mkdir()
-    (folder / "nesterov.py").write_text(readme_block("# strategies/server_opt/nesterov.py"))
+    (folder / "rmsprop.py").write_text(readme_block("# strategies/server_opt/rmsprop.py"))
     package.__path__.append(str(folder))
     params._discovered = False  # discover again, as a fresh process would
     try:
@@ -54,42 +54,44 @@ def nesterov_file(tmp_path: Path) -> Iterator[ModuleType]:
         yield sys.modules[MODULE]
     finally:
         package.__path__.remove(str(folder))
-        params._REGISTRY["server_opt"].pop("nesterov", None)
+        params._REGISTRY["server_opt"].pop("rmsprop", None)
         sys.modules.pop(MODULE, None)
         params._discovered = True
 
 
 def test_without_the_file_the_name_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"invalid server-opt='nesterov': choose one of \["):
-        RunConfig.of(algorithm="fedavg", server_opt="nesterov")
-    assert "nesterov" not in key_table()
+    with pytest.raises(ValueError, match=r"invalid server-opt='rmsprop': choose one of \["):
+        RunConfig.of(algorithm="fedavg", server_opt="rmsprop")
+    assert "rmsprop" not in key_table()
 
 
-def test_one_new_file_is_selectable_and_documented(nesterov_file: ModuleType) -> None:
-    cls = params.registry("server_opt")["nesterov"]
+def test_one_new_file_is_selectable_and_documented(rmsprop_file: ModuleType) -> None:
+    cls = params.registry("server_opt")["rmsprop"]
     assert cls.__module__ == MODULE  # found as a file of the folder, not imported by hand
-    cfg = RunConfig.from_flower({"algorithm": "fedavg", "server-opt": "nesterov", "server-momentum": 0.7})
-    assert isinstance(cfg.algorithm.server_opt, cls) and cfg.algorithm.server_opt.server_momentum == 0.7
-    with pytest.raises(ValueError, match=r"invalid server-momentum=1\.5"):  # its declared range
-        RunConfig.of(algorithm="fedavg", server_opt="nesterov", server_momentum=1.5)
-    strategy = FedACT(fraction_train=1.0, rho=0.5, tau=0.3, server_opt="nesterov")
+    cfg = RunConfig.from_flower({"algorithm": "fedavg", "server-opt": "rmsprop", "server-beta2": 0.7})
+    assert isinstance(cfg.algorithm.server_opt, cls) and cfg.algorithm.server_opt.server_beta2 == 0.7
+    with pytest.raises(ValueError, match=r"invalid server-beta2=1\.5"):  # its declared range
+        RunConfig.of(algorithm="fedavg", server_opt="rmsprop", server_beta2=1.5)
+    strategy = FedACT(fraction_train=1.0, rho=0.5, tau=0.3, server_opt="rmsprop")
     assert type(strategy.cfg.algorithm.server_opt) is cls
     table = key_table()
-    assert "| `server-momentum` | server-opt `nesterov` | 0.9 | Nesterov momentum β |" in table
-    assert "| `eta` | server-opt `nesterov` | 1.0 | server learning rate η |" in table
+    assert "| `server-beta2` | server-opt `rmsprop` | 0.99 | EMA weight β2 of v (torch: alpha) |" in table
+    assert "| `eta` | server-opt `rmsprop` | 0.01 | server learning rate η |" in table
     server_opt_row = next(r for r in table.splitlines() if r.startswith("| `server-opt` |"))
-    assert "nesterov" in server_opt_row.split("|")[4]
+    assert "rmsprop" in server_opt_row.split("|")[4]
+    assert cfg.algorithm.contract(ModelSpec({"w": ((2,), torch.float32)}, ("w",))).domains[wire.DELTA]["w"] \
+        is cls.delta_domain  # its Δ domain is what replies are checked against
 
 
-def test_its_moments_live_in_the_strategy_state(nesterov_file: ModuleType) -> None:
-    """Two rounds of hand-built replies: the model follows Nesterov on the mean Δ, and the
-    momentum is kept in the (checkpointed) server state."""
+def test_its_moments_live_in_the_strategy_state(rmsprop_file: ModuleType) -> None:
+    """Two rounds of hand-built replies: the model follows RMSprop on the mean Δ, and v is kept
+    in the (checkpointed) server state."""
     x0 = {"w": torch.tensor([1.0, -2.0])}
-    strategy = AdaptiveStrategy(RunConfig.of(algorithm="fedavg", server_opt="nesterov", eta=0.5,
-                                             server_momentum=0.5))
+    strategy = AdaptiveStrategy(RunConfig.of(algorithm="fedavg", server_opt="rmsprop", eta=0.5,
+                                             server_beta2=0.5, server_tau=0.25))
     strategy.initialize(dict(x0), ModelSpec({"w": ((2,), torch.float32)}, ("w",)))
     grid = InProcessGrid(2, {})
-    x, m = x0["w"].clone(), torch.zeros(2)
+    x, v = x0["w"].clone(), torch.zeros(2)
     for server_round, deltas in enumerate(([[0.5, 0.0], [0.0, 1.0]], [[-1.0, 0.5], [1.0, 0.5]]), start=1):
         sent = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model), ConfigRecord(),
                                              grid))
@@ -98,15 +100,15 @@ def test_its_moments_live_in_the_strategy_state(nesterov_file: ModuleType) -> No
                            reply_to=msg) for msg, d in zip(sent, deltas, strict=True)]
         strategy.aggregate_train(server_round, replies)
         mean = torch.tensor(deltas).mean(0)
-        m = 0.5 * m - mean
-        x = x - 0.5 * (0.5 * m - mean)
+        v = 0.5 * v + 0.5 * mean**2
+        x = x + 0.5 * mean / (v.sqrt() + 0.25)
         torch.testing.assert_close(strategy.state.model["w"], x)
-        torch.testing.assert_close(strategy.state.extras["server-opt/momentum"]["w"], m)
+        torch.testing.assert_close(strategy.state.extras["server-opt/v"]["w"], v)
 
 
-def test_the_test_the_section_shows_passes(nesterov_file: ModuleType) -> None:
+def test_the_test_the_section_shows_passes(rmsprop_file: ModuleType) -> None:
     namespace: dict = {}
-    exec(compile(readme_block("# tests/test_server_opt_nesterov.py"), "test_server_opt_nesterov.py",
+    exec(compile(readme_block("# tests/test_server_opt_rmsprop.py"), "test_server_opt_rmsprop.py",
                  "exec"), namespace)
     tests = [f for name, f in namespace.items() if name.startswith("test_")]
     assert tests
