@@ -22,7 +22,7 @@ from adaptfl.harness.systems import main as systems_main
 from adaptfl.harness.table import read_table
 
 GRIDS_DIR = Path(str(resources.files("adaptfl.harness") / "grids"))  # package data
-GRID_ORDER = ("fedact", "fedpac", "fedmixp", "hafedho", "fedadamom")  # the seeds' order
+GRID_ORDER = ("fedact", "fedpac", "fedmixp", "hafedho", "fedadamom", "diloco")  # the seeds', then others
 
 INTRO = """# Results: the papers' claims on a 2-core CPU
 

@@ -48,13 +48,16 @@ def final(rows: list[Row], metric: str) -> Summary:
     return summary([float(r[metric]) for r in rows])
 
 
-def rounds_to_target(rows: list[Row], target: float) -> tuple[Summary, int]:
-    """(rounds until test accuracy first reaches `target`, over the seeds that reach it; how many
-    seeds reached it). Rounds count from 1."""
+def rounds_to_target(rows: list[Row], target: float, metric: str = "test-accuracy"
+                     ) -> tuple[Summary, int]:
+    """(rounds until `metric` first reaches `target`, over the seeds that reach it; how many
+    seeds reached it). Rounds count from 1; a loss reaches its target from above."""
+    lower = "loss" in metric
     hits = []
     for row in rows:
-        accuracy = series(row, "test-accuracy")
-        first = next((i + 1 for i, a in enumerate(accuracy) if a >= target), None)
+        values = series(row, metric)
+        first = next((i + 1 for i, a in enumerate(values) if (a <= target if lower else a >= target)),
+                     None)
         if first is not None:
             hits.append(float(first))
     return summary(hits), len(hits)

@@ -104,3 +104,19 @@ def test_bad_gap_location_is_refused(tmp_path: Path) -> None:
     paper = {**parse_grid(GRID).paper, "gap-largest-at": "rounds=min"}
     with pytest.raises(ValueError, match="gap-largest-at"):
         check_claim(paper, read_table(tmp_path / "fixed.csv"))
+
+
+def test_rounds_to_a_target_loss(tmp_path: Path) -> None:
+    """[paper] target = "test-loss": the target is the best mean final loss / 0.95, reached from
+    above (the language-model grids, where token accuracy says little)."""
+    write_fixed_table(tmp_path)
+    rows = read_table(tmp_path / "fixed.csv")
+    table = results_table(rows, "test-loss")
+    assert "rounds to target loss (reached)" in table.splitlines()[0]
+    lines = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in table.splitlines()[2:]}
+    # p=0.2: losses are 1 - accuracy; best mean final loss hafedho 0.2 -> target 0.2/0.95 = 0.2105:
+    # hafedho's seeds reach it in rounds 3 (0.2) and 2 (0.2), fedavg never (finals 0.5, 0.3)
+    assert "2.5 (2/2 ≤ 0.21" in lines[("0.1", "0.2", "hafedho")]
+    assert "– (0/2 ≤ 0.21" in lines[("0.1", "0.2", "fedavg")]
+    with pytest.raises(ValueError, match="target='perplexity'"):
+        results_table(rows, "perplexity")
