@@ -107,7 +107,7 @@ def plot_grid(name: str, rows: list[Row], path: Path) -> None:
 def grid_section(grid: Grid, rows: list[Row], plot_dir: Path, page_dir: Path) -> str:
     """A Markdown section for one grid (the page links the PNG relative to `page_dir`)."""
     paper = grid.paper
-    title = f"{paper.get('title', grid.name)} (seed {paper['seed']})" if "seed" in paper else grid.name
+    title = paper.get("title", grid.name) + (f" (seed {paper['seed']})" if "seed" in paper else "")
     parts = [f"## {title}", ""]
     if paper.get("claim"):
         parts += [f"**Claim.** {paper['claim']}", ""]

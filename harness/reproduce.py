@@ -90,7 +90,8 @@ def closing_note(grid_paths: list[Path], results_dir: Path) -> str:
     lines = ["## Which claims held", ""]
     for path in grid_paths:
         grid = load_grid(path, set(catalog()))
-        title = f"{grid.paper.get('title', grid.name)} (seed {grid.paper.get('seed', '?')})"
+        seed = grid.paper.get("seed")
+        title = grid.paper.get("title", grid.name) + (f" (seed {seed})" if seed else "")
         known = {c.cell_id for c in grid.cells()}
         rows = [r for r in read_table(results_dir / f"{grid.name}.csv") if r["cell"] in known]
         check = check_claim(grid.paper, rows)
