@@ -8,9 +8,10 @@ the SuperLink does) and validates the result the way the ServerApp will.
     python -m adaptfl.algorithms.check_overrides --run-config "tau=0.3 rho=0.2" [--get KEY ...]
 
 With `--preflight` it also runs what the ServerApp runs before round 1 (`build_run`: load the
-task, build the model, one step of the client pipeline on a few rows, its reply checked), so a
-missing data file, label column or `module:function`, or a model that does not fit the task,
-is named here in seconds instead of inside Flower after Ray has started.
+task, build the model, one step of the client pipeline on a few rows, its reply checked; then
+the results dir's refusals, writing nothing), so a missing data file, label column or
+`module:function`, a model that does not fit the task, or a run-name in use is named here in
+seconds instead of inside Flower after Ray has started.
 
 Exit 0, printing the merged value of each `--get KEY` on its own line; or exit 2
 (`REFUSED_EXIT_CODE`, as `python -m adaptfl.engine` for the same input) with one line
@@ -57,14 +58,16 @@ def preflight(merged: dict[str, Any]) -> None:
     Quietly: its warnings and progress bars come again from the ServerApp itself, so a refusal
     is the one line `main` prints."""
     from adaptfl.algorithms.config import RunConfig
-    from adaptfl.server_app.loop import build_run
+    from adaptfl.server_app.loop import build_run, check_results_dir
 
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when `datasets` is imported
     logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            build_run(RunConfig.from_flower(merged))
+            cfg = RunConfig.from_flower(merged)
+            build_run(cfg)
+            check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
     finally:
         logging.disable(logging.NOTSET)
 

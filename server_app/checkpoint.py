@@ -63,17 +63,21 @@ def continues_same_job(source: Path | None, run_dir: Path) -> bool:
 RUN_FILES = (STATE_FILE, METRICS_FILE, "model.pt")
 
 
-def refuse_reuse(cfg: RunConfig, run_dir: Path, may_resume: bool = True) -> None:
+def refuse_reuse(cfg: RunConfig, run_dir: Path, may_resume: bool = True, check_only: bool = False
+                 ) -> None:
     """A run into a dir that holds another run (or this one, not resumed): refused, unless
     overwrite=true, or resume=true where nothing was checkpointed yet (start at round 1); then
     the old run's state and model go first, so nothing of it can pass for this run's.
-    `may_resume` is False when the checkpoint comes from elsewhere (resume-from)."""
+    `may_resume` is False when the checkpoint comes from elsewhere (resume-from); `check_only`
+    refuses but removes nothing (the check before Flower starts)."""
     held = [name for name in RUN_FILES if (run_dir / name).exists()]
     if not held:
         return
     if not (cfg.output.overwrite or (may_resume and cfg.output.resume)):
         raise ValueError(f"{run_dir} holds a run already ({', '.join(held)}): set resume=true to "
                          "continue it, overwrite=true to replace it, or choose another run-name")
+    if check_only:
+        return
     for name in (STATE_FILE, "model.pt"):
         (run_dir / name).unlink(missing_ok=True)
 
@@ -98,7 +102,9 @@ def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:
     return run_dir
 
 
-def _check_same_job(cfg: RunConfig, source: Path) -> None:
+def check_same_job(cfg: RunConfig, source: Path) -> None:
+    """A resume whose run config differs from the checkpoint's (beyond what may change) is
+    another job: refused."""
     saved = json.loads((source / CONFIG_FILE).read_text())
     current = cfg.to_flower()
     differ = sorted(k for k in set(saved) | set(current)
@@ -124,7 +130,7 @@ def _rows_up_to(path: Path, last_round: int) -> list[dict[str, Any]]:
 
 def load_checkpoint(cfg: RunConfig, source: Path) -> Checkpoint:
     """The state and metrics of the last complete round; refuses another job's checkpoint."""
-    _check_same_job(cfg, source)
+    check_same_job(cfg, source)
     state = ServerState.load(source / STATE_FILE)
     if state.server_round >= cfg.federation.num_server_rounds:
         log.warning("checkpoint %s is already at round %d of %d: nothing left to run",

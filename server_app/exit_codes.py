@@ -5,7 +5,8 @@
     1  anything else failed: a crash, a Flower run that failed after it started
     2  refused before round 1, with one line `config error: …`: a bad key or value, or a run the
        preflight refuses (the task's data or label column missing, a `module:function` that does
-       not import, a model that does not fit the task, a setting no client can run)
+       not import, a model that does not fit the task, a setting no client can run, a run-name
+       in use)
     3  aborted after it started, with one line (server_app/abort.py): too many skipped rounds, a
        run no round trained, a non-finite final model
 

@@ -26,6 +26,7 @@ from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.server import BudgetReached
 from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model
 from adaptfl.server_app.checkpoint import (
+    check_same_job,
     continues_same_job,
     load_checkpoint,
     new_run_key,
@@ -119,13 +120,23 @@ def unanswered_nodes(messages: list[Message], replies: list[Message]) -> list[in
     return sorted({m.metadata.dst_node_id for m in messages} - answered)
 
 
-def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
-    """Open the results dir; with resume, put the last checkpoint's state and rows back. A dir
-    that holds a run already is refused unless resume=true or overwrite=true."""
+def check_results_dir(cfg: RunConfig, check_only: bool = False) -> Path | None:
+    """What `restore_or_start` refuses (a run-name in use, a resume without a checkpoint or of
+    another job), with `check_only` before Flower starts and writing nothing; returns the
+    checkpoint's folder to resume from, or None."""
     run_dir = results_root(cfg) / cfg.output.run_name if cfg.output.run_name else None
     source = resume_source(cfg, run_dir)
     if run_dir is not None and not (source is not None and continues_same_job(source, run_dir)):
-        refuse_reuse(cfg, run_dir, may_resume=source is None)
+        refuse_reuse(cfg, run_dir, may_resume=source is None, check_only=check_only)
+    if check_only and source is not None:
+        check_same_job(cfg, source)
+    return source
+
+
+def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
+    """Open the results dir; with resume, put the last checkpoint's state and rows back. A dir
+    that holds a run already is refused unless resume=true or overwrite=true."""
+    source = check_results_dir(cfg)
     checkpoint = load_checkpoint(cfg, source) if source is not None else None  # before config.json
     outputs = RunOutputs(cfg)
     if checkpoint is not None:

@@ -50,6 +50,21 @@ def test_check_overrides_preflight_passes_a_runnable_config(capsys, tiny_data) -
     assert code == 0 and out == "mlp\n", err
 
 
+def test_check_overrides_preflight_refuses_a_run_name_in_use_and_removes_nothing(
+        capsys, tiny_data, tmp_path: Path) -> None:
+    held = tmp_path / "results" / "earlier"
+    held.mkdir(parents=True)
+    (held / "model.pt").write_bytes(b"an earlier run's model")
+    base = f"model='mlp' data-dir='{tiny_data['fashion-mnist']}' results-dir='{tmp_path / 'results'}'"
+    code = check_overrides(["--preflight", "--run-config", f"{base} run-name='earlier'"])
+    _, err = capsys.readouterr()
+    assert code == REFUSED_EXIT_CODE and err.count("\n") == 1 and "holds a run already" in err, err
+    code = check_overrides(["--preflight", "--run-config", f"{base} run-name='earlier' overwrite=true"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert (held / "model.pt").read_bytes() == b"an earlier run's model"  # the ServerApp removes it, not this
+
+
 @pytest.mark.parametrize("case", range(3))
 def test_main_job_refuses_a_bad_task_before_flower_starts(tmp_path: Path, case: int) -> None:
     task, named = bad_tasks(tmp_path)[case]
