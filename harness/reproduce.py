@@ -16,6 +16,9 @@ from typing import Any
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.harness.claims import check_claim
 from adaptfl.harness.grid import load_grid
+from adaptfl.harness.privacy import NAME as PRIVACY
+from adaptfl.harness.privacy import section as privacy_section
+from adaptfl.harness.privacy import splice
 from adaptfl.harness.report import render
 from adaptfl.harness.sweep import DEFAULT_RESULTS_DIR, run_sweep
 from adaptfl.harness.systems import main as systems_main
@@ -120,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.reuse_systems and systems.is_file()):
         systems_main(["--out", str(systems)])
     body = render(grids, results, out)
-    out.write_text(INTRO + body + "\n" + systems_section(json.loads(systems.read_text())) + "\n"
-                   + closing_note(grids, results))
+    page = INTRO + body + "\n" + systems_section(json.loads(systems.read_text())) + "\n" \
+        + closing_note(grids, results)
+    privacy = read_table(results / f"{PRIVACY}.csv")  # harness.privacy's section, kept
+    out.write_text(splice(page, privacy_section(privacy)) if privacy else page)
     for path in grids:  # the tables behind the page, next to it
         table = results / f"{path.stem}.csv"
         if table.is_file():

@@ -162,13 +162,14 @@ def test_epsilon_without_amplification_equals_flowers_fixed_clipping_accountant(
 
 
 SMALL = dict(num_server_rounds=4, local_steps=2, batch_size=16, model="mlp", run_name="t",
-             weighting="uniform", dp="central", dp_seed=1, fraction_train=0.5)
+             weighting="uniform", dp="central", dp_seed=1, fraction_train=0.5,
+             dp_accounting="no-amplification")  # analytic RDP: the run's ε costs nothing
 
 
 @needs_fashion_mnist
 def test_a_target_epsilon_stops_before_the_round_that_would_pass_it(tmp_path, tiny_data) -> None:
-    two = epsilon([(1.0, 2, 4)] * 2, 1e-5, "without-replacement")
-    three = epsilon([(1.0, 2, 4)] * 3, 1e-5, "without-replacement")
+    two = epsilon([(1.0, 2, 4)] * 2, 1e-5, "no-amplification")
+    three = epsilon([(1.0, 2, 4)] * 3, 1e-5, "no-amplification")
     target = (two + three) / 2
     cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], **SMALL,
                        dp_target_epsilon=target, dp_on_target="stop")
@@ -182,6 +183,21 @@ def test_a_target_epsilon_stops_before_the_round_that_would_pass_it(tmp_path, ti
     with pytest.raises(ValueError, match=r"dp-target-epsilon=.*4 rounds .* 2 of 4 nodes"):
         run_federated(InProcessGrid(4, refused.to_flower()), refused)  # refuse: before round 1
     assert not (tmp_path / "r" / "model.pt").exists()
+
+
+@needs_fashion_mnist
+@pytest.mark.parametrize("algorithm", ["fedact", "fedpac-soap"])
+def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_domains(
+        tmp_path, tiny_data, algorithm: str) -> None:
+    """Clients clip and noise v / Θ_i (which then leave v >= 0 / PSD): the replies are accepted,
+    the server's means go back into the domains (the state's invariants hold every round)."""
+    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
+                       **{**SMALL, "dp": "client", "num_server_rounds": 2, "fraction_train": 1.0},
+                       algorithm=algorithm, dp_state_clip_norm=1e-3)
+    out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)
+    rows = metric_rows(out)
+    assert [r["replies-accepted"] for r in rows] == [3, 3] and not any(r["skipped"] for r in rows)
+    assert rows[-1]["dp-epsilon"] == pytest.approx(epsilon([(1.0, 3, 3)] * 2, 1e-5, "no-amplification"))
 
 
 @pytest.mark.parametrize(("override", "named"), [
@@ -286,3 +302,27 @@ def test_adaptive_c_carries_over_rounds_and_too_noisy_counts_are_refused() -> No
     noisy = _strategy("fedact", **DP, dp_clip_lr=0.3, dp_count_stddev=0.1, dp_noise_multiplier=1.0)
     with pytest.raises(ValueError, match=r"dp-count-stddev=0.1: .* use dp-count-stddev > 0.707"):
         noisy.configure_train(1, ArrayRecord(noisy.state.model), ConfigRecord(), GRID)
+
+
+def test_the_results_section_is_rendered_from_the_table_and_spliced_once() -> None:
+    import json
+
+    from adaptfl.harness import privacy as harness
+
+    def row(algorithm: str, eps: float | None, acc: float) -> dict[str, str]:
+        out = {"algorithm": algorithm, "final-test-accuracy": str(acc),
+               "series:test-accuracy": json.dumps([0.1, acc + 0.01, acc])}
+        if eps is not None:
+            out.update({"dp": "central", "dp-target-epsilon": str(eps), "dp-noise-multiplier": "3.2",
+                        "series:dp-epsilon": json.dumps([1.0, eps * 0.99])})
+        return out
+
+    rows = [row("fedact", None, 0.7), row("fedact", None, 0.72), row("fedact", 2.0, 0.2),
+            row("fedact", 2.0, 0.3)]
+    text = harness.section(rows)
+    assert "| fedact | ∞ | – | – | 0.7100 ± 0.0141 | 0.7200 ± 0.0141 |" in text
+    assert "| fedact | 2 | 3.2 | 1.980 | 0.2500 ± 0.0707 | 0.2600 ± 0.0707 |" in text
+    page = "# Results\n\nintro\n\n## Systems\n\nfigures\n"
+    once = harness.splice(page, text)
+    assert once.index(harness.START) < once.index("## Systems")
+    assert harness.splice(once, text) == once  # rewritten in place, not added twice
