@@ -57,6 +57,9 @@ def summarise(cell: Cell, out: Path, seconds: float) -> dict[str, Any]:
                            "rounds": len(rounds), "final-test-accuracy": float(last["test-accuracy"]),
                            "final-test-loss": float(last["test-loss"]),
                            "seconds": round(seconds, 2), "run-dir": str(out)}
+    for metric in ("test-perplexity", "test-response-nll"):  # SFT tasks (docs/llm-lora.md)
+        if last.get(metric):
+            row[f"final-{metric}"] = float(last[metric])
     for metric in rounds[0]:
         values = [_number(r.get(metric, "")) for r in rounds]
         if metric != "round" and any(v is not None for v in values):

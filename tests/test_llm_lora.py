@@ -200,7 +200,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_llama) -> None:
         torch.manual_seed(0)
         model = build_task_model(cfg.data.model, task, cfg.llm).train()
         with torch.no_grad():  # B = 0 at init: give the adapters the same nonzero values
-            for n, p in sorted(model.named_parameters()):
+            for p in model.parameters():
                 if p.requires_grad:
                     p.copy_(torch.linspace(-0.1, 0.1, p.numel()).reshape(p.shape))
         x, y = task.train.batch(torch.arange(4))
@@ -241,3 +241,24 @@ def test_the_llm_lora_example_runs_under_flwr_run(tiny_llama, tmp_path) -> None:
     rows = metric_rows(results / "lora", initial=True)
     assert [r.get("replies-accepted") for r in rows] == [None, 4, 4], tail(done)
     assert all(math.isfinite(r["test-response-nll"]) for r in rows)
+
+
+def test_adapters_are_drawn_from_the_seed_and_the_base_is_shared(tiny_llama) -> None:
+    """Like every model, the adapters' init follows torch's seed (warm cache or cold), B = 0 so
+    the initial model is the base's; the frozen base tensors are one set per process."""
+    from adaptfl.workloads import build_task_model
+
+    cfg = RunConfig.of(task=TASK, model=f"hf:{tiny_llama}", max_length=128, lora_rank=4)
+    task = load_task(cfg.data.task, "", cfg.data.model, cfg.llm)
+
+    def build(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return build_task_model(cfg.data.model, task, cfg.llm)
+
+    a, b, c = build(0), build(0), build(1)
+    adapters = [{n: p for n, p in m.named_parameters() if p.requires_grad} for m in (a, b, c)]
+    assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])
+    assert any(not torch.equal(adapters[0][n], adapters[2][n]) for n in adapters[0] if "lora_A" in n)
+    assert all(not p.any() for n, p in adapters[0].items() if "lora_B" in n)
+    frozen = [[p for p in m.parameters() if not p.requires_grad] for m in (a, c)]
+    assert all(p is q for p, q in zip(*frozen, strict=True))

@@ -135,11 +135,17 @@ def build_causal_lm(spec: str, llm: object, data_dir: str = "") -> CausalLM:
     """The model with fresh adapters; its frozen base is shared with every model this process
     built from the same spec and settings (`llm`: algorithms.settings.LanguageModel)."""
     require_llm_extra(spec)
-    first = _adapted(spec, data_dir, llm.lora_rank, float(llm.lora_alpha),  # type: ignore[attr-defined]
-                     float(llm.lora_dropout), llm.lora_targets,  # type: ignore[attr-defined]
-                     bool(llm.gradient_checkpointing))  # type: ignore[attr-defined]
+    with torch.random.fork_rng():  # a cold cache draws from the RNG, a warm one does not
+        first = _adapted(spec, data_dir, llm.lora_rank,  # type: ignore[attr-defined]
+                         float(llm.lora_alpha), float(llm.lora_dropout),  # type: ignore[attr-defined]
+                         llm.lora_targets, bool(llm.gradient_checkpointing))  # type: ignore[attr-defined]
     shared = {id(p): p for p in first.parameters() if not p.requires_grad}
-    return copy.deepcopy(first, shared)
+    model = copy.deepcopy(first, shared)
+    for module in model.modules():  # fresh adapters from torch's RNG, as any model's init
+        if hasattr(module, "reset_lora_parameters"):
+            for adapter in module.lora_A:
+                module.reset_lora_parameters(adapter, True)
+    return model
 
 
 def tokenizer_of(spec: str, data_dir: str = ""):  # noqa: ANN201
