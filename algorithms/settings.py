@@ -37,6 +37,11 @@ class Federation(Component):
     max_weight_share: float = param(1.0, "largest share of one reply in a weighted mean (1: no "
                                     "cap); claims of num-examples above it are capped",
                                     within=(0.0, 1.0), open_low=True)
+    max_weight_ratio: float = param(10.0, "cap each reply's weight (its num-examples) at this many "
+                                    "times the round's median weight (0: off)", within=(0.0, None))
+    screen_ratio: float = param(10.0, "drop a reply whose norm in some record exceeds this many "
+                                "times the median of the round's other replies' (its capped weight "
+                                "× norm if its claim was capped); 0: off", within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds", within=(1, None),
                                     loop_only="check the Result that start() returns")

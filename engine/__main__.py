@@ -8,6 +8,7 @@ arguments are parsed, so `--help` answers at once.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tomllib
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from adaptfl.client_app.threads import engine_threads
     from adaptfl.engine.inprocess import run_inprocess
-    from adaptfl.server_app.abort import RunAborted
+    from adaptfl.server_app.abort import RunAborted, fell_below_start
     from tqdm import tqdm
 
     # The nodes share this process's CPUs (client_app/threads.py); num-threads > 0 is applied
@@ -84,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         bar.close()
     print(f"results: {out}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+    worse = fell_below_start(rows)
+    if worse:  # the last line, so a run that left a model worse than its start is not missed
+        print(f"warning: {worse}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -233,3 +233,6 @@ if [ "$status" != finished:completed ]; then
 fi
 [ -d "$run_dir" ] || die "Flower run $run_id completed but $run_dir does not exist"
 say "done in $((SECONDS - start)) s: Flower run $run_id completed; results: $run_dir"
+# the ServerApp's warning that the final model tests worse than the initial one, last
+worse=$(grep -F "is below the initial model's" "$home/flwr-run.log" | tail -1 || true)
+[ -z "$worse" ] || echo "main_job: warning: ${worse#*: }" >&2

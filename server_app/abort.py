@@ -70,6 +70,20 @@ class SkipGuard:
                              f"initial one; last round: {self.last}")
 
 
+def fell_below_start(rows: list[Mapping]) -> str | None:
+    """A warning line if the final model tests worse than the initial one (round 0), naming the
+    round from which the accuracy stayed below it; None otherwise (or without round 0)."""
+    scored = [(int(r["round"]), float(r["test-accuracy"])) for r in rows if "test-accuracy" in r]
+    if len(scored) < 2 or scored[0][0] != 0 or scored[-1][1] >= scored[0][1]:
+        return None
+    start = scored[0][1]
+    fell = next(rnd for i, (rnd, _) in enumerate(scored)
+                if all(acc < start for _, acc in scored[i:]))
+    return (f"the final model's test accuracy {scored[-1][1]:.4f} is below the initial model's "
+            f"{start:.4f}: it fell below in round {fell} and stayed there (see that round's "
+            "rejected replies, screen-ratio-max and weights-capped in metrics.jsonl)")
+
+
 def check_final_model(model: Mapping[str, torch.Tensor]) -> None:
     bad = [n for n, t in model.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:

@@ -24,7 +24,7 @@ from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.server import BudgetReached
-from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model
+from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model, fell_below_start
 from adaptfl.server_app.checkpoint import (
     check_same_job,
     continues_same_job,
@@ -206,5 +206,8 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
         guard.after_round(server_round, report.skipped, report.skip_reason, report.rejected, missing)
     guard.at_end(fed.num_server_rounds)
     check_final_model(strategy.state.model)
+    worse = fell_below_start(outputs.rows)
+    if worse:
+        log.warning("%s", worse)
     outputs.finish(strategy.state.model)
     return outputs.dir

@@ -37,6 +37,7 @@ from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.sampling import sample_size, wait_for_nodes
+from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import (
     DecodedReply,
@@ -235,7 +236,22 @@ class AdaptiveStrategy(Strategy):
         for node, why in dropped.items():
             accepted.pop(node)
             self._reject(str(node), why)
-        return sorted(accepted.items(), key=summation_order(accepted))
+        pairs = sorted(accepted.items(), key=summation_order(accepted))
+        replies = [r for _, r in pairs]
+        factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
+        kept, screened_out, self.report.screen_ratio_max = screened(
+            replies, factors, self.cfg.federation.screen_ratio)
+        for i, why in screened_out.items():
+            self._reject(str(pairs[i][0]), why)
+        self.report.screened = len(screened_out)
+        return [pairs[i] for i in kept]
+
+    def _claims(self, replies: list[DecodedReply], capped: bool = True) -> list[float]:
+        """The replies' weights as claimed; `capped`: at max-weight-ratio × the round's median."""
+        fed = self.cfg.federation
+        claimed = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
+                   for r in replies]
+        return cap_to_median(claimed, fed.max_weight_ratio) if capped else claimed
 
     def _reject(self, node: str, why: str) -> None:
         self.report.rejected[node] = why
@@ -255,9 +271,9 @@ class AdaptiveStrategy(Strategy):
         if len(accepted) < fed.min_replies:
             return self._skip(server_round, f"{len(accepted)} accepted replies < "
                               f"min-replies={fed.min_replies}")
-        claimed = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
-                   for r in accepted]
-        weights = cap_shares(claimed, fed.max_weight_share)
+        claimed = self._claims(accepted, capped=False)
+        bounded = self._claims(accepted)
+        weights = cap_shares(bounded, fed.max_weight_share)
         contract = self.contract()
         memory = memory_of(self.state.extras)
         private = dp.round_combine(self.cfg.privacy, fed, contract, len(accepted), self.report.sampled,
@@ -288,8 +304,9 @@ class AdaptiveStrategy(Strategy):
         stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
                  **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
                  **privacy_stats}
-        if weights != claimed:  # replies whose claimed share was above max-weight-share
-            stats["weights-capped"] = float(sum(c / sum(claimed) > fed.max_weight_share for c in claimed))
+        if weights != claimed:  # replies whose claim was above max-weight-ratio or -share
+            stats["weights-capped"] = float(sum(b < c or b / sum(bounded) > fed.max_weight_share
+                                                for b, c in zip(bounded, claimed, strict=True)))
         return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
 
     def _record_release(self, state: ServerState, replies: int) -> dict[str, float]:
@@ -317,6 +334,8 @@ class AdaptiveStrategy(Strategy):
             "replies-sampled": self.report.sampled,
             "replies-accepted": self.report.accepted,
             "replies-rejected": len(self.report.rejected),
+            "replies-screened": self.report.screened,
+            "screen-ratio-max": self.report.screen_ratio_max,
             "bytes-down": self.report.bytes_down,
             "bytes-up": self.report.bytes_up,
         }

@@ -77,6 +77,8 @@ class RoundReport:
     skip_reason: str = ""  # why the state was kept: too few replies, or the round refused
     bytes_down: int = 0
     bytes_up: int = 0
+    screened: int = 0  # replies dropped for a norm beyond screen-ratio × the others' median
+    screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
     metrics: dict[str, float] = field(default_factory=dict)
     # partition id -> where each accepted reply's client ran and its state came from
     # ("ray-node" as 12 hex digits, "client-state" 0/1/2, "peak-memory-mb"), for replies that

@@ -25,6 +25,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from tests.run_outputs import final_model, metric_rows
 
 MARGIN = 0.06  # of 200 test images; clean runs reach ~0.75-0.80 here
+# The safe defaults (screen-ratio, max-weight-ratio) off: the papers' plain mean, and the
+# robust aggregators alone
+UNSCREENED = {"screen_ratio": 0.0, "max_weight_ratio": 0.0}
 Rewrite = Callable[[dict, dict], None]  # (arrays by record, metrics) -> in place
 
 
@@ -146,7 +149,7 @@ def test_an_overflowing_delta_makes_every_round_refused_and_the_run_abort(algori
     (-mean Δ / (K·lr)) overflows, the invariant check refuses each round, and after
     max-skipped-rounds the run stops non-zero with the cause, instead of going on with a
     poisoned state. (A robust aggregator keeps training: the test below.)"""
-    cfg = _config(tiny_data, tmp_path, algorithm, rounds=4, local_steps=3)
+    cfg = _config(tiny_data, tmp_path, algorithm, rounds=4, local_steps=3, **UNSCREENED)
     with pytest.raises(RunAborted, match=r"after round 3: 3 consecutive rounds skipped.*round refused"):
         run_federated(InProcessGrid(4, cfg.to_flower(), handler=hostile(delta_3e38)), cfg)
     rows = metric_rows(tmp_path / "out" / cfg.output.run_name)
@@ -167,7 +170,7 @@ def test_a_liars_sample_count_is_capped_end_to_end(tiny_data, tmp_path) -> None:
         _model.update(msg.content.array_records[wire.ARRAYS].to_torch_state_dict())
         return hostile(liar)(msg, context)
 
-    uncapped = _config(tiny_data, tmp_path, "fedavg", rounds=3, local_steps=5)
+    uncapped = _config(tiny_data, tmp_path, "fedavg", rounds=3, local_steps=5, **UNSCREENED)
     rows = metric_rows(run_federated(InProcessGrid(4, uncapped.to_flower(), handler=remember_model),
                                      uncapped))
     assert rows[-1]["test-accuracy"] < 0.2  # zeroed: the model predicts one class
@@ -220,12 +223,51 @@ def _accuracy(cfg: RunConfig, handler) -> float:  # noqa: ANN001
 @pytest.mark.parametrize("algorithm", FAMILIES)
 def test_one_hostile_client_among_five_under_robust_aggregation(algorithm, tiny_data, tmp_path) -> None:
     clean = _accuracy(_config(tiny_data, tmp_path, algorithm, rounds=8), train_or_refuse)
-    poisoned = _accuracy(_config(tiny_data, tmp_path, algorithm, rounds=8, aggregator="mean"),
+    poisoned = _accuracy(_config(tiny_data, tmp_path, algorithm, rounds=8, aggregator="mean",
+                                 **UNSCREENED),
                          hostile(flip))
     # the attack must cost the plain mean more than the margin, or the test proves nothing
     assert poisoned < clean - 2 * MARGIN, (poisoned, clean)
     for aggregator, attack in ROBUST:
         extra = {"min_replies": 5, "krum_select": 0} if aggregator == "krum" else {}
-        cfg = _config(tiny_data, tmp_path, algorithm, rounds=8, aggregator=aggregator, **extra)
+        cfg = _config(tiny_data, tmp_path, algorithm, rounds=8, aggregator=aggregator, **extra,
+                      **UNSCREENED)
         robust = _accuracy(cfg, hostile(attack))
         assert robust >= clean - MARGIN, f"{aggregator} vs {attack.__name__}: {robust} < {clean} - {MARGIN}"
+
+
+# --- the defaults against the attacks of issue 21 §2 -----------------------------------------------
+def flip_only_delta(arrays: dict, metrics: dict) -> None:
+    """Δ × -20 (issue 21 §2: fedavg at 0.10 every round under the old defaults)."""
+    arrays[wire.DELTA] = {n: -20.0 * t if t.is_floating_point() else t for n, t in arrays[wire.DELTA].items()}
+
+
+def one_entry_1e30(arrays: dict, metrics: dict) -> None:
+    """One finite 1e30 in Δ (a 2.6e29 weight in model.pt under the old defaults)."""
+    _first(arrays, wire.DELTA)[0, 0] = 1e30
+
+
+@pytest.mark.parametrize("attack", ["flip", "zero-the-model", "one-entry"])
+def test_the_defaults_screen_the_attacks_of_issue_21(attack, tiny_data, tmp_path) -> None:
+    model: dict = {}
+
+    def zero(arrays: dict, metrics: dict) -> None:  # Δ = -x, num-examples = 2**62
+        arrays[wire.DELTA] = {n: -t if t.is_floating_point() else t for n, t in model.items()}
+        zero_the_model(arrays, metrics)
+
+    rewrite = {"flip": flip_only_delta, "zero-the-model": zero, "one-entry": one_entry_1e30}[attack]
+
+    def handler(msg: Message, context) -> Message:  # noqa: ANN001
+        model.clear()
+        model.update(msg.content.array_records[wire.ARRAYS].to_torch_state_dict())
+        return hostile(rewrite)(msg, context)
+
+    cfg = _config(tiny_data, tmp_path, "fedavg", rounds=3, local_steps=5)  # the defaults: mean
+    rows = metric_rows(run_federated(InProcessGrid(5, cfg.to_flower(), handler=handler), cfg))
+    for row in rows:
+        assert list(row["rejected"]) == ["1"]
+        assert row["rejected"]["1"].startswith("screened: delta "), row["rejected"]
+        assert row["replies-screened"] == 1 and row["replies-accepted"] == 4
+    assert rows[-1]["test-accuracy"] > 0.5  # main: 0.09-0.10 for flip and zero-the-model
+    weights = final_model(tmp_path / "out" / "fedavg")
+    assert max(float(t.abs().max()) for t in weights.values() if t.is_floating_point()) < 100.0

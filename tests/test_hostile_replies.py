@@ -23,6 +23,9 @@ MODEL = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.5, -0
 GRID = InProcessGrid(5, {})  # nodes 1..5
 HOSTILE = 5
 BIG = 3.4e38  # finite at float32
+# The safe defaults (screen-ratio, max-weight-ratio: strategies/screen.py) off: what the checks
+# behind them (domains, invariants, the aggregators) do alone
+UNSCREENED = {"screen_ratio": 0.0, "max_weight_ratio": 0.0}
 
 
 def _strategy(algorithm: str, **kw) -> AdaptiveStrategy:
@@ -188,7 +191,7 @@ def test_a_finite_delta_of_3e38_never_makes_the_state_non_finite(algorithm: str)
 
 
 def test_the_round_refusal_names_the_overflowing_state_and_keeps_the_old_one() -> None:
-    strategy = _strategy("fedact")  # Δ_G = -mean Δ / (K·lr) = -10·mean Δ: 3.4e38 overflows
+    strategy = _strategy("fedact", **UNSCREENED)  # Δ_G = -mean Δ/(K·lr) = -10·mean Δ: 3.4e38 overflows
     before = strategy.state.to_bytes()
     replies = {n: _honest(strategy, n) for n in range(1, 5)}
     replies[1]["arrays"][wire.DELTA]["w"][0, 0] = BIG
@@ -202,8 +205,8 @@ def test_the_round_refusal_names_the_overflowing_state_and_keeps_the_old_one() -
 def test_a_liars_sample_count_is_capped_at_max_weight_share() -> None:
     liar = {"arrays": {wire.DELTA: {n: -t for n, t in MODEL.items()}},
             "metrics": {wire.NUM_EXAMPLES: 2**62, wire.PARTITION_ID: 4}}
-    uncapped = _strategy("fedavg", lr="preset")
-    capped = _strategy("fedavg", lr="preset", max_weight_share=0.25)
+    uncapped = _strategy("fedavg", lr="preset", **UNSCREENED)
+    capped = _strategy("fedavg", lr="preset", max_weight_share=0.25, **UNSCREENED)
     for strategy in (uncapped, capped):
         replies = {n: {"arrays": {wire.DELTA: {k: torch.zeros_like(t) for k, t in MODEL.items()}},
                        "metrics": {wire.NUM_EXAMPLES: 10, wire.PARTITION_ID: n - 1}} for n in range(1, 5)}
@@ -232,9 +235,9 @@ def _poisoned(strategy: AdaptiveStrategy) -> dict:
 @pytest.mark.parametrize("aggregator", ["median", "trimmed-mean", "krum"])
 @pytest.mark.parametrize("algorithm", ROBUST_FAMILIES)
 def test_one_hostile_reply_among_five_changes_no_averaged_record(algorithm: str, aggregator: str) -> None:
-    attacked, clean, plain = (_strategy(algorithm, aggregator=aggregator, min_replies=5),
-                              _strategy(algorithm, aggregator=aggregator, min_replies=5),
-                              _strategy(algorithm))
+    attacked, clean, plain = (_strategy(algorithm, aggregator=aggregator, min_replies=5, **UNSCREENED),
+                              _strategy(algorithm, aggregator=aggregator, min_replies=5, **UNSCREENED),
+                              _strategy(algorithm, **UNSCREENED))
     honest = {n: _honest(attacked, n, same=True) for n in range(1, 6)}
     _round(attacked, {**{n: honest[n] for n in range(1, 5)}, HOSTILE: _poisoned(attacked)})
     _round(clean, honest)
@@ -246,7 +249,8 @@ def test_one_hostile_reply_among_five_changes_no_averaged_record(algorithm: str,
 
 @pytest.mark.parametrize("algorithm", ["fedact", "scaffold", "fedpac-sophia"])
 def test_clipping_bounds_a_hostile_record_to_the_median_norm(algorithm: str) -> None:
-    clipped, clean = _strategy(algorithm, aggregator="clip"), _strategy(algorithm, aggregator="clip")
+    clipped, clean = (_strategy(algorithm, aggregator="clip", **UNSCREENED),
+                      _strategy(algorithm, aggregator="clip", **UNSCREENED))
     honest = {n: _honest(clipped, n, same=True) for n in range(1, 6)}
     _round(clipped, {**{n: honest[n] for n in range(1, 5)}, HOSTILE: _poisoned(clipped)})
     _round(clean, honest)

@@ -1,0 +1,114 @@
+"""The safe defaults of issue 21 §2, by hand: each reply screened against the round's others
+(screen-ratio), each weight capped at max-weight-ratio × the round's median, the three attacks of
+the issue dropped under the default settings, honest rounds bit-identical with and without the
+screens, and the warning of a run that ends below its initial model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from adaptfl.algorithms import wire
+from adaptfl.server_app.abort import fell_below_start
+from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
+from adaptfl.strategies.validation import DecodedReply
+
+from tests.test_hostile_replies import HOSTILE, MODEL, UNSCREENED, _honest, _round, _same_state, _strategy
+
+
+def _reply(*values: float) -> DecodedReply:
+    return DecodedReply({wire.DELTA: {"w": torch.tensor(values)}}, {wire.NUM_EXAMPLES: 1}, 0)
+
+
+def test_a_reply_is_judged_against_the_median_of_the_others() -> None:
+    # norms 1, 2, 3, 40; ratios 1/3, 2/3, 3/median(1, 2, 40) = 1.5, 40/median(1, 2, 3) = 20
+    replies, plain = [_reply(1.0), _reply(2.0), _reply(0.0, 3.0), _reply(40.0)], [1.0] * 4
+    kept, dropped, largest = screened(replies, plain, 10.0)
+    assert kept == [0, 1, 2] and list(dropped) == [3] and "delta norm 20×" in dropped[3]
+    assert largest == 1.5
+    # a capped claim pulls by its capped weight: norm 3 at 10× the median weight, over median(1, 2)
+    assert "capped weight × norm 20×" in screened(replies[:3], [1.0, 1.0, 10.0], 10.0)[1][2]
+    # two replies: each against the other (a median of both would let the larger one hide)
+    assert list(screened([_reply(1.0), _reply(11.0)], [1.0, 1.0], 10.0)[1]) == [1]
+    assert screened([_reply(1.0), _reply(9.0)], [1.0, 1.0], 10.0)[1] == {}
+    assert screened([_reply(1e30)], [1.0], 10.0)[1] == {}  # alone: nothing to compare with
+    assert screened([_reply(1.0), _reply(1.0), _reply(1e6)], plain[:3], 0.0)[1] == {}  # 0: off
+
+
+def test_weights_are_capped_at_a_multiple_of_the_median() -> None:
+    assert cap_to_median([10.0, 12.0, 9.0, 11.0, 2.0**62], 10.0) == [10.0, 12.0, 9.0, 11.0, 110.0]
+    honest = [10.0, 34.0, 3.0, 17.0]  # 34 / median 13.5 = 2.5: within
+    assert cap_to_median(honest, 10.0) == honest
+    # the screen's factors: 1, or the capped weight over the median claim
+    assert capped_factors([10.0, 11.0, 2.0**62], [10.0, 11.0, 110.0]) == [1.0, 1.0, 10.0]
+    assert capped_factors(honest, honest) == [1.0] * 4
+    assert cap_to_median([1.0, 2.0**62], 0.0) == [1.0, 2.0**62]  # 0: off
+
+
+def _flip(reply: dict) -> None:
+    reply["arrays"] = {r: {n: -20.0 * t for n, t in a.items()} if r == wire.DELTA else a
+                       for r, a in reply["arrays"].items()}
+
+
+def _zero_the_model(reply: dict) -> None:
+    reply["arrays"][wire.DELTA] = {n: -t for n, t in MODEL.items()}
+    reply["metrics"][wire.NUM_EXAMPLES] = 2**62
+
+
+def _one_entry(reply: dict) -> None:
+    reply["arrays"][wire.DELTA]["w"][0, 0] = 1e30
+
+
+ATTACKS = [_flip, _zero_the_model, _one_entry]
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "clip"])
+@pytest.mark.parametrize("attack", ATTACKS, ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedact", "scaffold", "hafedho"])
+def test_the_attacks_of_issue_21_are_screened_by_default(algorithm, attack, aggregator) -> None:
+    """On main the default mean took each of them whole (fedavg at 0.09-0.10, or a 2.6e29
+    weight in model.pt); now the reply is dropped and the round is the honest replies' own."""
+    attacked, honest_only = (_strategy(algorithm, aggregator=aggregator),
+                             _strategy(algorithm, aggregator=aggregator))
+    replies = {n: _honest(attacked, n) for n in range(1, HOSTILE)}
+    hostile = _honest(attacked, HOSTILE)
+    attack(hostile)
+    _round(attacked, {**replies, HOSTILE: hostile})
+    _round(honest_only, replies)
+    assert list(attacked.report.rejected) == [str(HOSTILE)]
+    assert attacked.report.rejected[str(HOSTILE)].startswith("screened: delta ")
+    assert attacked.report.metrics["replies-screened"] == 1
+    assert attacked.state.partition_owners.pop(HOSTILE - 1) == HOSTILE  # it did answer, screened
+    assert _same_state(attacked, honest_only)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedact", "fedpac-soap", "scaffold", "hafedho", "fedadam"])
+def test_honest_rounds_are_bit_identical_with_and_without_the_screens(algorithm) -> None:
+    """Honest replies (norms 1.1-1.5×, the largest 1.5 / median(1.1, 1.2, 1.3, 1.4) = 1.2× the
+    others', sample counts 10-40) trip neither screen, and the round is the same bytes as with
+    both off; a claim 30× the median is capped, and then screened by its pull."""
+    screened_run, plain = _strategy(algorithm), _strategy(algorithm, **UNSCREENED)
+    replies = {n: _honest(screened_run, n) for n in range(1, 6)}
+    for n, reply in replies.items():
+        reply["metrics"][wire.NUM_EXAMPLES] = 10 * n if n < 5 else 40
+    for _ in range(2):  # round 2 reads what round 1 sent down
+        _round(screened_run, replies)
+        _round(plain, replies)
+    assert screened_run.report.rejected == {} and "weights-capped" not in screened_run.report.metrics
+    assert screened_run.report.metrics["screen-ratio-max"] == pytest.approx(1.5 / 1.25, rel=1e-6)
+    assert _same_state(screened_run, plain)
+    replies[HOSTILE]["metrics"][wire.NUM_EXAMPLES] = 30 * 30  # the median is 30
+    _round(screened_run, replies)  # capped at 10 × 30: its pull 10 × 1.5 is 12× the others'
+    assert "capped weight × norm 12×" in screened_run.report.rejected[str(HOSTILE)]
+    capped_only = _strategy(algorithm, screen_ratio=0.0)
+    _round(capped_only, replies)
+    assert capped_only.report.metrics["weights-capped"] == 1.0
+
+
+def test_a_run_that_ends_below_its_initial_model_says_where_it_fell() -> None:
+    rows = [{"round": 0, "test-accuracy": 0.10}, {"round": 1, "test-accuracy": 0.50},
+            {"round": 2, "test-accuracy": 0.05}, {"round": 3, "test-accuracy": 0.20},
+            {"round": 4, "test-accuracy": 0.08}, {"round": 5, "test-accuracy": 0.09}]
+    line = fell_below_start(rows)
+    assert line is not None and "fell below in round 4" in line and "0.0900" in line
+    assert fell_below_start([*rows[:-1], {"round": 5, "test-accuracy": 0.10}]) is None  # equal: fine
+    assert fell_below_start(rows[1:]) is None  # a resumed run's rows without round 0: no claim
