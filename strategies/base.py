@@ -239,8 +239,9 @@ class AdaptiveStrategy(Strategy):
         pairs = sorted(accepted.items(), key=summation_order(accepted))
         replies = [r for _, r in pairs]
         factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
-        kept, screened_out, self.report.screen_ratio_max = screened(
-            replies, factors, self.cfg.federation.screen_ratio)
+        # under dp, clipping bounds every reply; a screen that drops by value would leak
+        limit = 0.0 if self.cfg.privacy.on else self.cfg.federation.screen_ratio
+        kept, screened_out, self.report.screen_ratio_max = screened(replies, factors, limit)
         for i, why in screened_out.items():
             self._reject(str(pairs[i][0]), why)
         self.report.screened = len(screened_out)
