@@ -32,8 +32,9 @@ class Federation(Component):
     node_wait: float = param(300.0, "seconds to wait for enough connected nodes before a round "
                              "(min-replies after fraction-train); then the run aborts",
                              within=(1.0, None))
-    max_reply_mb: float = param(1024.0, "replies larger than this are dropped", within=(0.0, None),
-                                open_low=True)
+    max_reply_mb: float = param(0.0, "replies larger than this are dropped; 0: the size the "
+                                "algorithm's contract gives a reply (its arrays' bytes plus headers)",
+                                within=(0.0, None))
     max_weight_share: float = param(1.0, "largest share of one reply in a weighted mean (1: no "
                                     "cap); claims of num-examples above it are capped",
                                     within=(0.0, 1.0), open_low=True)

@@ -85,6 +85,7 @@ class InProcessGrid(Grid):
         replies = []
         for msg in messages:
             started = time.perf_counter()
+            msg.metadata.created_at = time.time()  # sent now: nodes run one after another here
             try:
                 reply = self._deliver(msg, timeout)
             except ClientTimedOut:

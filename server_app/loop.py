@@ -40,7 +40,7 @@ from adaptfl.server_app.progress import Progress
 from adaptfl.server_app.run_checks import check_frozen, check_nodes, check_settings
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.sampling import NotEnoughNodes
-from adaptfl.strategies.validation import ReplyRejected, decode_content
+from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
@@ -83,7 +83,8 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
     assert strategy.spec is not None
     try:
         decode_content(reply, contract.reply_spec(strategy.spec),
-                       max_bytes=int(strategy.cfg.federation.max_reply_mb * 2**20),
+                       max_bytes=reply_bound(strategy.cfg.federation.max_reply_mb,
+                                             contract.reply_spec(strategy.spec)),
                        required_metrics=contract.up_metrics,
                        domains=reply_domains(contract, strategy.cfg.privacy),
                        metric_domains=metric_domains(contract, strategy.cfg.privacy))
@@ -194,7 +195,8 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
                **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
                "seconds": time.perf_counter() - started,
                "eval-seconds": time.perf_counter() - evaluated,
-               "rejected": dict(report.rejected), "missing": [int(n) for n in missing]}
+               "rejected": dict(report.rejected), "missing": [int(n) for n in missing],
+               "latency": {n: round(t, 3) for n, t in report.latency.items()}}
         if report.skip_reason:
             row["skip-reason"] = report.skip_reason
         if report.clients:

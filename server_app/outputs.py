@@ -103,7 +103,7 @@ class RunOutputs:
 
     def _write_csv(self) -> None:
         columns = list(dict.fromkeys(k for r in self.rows for k in r
-                                     if k not in ("rejected", "missing", "clients")))  # JSONL only
+                                     if k not in ("rejected", "missing", "clients", "latency")))  # JSONL only
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()

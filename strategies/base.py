@@ -44,6 +44,7 @@ from adaptfl.strategies.validation import (
     ReplyRejected,
     bind_partitions,
     decode_reply,
+    reply_bound,
     summation_order,
 )
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -206,7 +207,7 @@ class AdaptiveStrategy(Strategy):
         assert self.spec is not None
         expected = contract.reply_spec(self.spec)
         domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
-        max_bytes = int(self.cfg.federation.max_reply_mb * 2**20)
+        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
         by_node: dict[int | None, list[Message]] = {}
         for msg in replies:
             by_node.setdefault(self._sender(msg), []).append(msg)
@@ -219,6 +220,7 @@ class AdaptiveStrategy(Strategy):
                 if len(msgs) > 1:  # one sampled node, one reply: a second one is not trusted
                     raise ReplyRejected(f"{len(msgs)} replies from one node")
                 self._check_identity(node, msgs[0])
+                self.report.latency[str(node)] = self._latency(node, msgs[0])
                 decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics, domains,
                                        metric_domains(contract, self.cfg.privacy))
             except ReplyRejected as why:
@@ -246,6 +248,13 @@ class AdaptiveStrategy(Strategy):
             self._reject(str(pairs[i][0]), why)
         self.report.screened = len(screened_out)
         return [pairs[i] for i in kept]
+
+    def _latency(self, node: int, reply: Message) -> float:
+        """Seconds from the instruction's creation to the reply's (the hosts' clocks may differ
+        in a deployment: a skew shows up here too)."""
+        sent = next((m.metadata.created_at for m in getattr(self, "_messages", [])
+                     if m.metadata.dst_node_id == node), reply.metadata.created_at)
+        return max(0.0, float(reply.metadata.created_at) - float(sent))
 
     def _claims(self, replies: list[DecodedReply], capped: bool = True) -> list[float]:
         """The replies' weights as claimed; `capped`: at max-weight-ratio × the round's median."""
@@ -337,6 +346,7 @@ class AdaptiveStrategy(Strategy):
             "replies-rejected": len(self.report.rejected),
             "replies-screened": self.report.screened,
             "screen-ratio-max": self.report.screen_ratio_max,
+            "latency-max": max(self.report.latency.values(), default=0.0),
             "bytes-down": self.report.bytes_down,
             "bytes-up": self.report.bytes_up,
         }

@@ -79,6 +79,7 @@ class RoundReport:
     bytes_up: int = 0
     screened: int = 0  # replies dropped for a norm beyond screen-ratio × the others' median
     screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
+    latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
     metrics: dict[str, float] = field(default_factory=dict)
     # partition id -> where each accepted reply's client ran and its state came from
     # ("ray-node" as 12 hex digits, "client-state" 0/1/2, "peak-memory-mb"), for replies that

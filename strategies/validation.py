@@ -58,6 +58,56 @@ def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: A
             raise ReplyRejected(f"{record_name}[{name}]: {why}")
 
 
+NPY_HEADER = 4096  # bytes np.save puts before the data (128 for any shape adaptfl sends)
+
+
+def expected_bytes(expected: Mapping[str, ArraySpec]) -> int:
+    """The data bytes of a reply that matches the contract exactly."""
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+               for spec in expected.values() for shape, dtype in spec.values())
+
+
+def reply_bound(max_reply_mb: float, expected: Mapping[str, ArraySpec]) -> int:
+    """max-reply-mb in bytes; 0: derived from the contract, its expected size plus headers."""
+    if max_reply_mb > 0:
+        return int(max_reply_mb * 2**20)
+    return expected_bytes(expected) + NPY_HEADER * sum(len(spec) for spec in expected.values())
+
+
+def _numpy_name(dtype: torch.dtype) -> str | None:
+    try:
+        return str(torch.empty(0, dtype=dtype).numpy().dtype)
+    except TypeError:  # bfloat16 & co. have no numpy dtype: checked after decoding only
+        return None
+
+
+def _check_metadata(record_name: str, record: Mapping[str, object], spec: ArraySpec) -> None:
+    """Names, serialisation, shape, dtype and byte count from the arrays' metadata, so that a
+    reply of the wrong size is dropped before its tensors are decoded (issue 21 §4: a 600 MiB
+    reply was decoded in full, 2.7× the memory, before its shape was found wrong)."""
+    names = set(record)
+    if names != set(spec):
+        missing, unknown = sorted(set(spec) - names), sorted(names - set(spec))
+        raise ReplyRejected(f"{record_name}: " + (f"missing arrays {missing[:5]}" if missing
+                                                  else f"unknown arrays {unknown[:5]}"))
+    for name, (shape, dtype) in spec.items():
+        arr = record[name]
+        declared = tuple(getattr(arr, "shape", ()))
+        if getattr(arr, "stype", None) != "numpy.ndarray":
+            raise ReplyRejected(f"{record_name}[{name}]: serialisation {getattr(arr, 'stype', None)!r}, "
+                                "expected 'numpy.ndarray'")
+        if declared != tuple(shape):
+            raise ReplyRejected(f"{record_name}[{name}]: shape {declared}, expected {tuple(shape)}")
+        want = _numpy_name(dtype)
+        if want is not None and getattr(arr, "dtype", None) != want:
+            raise ReplyRejected(f"{record_name}[{name}]: dtype {getattr(arr, 'dtype', None)}, "
+                                f"expected {want}")
+        limit = math.prod(shape) * torch.empty((), dtype=dtype).element_size() + NPY_HEADER
+        if len(arr.data) > limit:
+            raise ReplyRejected(f"{record_name}[{name}]: {len(arr.data)} bytes, its shape and "
+                                f"dtype need at most {limit}")
+
+
 def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
                    domains: Mapping[str, Domain] | None = None) -> dict[str, float | int]:
     """Required keys present; every value the strategy reads a finite number, the declared ones
@@ -131,6 +181,8 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
                for arr in rec.values())
     if size > max_bytes:
         raise ReplyRejected(f"reply of {size} bytes exceeds the bound of {max_bytes} bytes")
+    for record_name, spec in expected.items():  # before any tensor is materialised
+        _check_metadata(record_name, content.array_records[record_name], spec)
     arrays = {}
     for record_name, spec in expected.items():
         try:
