@@ -46,6 +46,9 @@ class Federation(Component):
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds", within=(1, None),
                                     loop_only="check the Result that start() returns")
+    skip_window: int = param(0, "abort also when max-skipped-rounds of the last this many rounds "
+                             "were skipped or refused, consecutive or not (0: 2 × max-skipped-rounds)",
+                             within=(0, None), loop_only="check the Result that start() returns")
     seed: int = param(42, "seed of the model, the partitions, the client sampling and the batches",
                       within=(0, None))
 

@@ -1,7 +1,7 @@
 """When a run must stop with a non-zero exit instead of "completing" with a model nobody trained.
 
-    max-skipped-rounds consecutive rounds skipped or refused   (every client failing, a hostile
-                                                                majority, a config no client runs)
+    max-skipped-rounds consecutive rounds skipped or refused,  (every client failing, a hostile
+    or as many within the last skip-window rounds               majority, a config no client runs)
     a run whose every round was skipped                        (a short run never reaches the
                                                                 limit above: its model is untrained)
     fewer nodes than min-replies needs after node-wait seconds
@@ -39,21 +39,27 @@ def _gist(reason: str) -> str:
 
 
 class SkipGuard:
-    """Counts consecutive skipped rounds; raises RunAborted at the limit, or at the end of a run
-    that no round trained, naming the last cause. A resumed run starts from its rows, so a
-    streak (or a run that never trained) carries over the interruption."""
+    """Counts skipped rounds; raises RunAborted when `limit` are consecutive or `limit` fall
+    within the last `window` rounds (issue 21 §3: a run refused every other round never had 3 in
+    a row), or at the end of a run that no round trained, naming the last cause. A resumed run
+    starts from its rows, so a streak (or a run that never trained) carries over the
+    interruption. window 0: 2 × limit."""
 
-    def __init__(self, limit: int, rows: list[Mapping] = ()) -> None:
+    def __init__(self, limit: int, rows: list[Mapping] = (), window: int = 0) -> None:
         self.limit, self.streak, self.trained, self.last = limit, 0, False, "no replies"
+        self.window = max(window or 2 * limit, limit)
+        self.recent: list[bool] = []  # skipped?, the last `window` rounds
         for row in rows:
             if row.get("round", 0) >= 1:
                 self.streak = self.streak + 1 if row.get("skipped") else 0
                 self.trained = self.trained or not row.get("skipped")
+                self.recent = [*self.recent, bool(row.get("skipped"))][-self.window:]
 
     def after_round(self, server_round: int, skipped: bool, reason: str,
                     rejected: Mapping[str, str], missing: list[int]) -> None:
         self.streak = self.streak + 1 if skipped else 0
         self.trained = self.trained or not skipped
+        self.recent = [*self.recent, skipped][-self.window:]
         if skipped:
             causes = [reason] if reason else []
             causes += [f"node {node}: {_gist(why)}" for node, why in list(rejected.items())[:2]]
@@ -63,6 +69,10 @@ class SkipGuard:
         if self.streak >= self.limit:
             raise RunAborted(f"run aborted after round {server_round}: {self.streak} consecutive "
                              f"rounds skipped (max-skipped-rounds={self.limit}); last round: {self.last}")
+        if sum(self.recent) >= self.limit:
+            raise RunAborted(f"run aborted after round {server_round}: {sum(self.recent)} of the last "
+                             f"{len(self.recent)} rounds skipped (max-skipped-rounds={self.limit}, "
+                             f"skip-window={self.window}); last skipped round: {self.last}")
 
     def at_end(self, num_rounds: int) -> None:
         if num_rounds and not self.trained:

@@ -31,7 +31,8 @@ CONFIG_FILE = "config.json"
 # sampling on fraction-train, ...) would silently make a different run.
 MAY_CHANGE_ON_RESUME = frozenset({
     "resume", "resume-from", "results-dir", "run-name", "data-dir", "device", "num-threads",
-    "round-timeout", "min-replies", "max-reply-mb", "node-wait", "max-skipped-rounds", "overwrite",
+    "round-timeout", "min-replies", "max-reply-mb", "node-wait", "max-skipped-rounds", "skip-window",
+    "overwrite",
 })
 
 

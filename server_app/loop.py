@@ -162,7 +162,7 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     strategy.summary()
     fed = cfg.federation
     timeout = fed.round_timeout or None
-    guard = SkipGuard(fed.max_skipped_rounds, outputs.rows)
+    guard = SkipGuard(fed.max_skipped_rounds, outputs.rows, fed.skip_window)
     assert strategy.state is not None
     if not outputs.rows:  # a fresh run: where training starts from
         scores = evaluate_all(model, task)

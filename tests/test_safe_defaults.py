@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from adaptfl.algorithms import wire
-from adaptfl.server_app.abort import fell_below_start
+from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
 from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.validation import DecodedReply
 
@@ -112,3 +112,44 @@ def test_a_run_that_ends_below_its_initial_model_says_where_it_fell() -> None:
     assert line is not None and "fell below in round 4" in line and "0.0900" in line
     assert fell_below_start([*rows[:-1], {"round": 5, "test-accuracy": 0.10}]) is None  # equal: fine
     assert fell_below_start(rows[1:]) is None  # a resumed run's rows without round 0: no claim
+
+
+# --- issue 21 §3: clip bounds the weight, refusals counted over a window, what was set aside ------
+def test_clip_bounds_the_weight_as_it_bounds_the_norm() -> None:
+    """Main: a flipped Δ of the honest norm claiming 2**62 examples was the whole clipped mean
+    (fedact at 0.016). Now it weighs the median claim: x + (4·Δ - Δ)/5 = x + 0.6·Δ."""
+    strategy = _strategy("fedavg", aggregator="clip", lr="preset", **UNSCREENED)
+    step = {"w": torch.full((2, 2), 0.01), "b": torch.full((2,), 0.01)}
+    replies = {n: {"arrays": {wire.DELTA: dict(step)}, "metrics": {wire.NUM_EXAMPLES: 10,
+                                                                     wire.PARTITION_ID: n - 1}}
+               for n in range(1, 5)}
+    replies[HOSTILE] = {"arrays": {wire.DELTA: {k: -t for k, t in step.items()}},
+                        "metrics": {wire.NUM_EXAMPLES: 2**62, wire.PARTITION_ID: 4}}
+    _round(strategy, replies)
+    for name, x in MODEL.items():  # fedavg's server step: x + mean Δ
+        assert torch.allclose(strategy.state.model[name], x + 0.6 * step[name], rtol=0, atol=1e-7)
+    assert strategy.report.metrics["aggregator-set-aside"] == 0.0  # all at the norm C: none clipped
+
+
+@pytest.mark.parametrize("aggregator,set_aside", [("krum", 4.0), ("median", 4.0), ("trimmed-mean", 2.0),
+                                                  ("mean", None)])
+def test_each_aggregator_says_how_many_replies_it_set_aside(aggregator, set_aside) -> None:
+    strategy = _strategy("fedavg", aggregator=aggregator, min_replies=5)
+    _round(strategy, {n: _honest(strategy, n) for n in range(1, 6)})
+    assert strategy.report.metrics.get("aggregator-set-aside") == set_aside
+
+
+def test_refusals_every_other_round_abort_within_the_window() -> None:
+    """Main counted only consecutive skips: 4 of 8 rounds refused ended with exit 0."""
+    guard = SkipGuard(limit=3)  # window 2 × 3
+    for rnd in range(1, 6):
+        guard.after_round(rnd, rnd % 2 == 0, "round refused: x", {}, [])
+    with pytest.raises(RunAborted, match=r"after round 6: 3 of the last 6 rounds skipped"):
+        guard.after_round(6, True, "round refused: x", {}, [])
+    wide = SkipGuard(limit=3, window=20)
+    with pytest.raises(RunAborted, match=r"3 of the last 9 rounds"):
+        for rnd in range(1, 10):
+            wide.after_round(rnd, rnd % 4 == 1, "", {}, [])
+    honest = SkipGuard(limit=3)  # one refusal now and then stays within the window
+    for rnd in range(1, 30):
+        honest.after_round(rnd, rnd % 7 == 0, "", {}, [])

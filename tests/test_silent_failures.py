@@ -213,8 +213,10 @@ def test_the_abort_message_is_one_line_with_each_clients_own_error() -> None:
     assert "\n" not in message and "Traceback" not in message
     assert "node 2: client error 2: RuntimeError: disk full on partition 1" in message
     assert "no reply within round-timeout from nodes [3]" in message
-    guard.after_round(3, False, "", {}, [])  # a round that aggregates resets the streak
-    guard.after_round(4, True, "x", {}, [])
+    consecutive = SkipGuard(limit=2, window=2)  # window = limit: consecutive skips only
+    consecutive.after_round(1, True, "x", {}, [])
+    consecutive.after_round(2, False, "", {}, [])  # a round that aggregates resets the streak
+    consecutive.after_round(3, True, "x", {}, [])
 
 
 def test_a_run_shorter_than_the_skip_limit_that_never_trains_ends_non_zero(tiny_data, tmp_path) -> None:

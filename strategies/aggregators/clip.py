@@ -2,6 +2,7 @@
 adaptive clipping of Andrew et al., NeurIPS 2021, that Flower's DP wrappers implement).
 
     t_i <- t_i · min(1, C / ||t_i||)                    ||·|| over the record's floating arrays
+    w_i <- min(w_i, median_j w_j)                       the weight is bounded as the norm is
     combined = weighted mean of the clipped t_i
     b = share of the replies with ||t_i|| ≤ C           (not clipped this round)
     C <- C · exp(-η·(b - γ))                            geometric update towards the γ-quantile
@@ -21,6 +22,7 @@ Scaling by a factor in (0, 1] keeps v ≥ 0 and PSD statistics PSD.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,14 +61,19 @@ class Clip(Aggregator):
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         norms = [float(flat(item).norm()) for item in items]
         bound = self._bound(record, norms, ctx)
+        # a claimed num-examples of 2**62 took the whole mean at norm C (issue 21 §3): no reply
+        # weighs more than the median claim, as no reply's norm exceeds C ≈ the median norm
+        median_weight = statistics.median(weights)
+        bounded = [min(w, median_weight) for w in weights]
         out = weighted_mean([clipped(dict(item), n, bound) for item, n in zip(items, norms, strict=True)],
-                            weights)
+                            bounded)
         within = sum(n <= bound for n in norms) / len(norms)
         new_bound = bound * math.exp(-self.clip_lr * (within - self.clip_quantile))
         ctx.new_memory.setdefault(NORMS, {})[record] = torch.tensor([new_bound], dtype=torch.float64)
         if record == wire.DELTA:
             ctx.stats["clip-norm"] = bound
             ctx.stats["clipped-share"] = 1.0 - within
+            ctx.stats["aggregator-set-aside"] = float(sum(n > bound for n in norms))  # clipped
         return out
 
     def _bound(self, record: str, norms: list[float], ctx: Combine) -> float:

@@ -67,4 +67,5 @@ class Krum(Aggregator):
         chosen = sorted(torch.argsort(scores, stable=True)[:keep].tolist())
         if record == wire.DELTA:
             ctx.stats["krum-selected"] = float(len(chosen))
+            ctx.stats["aggregator-set-aside"] = float(n - len(chosen))
         return weighted_mean([items[i] for i in chosen], [weights[i] for i in chosen])

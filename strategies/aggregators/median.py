@@ -32,4 +32,6 @@ class Median(Aggregator):
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         out = {n: back(coordinate_median(stacked(items, n)), t) for n, t in items[0].items()}
+        n = len(items)
+        ctx.stats["aggregator-set-aside"] = float(n - 1 if n % 2 else n - 2)  # values per coordinate
         return ctx.project(record, out)

@@ -29,6 +29,7 @@ class TrimmedMean(Aggregator):
         n = len(items)
         cut = math.floor(self.trim_fraction * n)
         ctx.stats["trimmed-per-end"] = float(cut)
+        ctx.stats["aggregator-set-aside"] = float(2 * cut)  # values per coordinate
         out = {}
         for name, like in items[0].items():
             ordered = stacked(items, name).sort(dim=0).values
