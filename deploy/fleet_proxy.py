@@ -60,6 +60,10 @@ def parse_head(raw: bytes) -> Request:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
         raise Refused(400, "non-ASCII request head") from None
+    if any(c in text.replace("\r\n", "") for c in "\r\n\x00"):
+        # a bare LF (or CR, NUL) inside a line: parsers split such heads differently, which is
+        # how requests are smuggled; the SuperLink answers 400 today, the proxy must not rely on it
+        raise Refused(400, "bare CR, LF or NUL in the request head")
     line, *header_lines = text.split("\r\n")
     parts = line.split(" ")
     if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):

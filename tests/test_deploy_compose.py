@@ -179,3 +179,18 @@ def test_no_flower_process_calls_home_or_installs_at_run_time() -> None:
             continue
         assert service["environment"] == {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
                                           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}, name
+
+
+def test_no_flower_process_runs_as_root_in_the_images() -> None:
+    """Issue 21 §5: a ClientApp's code must not run as root. Flower's images run as their user
+    `app`; adaptfl's image switches to root for the pip install only, and no service but the
+    one-shot volume chown overrides the user."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.M)
+    assert users and users[-1] == "app", users
+    services = merged("compose.yml", "with-tls.yml", "with-cuda.yml")["services"]
+    as_root = sorted(name for name, s in services.items() if str(s.get("user", "")).split(":")[0]
+                     in ("root", "0"))
+    assert as_root == ["volume-init"]
+    assert services["volume-init"]["network_mode"] == "none"  # and it runs chown, nothing else
+    assert services["volume-init"]["entrypoint"][0] == "chown"

@@ -54,6 +54,12 @@ def test_every_control_and_runtime_route_and_the_docs_are_refused() -> None:
     ("POST /v1/fleet/pull-messages HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
     ("POST /v1/fleet/pull-messages HTTP/1.1\r\nContent-Length : 5\r\n\r\n", 400),
     (f"POST /v1/fleet/push-object HTTP/1.1\r\nContent-Length: {fleet_proxy.MAX_BODY + 1}\r\n\r\n", 413),
+    # issue 21 §5: a bare LF inside a header value was forwarded (the SuperLink's parser
+    # answers 400 today; the proxy must refuse it itself), and so were bare CR and NUL
+    ("POST /v1/fleet/pull-messages HTTP/1.1\r\nHost: x\nX-Smuggled: 1\r\n\r\n", 400),
+    ("POST /v1/fleet/pull-messages HTTP/1.1\r\nHost: x\n\r\n\r\n", 400),
+    ("POST /v1/fleet/pull-messages HTTP/1.1\r\nHost: x\ry\r\n\r\n", 400),
+    ("POST /v1/fleet/pull-messages HTTP/1.1\r\nHost: x\x00\r\n\r\n", 400),
 ])
 def test_malformed_or_foreign_requests_are_refused(head, status) -> None:
     with pytest.raises(Refused) as refused:
