@@ -44,10 +44,11 @@ class RoundInfo:
 
 @dataclass
 class ClientData:
-    """What stages that need the data may read (MimeLite's ∇f_i(x), HaFedHo's p_i)."""
+    """What stages that need the data may read (MimeLite's ∇f_i(x)). A client's share of the
+    federation (HaFedHo's p_i) is not here: only the server knows |D| (algorithms/components/
+    hafedho.py)."""
 
-    num_examples: int  # |D_i|
-    dataset_size: int  # |D| over all clients (HaFedHo's p_i = |D_i| / |D|)
+    num_examples: int = 0  # |D_i|, this client's own examples (MimeLite samples positions of it)
     full_batches: Callable[[], Any] | None = None  # iterable of (x, y) over the whole partition
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # the task's loss
     # iterable of (x, y) over the given positions 0..num_examples-1: lets a stage draw a random
@@ -67,6 +68,8 @@ class ClientRound:
     store: Any  # durable client state (client_app/client_state.py)
     data: ClientData
     start: Tensors = field(init=False)  # x^r of every trainable parameter (detached copies)
+    # what the reply claims as num-examples; set by the session just before `finish`
+    num_examples: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.start = {n: p.detach().clone() for n, p in self.params.items()}
@@ -121,6 +124,7 @@ class Aggregation:
     mean: Callable[[Sequence[Mapping[str, torch.Tensor]], str], Tensors]
     new_extras: dict[str, Tensors] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)  # extra per-round metrics
+    weighting: str = "examples"  # the run's weighting of the means: examples or uniform
 
     def reply_arrays(self, record: str) -> list[Tensors]:
         return [r.arrays[record] for r in self.replies]

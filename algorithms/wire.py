@@ -12,6 +12,7 @@ DELTA_G = "delta-g"  # ArrayRecord: global direction Δ_G of the previous round 
 V_BAR = "v-bar"  # ArrayRecord: server-averaged second moment v̄ (full or one value per tensor)
 HAFEDHO_G = "g"  # ArrayRecord: HaFedHo's g^{t-1}, mean of the clients' summed local gradients
 HAFEDHO_F_HAT = "f-hat"  # ArrayRecord {"f-hat": [f̂^{t-1}]}: HaFedHo's mean local loss
+HAFEDHO_N_TOTAL = "n-total"  # ArrayRecord {"n-total": [|D|]} float64: HaFedHo's federation size
 SCAFFOLD_C = "c"  # ArrayRecord: SCAFFOLD's server control variate c
 THETA = "theta"  # ArrayRecord: FedPAC's averaged Θ^r / FedMIX-P's reference P^r ("<param>/<slot>")
 G_G = "g-g"  # ArrayRecord: FedPAC's global direction g_G = -mean Δ_i / (K·lr)

@@ -104,9 +104,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     chunk = min(512, task.eval_batch_size)
     batches = lambda: [split.batch(rows) for rows in indices.split(chunk)]  # noqa: E731
     batches_of = lambda positions: [split.batch(rows) for rows in indices[positions].split(chunk)]  # noqa: E731
-    client_data = ClientData(num_examples=len(indices), dataset_size=len(task.labels),
-                             full_batches=batches, loss=task.loss, batches_of=batches_of,
-                             sample_seed=client_id)
+    client_data = ClientData(num_examples=len(indices), full_batches=batches, loss=task.loss,
+                             batches_of=batches_of, sample_seed=client_id)
     reset_peak_memory(device)
     session = ClientSession(msg, model, context=context, data=client_data, device=device)
     warn = session.info.batch_size > len(indices) and first_time(context, "batch-size")

@@ -127,8 +127,8 @@ class ClientSession:
             store = ClientStateStore(context, str(recipe.get(CLIENT_STATE_DIR, "")), self.info.server_round,
                                      self.info.run_key, bool(recipe.get(CLIENT_STATE_MEMORY, True))
                                      ) if context is not None else MemoryStore()
-        self.data = data or ClientData(num_examples=1, dataset_size=1)
-        ctx = ClientRound(model, self.algorithm, self.info, records, store, self.data)
+        self.data = data or ClientData()
+        self._ctx = ctx = ClientRound(model, self.algorithm, self.info, records, store, self.data)
         self.parts: list[ClientPart] = [stage.start(ctx) for stage in self.algorithm.stages()]
         self.optimizer = build_optimizer(model, self.algorithm, self.info)
         for part in self.parts:
@@ -209,6 +209,7 @@ class ClientSession:
         end = self.model.state_dict()
         delta = {n: (end[n].detach() - t).cpu() for n, t in self.start_state.items()}
         train_loss = self.train_loss()
+        self._ctx.num_examples = int(num_examples)  # HaFedHo keeps it: next round's p_i
         outputs = [part.finish(self.optimizer, delta, train_loss) for part in self.parts]
         values: dict[str, int | float] = {wire.NUM_EXAMPLES: int(num_examples)}
         if self._losses:

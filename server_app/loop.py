@@ -71,8 +71,8 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
     as the server will: a setting no client can run fails here, with the client's message."""
     content = strategy.instruction(1, ConfigRecord())
     rows = torch.arange(min(PREFLIGHT_ROWS, len(task.test)))
-    data = ClientData(num_examples=len(rows), dataset_size=len(rows),
-                      full_batches=lambda: [task.test.batch(rows)], loss=task.loss)
+    data = ClientData(num_examples=len(rows), full_batches=lambda: [task.test.batch(rows)],
+                      loss=task.loss)
     with torch.random.fork_rng():
         # frozen parameters are shared with the copy, not copied (a pretrained base is large)
         shared = {id(p): p for p in frozen_parameters(model).values()}

@@ -41,7 +41,7 @@ def _client_round(msg: Message, pid: int, context: Context) -> Message:
     """A user's own training loop on a quadratic, through the client session (the real
     SCAFFOLD client part: c from the message, c_i durable, Δc_i in the reply)."""
     model = Point(torch.zeros(2))
-    session = ClientSession(msg, model, context=context, data=ClientData(num_examples=1, dataset_size=2))
+    session = ClientSession(msg, model, context=context, data=ClientData())
     for _ in range(session.info.local_steps):
         loss = session.loss(None, None, 0.5 * (A[pid] * (model.w - OPT[pid]) ** 2).sum())
         session.backward(loss)
@@ -82,7 +82,7 @@ def _round(model: torch.nn.Module, algorithm: str, tmp_path, server_round: int =
                       state=RecordDict(), run_config={})
     return ClientRound(model, cfg.algorithm, cfg.round_info(server_round), {},
                        ClientStateStore(context, str(tmp_path), server_round),
-                       ClientData(num_examples=1, dataset_size=2))
+                       ClientData())
 
 
 def test_fedprox_term_is_half_mu_squared_distance(tmp_path) -> None:

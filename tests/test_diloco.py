@@ -54,7 +54,7 @@ def _context(node: int) -> Context:
 
 def _client(msg: Message, context: Context) -> Message:
     model = _model()
-    session = ClientSession(msg, model, context=context, data=ClientData(num_examples=5, dataset_size=10))
+    session = ClientSession(msg, model, context=context, data=ClientData(num_examples=5))
     for x, y in _batches(context.node_id - 1):
         logits = model(x)
         session.backward(session.loss(x, logits, F.cross_entropy(logits, y)), logits)

@@ -24,7 +24,7 @@ DATA = ImageData(images=torch.tensor([[[[255, 0]]], [[[0, 255]]], [[[255, 255]]]
                                      dtype=torch.uint8),
                  labels=torch.tensor([0, 1, 1, 0]), num_classes=2, mean=(0.0,), std=(1.0,))
 INDICES = torch.tensor([0, 1])
-DATASET_SIZE = 6  # |D|: p_i = 2/6
+DATASET_SIZE = 6  # |D| as the server sends it: p_i = 2/6
 G_PREV = {"1.weight": torch.tensor([[1.0, -2.0], [0.5, 0.0]]), "1.bias": torch.tensor([0.25, -1.0])}
 
 
@@ -50,7 +50,8 @@ def _term(model, cfg: RunConfig, server_round: int, context: Context, state_dir,
     """HaFedHo's client part for one round, as the session starts it."""
     ctx = ClientRound(model, cfg.algorithm, cfg.round_info(server_round), records or {},
                       ClientStateStore(context, str(state_dir), server_round),
-                      ClientData(num_examples=len(INDICES), dataset_size=DATASET_SIZE))
+                      ClientData())
+    ctx.num_examples = len(INDICES)  # what the reply will claim (the session sets it)
     (term,) = cfg.algorithm.terms
     return term.start(ctx)
 
@@ -77,7 +78,8 @@ def _train(model: torch.nn.Module, cfg: RunConfig, part: ClientPart, server_roun
 
 def _server_records(f_prev: float) -> dict:
     return {wire.HAFEDHO_G: {k: v.clone() for k, v in G_PREV.items()},
-            wire.HAFEDHO_F_HAT: {"f-hat": torch.tensor([f_prev])}}
+            wire.HAFEDHO_F_HAT: {"f-hat": torch.tensor([f_prev])},
+            wire.HAFEDHO_N_TOTAL: {"n-total": torch.tensor([float(DATASET_SIZE)], dtype=torch.float64)}}
 
 
 def test_participation_rule_by_hand() -> None:
@@ -197,6 +199,18 @@ def test_server_averages_g_and_f_hat_by_hand() -> None:
     assert strategy.state.extras[wire.HAFEDHO_G]["w"].tolist() == [1.0, -2.0]
     # f̂ = (1·0.8 + 3·0.4) / 4 = 0.5
     assert float(strategy.state.extras[wire.HAFEDHO_F_HAT]["f-hat"]) == pytest.approx(0.5)
+    # |D| = the accepted replies' num-examples (the dropped one's claim does not count)
+    assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [4.0]
     second = list(strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
-    assert set(second[0].content.array_records) == {wire.ARRAYS, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT}
-    assert strategy.report.bytes_down == 3 * (8 + 8 + 4)  # x, g, f̂ to three clients
+    assert set(second[0].content.array_records) == {wire.ARRAYS, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT,
+                                                    wire.HAFEDHO_N_TOTAL}
+    assert strategy.report.bytes_down == 3 * (8 + 8 + 4 + 8)  # x, g, f̂, |D| to three clients
+    # Round 2's cohort: node 2 now claims 5 and node 3 (dropped before) 2: |D| = 7, also
+    # with uniform weights (the combine runs on n_j there, on 1/n_j under examples weights)
+    for weighting in ("examples", "uniform"):
+        strategy.cfg = strategy.cfg.replace(weighting=weighting)
+        before = strategy.state.clone()
+        strategy.aggregate_train(2, [_reply(second[1], {"w": [0.0, 0.0]}, 5, 0.1),
+                                     _reply(second[2], {"w": [0.0, 0.0]}, 2, 0.1)])
+        assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [7.0]
+        strategy.state = before

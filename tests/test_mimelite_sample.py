@@ -33,7 +33,7 @@ def model() -> Counted:
 
 def data(sample_seed: int = 0, sampled: bool = True) -> ClientData:
     chunks = lambda rows: [(X[r], Y[r]) for r in rows.split(CHUNK)]  # noqa: E731
-    return ClientData(num_examples=N, dataset_size=N, loss=torch.nn.functional.cross_entropy,
+    return ClientData(num_examples=N, loss=torch.nn.functional.cross_entropy,
                       full_batches=lambda: chunks(torch.arange(N)),
                       batches_of=chunks if sampled else None, sample_seed=sample_seed)
 
