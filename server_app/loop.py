@@ -37,7 +37,7 @@ from adaptfl.server_app.checkpoint import (
 from adaptfl.server_app.evaluate import evaluate_all
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
-from adaptfl.server_app.run_checks import check_frozen, check_nodes, check_settings
+from adaptfl.server_app.run_checks import check_frozen, check_model, check_nodes, check_settings
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.sampling import NotEnoughNodes
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
@@ -60,6 +60,7 @@ def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
     if cfg.local.batch_size > len(task.train):
         log.warning("batch-size=%d exceeds the %d training examples of the whole task: every "
                     "client step will use its whole partition", cfg.local.batch_size, len(task.train))
+    check_model(model, task, cfg.data.model)
     check_settings(cfg, task)
     check_frozen(cfg, spec)
     preflight(strategy, model, task)

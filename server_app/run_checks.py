@@ -2,6 +2,8 @@
 these used to "complete" with every round skipped and an untrained model).
 
 Anywhere (build_run):
+    a model that cannot read the task's inputs, or whose output width is not Task.num_outputs
+    (too wide trains and reports accuracy without a word; too narrow fails deep in the loss)
     classes-per-client above the labels the task has (pathological partitioning)
     an aggregator that needs more replies than min-replies guarantees (Krum: 2f + 3)
     a component that copies the whole model per client, on a model with a frozen base (MOON)
@@ -30,6 +32,30 @@ from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.client_app.device import select_device
 from adaptfl.strategies.sampling import nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
+from torch import nn
+
+
+def check_model(model: nn.Module, task: Task, name: str) -> None:
+    """The model's output on two test rows must be [..., task.num_outputs] (one line otherwise);
+    run before any step, in eval mode, without touching the model's state or the RNG."""
+    x, _ = task.test.batch(torch.arange(min(2, len(task.test))))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            out = model(x)  # build_run's model is on the CPU
+    except Exception as err:  # noqa: BLE001 - whatever a user's model raises, said in one line
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"model={name!r} cannot read task {task.name!r}'s inputs (one example: "
+                         f"{tuple(x.shape[1:])}): {why}") from None
+    finally:
+        model.train(was_training)
+    width = out.shape[-1] if torch.is_tensor(out) and out.ndim else None
+    if width != task.num_outputs:
+        got = f"{width} outputs" if width is not None else f"a {type(out).__name__}, not logits"
+        raise ValueError(f"model={name!r} gives {got} per prediction but task {task.name!r} has "
+                         f"num_outputs={task.num_outputs} (classes or vocabulary): its last layer "
+                         f"must be {task.num_outputs} wide")
 
 
 def check_settings(cfg: RunConfig, task: Task) -> None:

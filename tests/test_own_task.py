@@ -37,6 +37,15 @@ def build(task):
     return torch.nn.Sequential(torch.nn.Linear(task.input_shape[0], 32), torch.nn.Tanh(),
                                torch.nn.Linear(32, task.num_outputs))
 
+def too_wide(task):
+    return torch.nn.Linear(task.input_shape[0], task.num_outputs + 1)
+
+def too_narrow(task):
+    return torch.nn.Linear(task.input_shape[0], task.num_outputs - 2)
+
+def wrong_input(task):
+    return torch.nn.Linear(5, task.num_outputs)
+
 def not_a_task(data_dir):
     return [1, 2, 3]
 
@@ -74,6 +83,14 @@ def test_own_task_and_model_train_two_rounds(user_package, tmp_path) -> None:
     ("{pkg}:missing", "mlp", "'quadrants_pkg.mod' has no 'missing'"),
     ("{pkg}:not_a_task", "mlp", "returned list, expected adaptfl.workloads.Task"),
     ("{pkg}:load", "{pkg}:not_a_model", "returned str, expected a torch.nn.Module"),
+    # issue 20 §1b: too wide used to train and report accuracy, too narrow to end in a 28-line
+    # IndexError from the loss naming neither the model nor the width
+    ("{pkg}:load", "{pkg}:too_wide", "model='quadrants_pkg.mod:too_wide' gives 5 outputs per "
+     "prediction but task 'quadrants' has num_outputs=4"),
+    ("{pkg}:load", "{pkg}:too_narrow", "model='quadrants_pkg.mod:too_narrow' gives 2 outputs per "
+     "prediction but task 'quadrants' has num_outputs=4"),
+    ("{pkg}:load", "{pkg}:wrong_input", "model='quadrants_pkg.mod:wrong_input' cannot read task "
+     "'quadrants''s inputs (one example: (6,)): mat1 and mat2 shapes cannot be multiplied"),
 ])
 def test_a_wrong_reference_is_one_line_before_round_1(user_package, tmp_path, task, model, message) -> None:
     cfg = _cfg(tmp_path, task=task.format(pkg=user_package), model=model.format(pkg=user_package))
