@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from adaptfl.algorithms import wire
-from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.config import RunConfig, declared_keys
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.algorithms.params import fields_of
 from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
@@ -52,6 +52,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 log = logging.getLogger(__name__)
+LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
 
 
 class AdaptiveStrategy(Strategy):
@@ -119,6 +120,18 @@ class AdaptiveStrategy(Strategy):
             raise ValueError(f"{', '.join(ignored)}: read by adaptfl's own ServerApp loop, not by "
                              "Flower's Strategy.start")
 
+    def refuse_adaptfl_keys(self, train_config: Mapping[str, Any]) -> None:
+        """A train_config key that names an adaptfl setting (`lr`, `local-steps`, …) would reach
+        the client as `session.config`, and the round's optimizer, built from the recipe, would
+        not read it: refuse it in one line, naming the keyword that sets it."""
+        declared = set(declared_keys())
+        for key, value in train_config.items():
+            kebab = LR_ALIASES.get(key.lower(), key.lower().replace("_", "-"))
+            if kebab in declared:
+                raise ValueError(f"train_config[{key!r}]={value!r}: adaptfl's clients take {kebab} "
+                                 f"from the strategy, not from train_config; pass "
+                                 f"{type(self).__name__}({kebab.replace('-', '_')}={value!r}) instead")
+
     # --- sampling and messages --------------------------------------------------------------------
     def sample_nodes(self, grid: Grid) -> list[int]:
         assert self.state is not None
@@ -155,6 +168,7 @@ class AdaptiveStrategy(Strategy):
                            cfg.privacy, sampled)
         if self.spec is not None and self.spec.frozen_digest:
             recipe[FROZEN_DIGEST] = self.spec.frozen_digest
+        self.refuse_adaptfl_keys(config or {})
         train_config = ConfigRecord(dict(config or {}))
         train_config["server-round"] = server_round  # as Flower's FedAvg does
         content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),

@@ -239,6 +239,29 @@ def test_flowers_train_config_reaches_the_clients() -> None:
     assert (config["epochs-hint"], config["note"], config["server-round"]) == (3, "hi", 1)
 
 
+@pytest.mark.parametrize("key", ["lr", "learning_rate", "local-steps", "weight_decay"])
+def test_a_train_config_setting_adaptfl_would_not_read_is_refused(key: str) -> None:
+    """Issue 20 §1c: a Flower app's train_config lr used to reach the client as session.config
+    and vanish (the optimizer takes the recipe's): one line naming the keyword instead, before
+    any client runs."""
+    calls = []
+
+    def client(msg, context):  # noqa: ANN001, ANN202 - never reached
+        calls.append(msg)
+        raise AssertionError("a message was sent")
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError) as err:
+        FedACT(fraction_train=1.0).start(
+            grid=InProcessGrid(1, {}, handler=client), initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=1, train_config=ConfigRecord({key: 0.05, "local-epochs": 2}))
+    snake = {"learning_rate": "lr"}.get(key, key.replace("-", "_"))
+    assert str(err.value) == (f"train_config[{key!r}]=0.05: adaptfl's clients take "
+                              f"{snake.replace('_', '-')} from the strategy, not from train_config; "
+                              f"pass FedACT({snake}=0.05) instead")
+    assert not calls
+
+
 def test_start_refuses_an_evaluate_config_no_client_reads() -> None:
     strategy = FedACT(fraction_train=1.0)
     model = torch.nn.Linear(2, 1)
