@@ -85,7 +85,10 @@ def test_lambda_zero_muon_blends_the_frozen_reference_momentum() -> None:
     # (singular values pushed to ~[0.7, 1.2]); the own momentum 0.5·M^r + 0.5·g is not used.
     oracle = torch.optim._muon._zeropower_via_newtonschulz(
         torch.tensor([[0.5, 0.0, 1.5], [0.0, 1.0, 0.0]]), (3.4445, -4.7750, 2.0315), 5, 1e-7)
-    torch.testing.assert_close(model.w.detach(), -oracle.float())
+    # the same bf16 calls as torch's on the same input; a GEMM that accumulates in another order
+    # (AMX, GPUs) may still round an entry of O one bf16 ulp apart: |O| <= ~1.5
+    torch.testing.assert_close(model.w.detach(), -oracle.float(), rtol=0,
+                               atol=1.5 * torch.finfo(torch.bfloat16).eps)
     assert torch.equal(opt.state[model.w]["momentum_buffer"], 0.5 * m_ref + 0.5 * g)
     w = model.w.detach()
     assert w[0, 1] == 0 and w[1, 0] == 0 and w[1, 2] == 0  # the zero pattern of U survives

@@ -13,9 +13,17 @@ import torch
 from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.rules.muon import Muon
 from torch import nn
-from torch.nn import functional as F
 
-from tests.test_local_update import VARIANTS, _cnn, _data, _max_diff, _mlp, _model, _opt, _train
+from tests.test_local_update import (
+    VARIANTS,
+    _cnn,
+    _max_diff,
+    _mlp,
+    _model,
+    _muon_synced_steps,
+    _opt,
+    _train,
+)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -109,17 +117,7 @@ def test_muons_adamw_half_reads_its_own_keys() -> None:
     oracles = [torch.optim.Muon([named["2.weight"]], lr=0.02, weight_decay=0.0, momentum=0.95),
                torch.optim.AdamW([p for n, p in named.items() if n != "2.weight"], lr=1e-3,
                                  betas=(0.8, 0.9), eps=1e-3, weight_decay=0.0)]
-    for k in range(6):
-        x, y = _data(ours, k)
-        opt.zero_grad()
-        F.cross_entropy(ours(x), y).backward()
-        opt.step()
-        for o in oracles:
-            o.zero_grad()
-        F.cross_entropy(theirs(x), y).backward()
-        for o in oracles:
-            o.step()
-    assert _max_diff(ours, theirs) < 1e-6
+    _muon_synced_steps(ours, opt, theirs, oracles, 6)  # the AdamW half to 1e-6 at every step
     defaults = _mlp()  # the same steps with the default keys end elsewhere
     _train(defaults, LocalUpdate(defaults.named_parameters(), preconditioner="muon", lr=0.02,
                                  muon_adam_lr=1e-3, weight_decay=0.0), 6)
