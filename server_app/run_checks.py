@@ -36,8 +36,9 @@ from torch import nn
 
 
 def check_model(model: nn.Module, task: Task, name: str) -> None:
-    """The model's output on two test rows must be [..., task.num_outputs] (one line otherwise);
-    run before any step, in eval mode, without touching the model's state or the RNG."""
+    """The model's output on two test rows must be [..., task.num_outputs] (one line otherwise;
+    at least that wide for a model with `pads_vocabulary`, workloads/causal_lm.py); run before
+    any step, in eval mode, without touching the model's state or the RNG."""
     x, _ = task.test.batch(torch.arange(min(2, len(task.test))))
     was_training = model.training
     model.eval()
@@ -51,7 +52,8 @@ def check_model(model: nn.Module, task: Task, name: str) -> None:
     finally:
         model.train(was_training)
     width = out.shape[-1] if torch.is_tensor(out) and out.ndim else None
-    if width != task.num_outputs:
+    padded = getattr(model, "pads_vocabulary", False)  # a language model's rows past the tokenizer
+    if width is None or (width < task.num_outputs if padded else width != task.num_outputs):
         got = f"{width} outputs" if width is not None else f"a {type(out).__name__}, not logits"
         raise ValueError(f"model={name!r} gives {got} per prediction but task {task.name!r} has "
                          f"num_outputs={task.num_outputs} (classes or vocabulary): its last layer "

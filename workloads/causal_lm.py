@@ -98,6 +98,10 @@ class CausalLM(nn.Module):
     """Token ids and attention mask stacked as [B, 2, T] -> next-token logits [B, T, vocab] in
     float32: one input tensor, so adaptfl's loop, preflight and evaluation need no LLM branch."""
 
+    # checkpoints pad their embedding rows past the tokenizer (to a multiple of 64, say): the
+    # preflight's width check (server_app/run_checks.py) then wants vocab >= the task's tokens
+    pads_vocabulary = True
+
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
         self.lm = lm
