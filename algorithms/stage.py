@@ -124,7 +124,6 @@ class Aggregation:
     mean: Callable[[Sequence[Mapping[str, torch.Tensor]], str], Tensors]
     new_extras: dict[str, Tensors] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)  # extra per-round metrics
-    weighting: str = "examples"  # the run's weighting of the means: examples or uniform
 
     def reply_arrays(self, record: str) -> list[Tensors]:
         return [r.arrays[record] for r in self.replies]

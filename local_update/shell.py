@@ -32,7 +32,14 @@ from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.diagnostics import Diagnostics
 from adaptfl.local_update.groups import as_groups, build_component
 from adaptfl.local_update.modulation import Trust
-from adaptfl.local_update.rules import Preconditioner, Step, group_values
+from adaptfl.local_update.rules import (
+    Preconditioner,
+    Step,
+    field_default,
+    fields_from_group,
+    group_values,
+    torch_keywords,
+)
 from adaptfl.local_update.slots import NamedSlots
 from adaptfl.local_update.workspace import Workspace
 
@@ -67,7 +74,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                  trust: str | Trust = "none", rho: float = 0.0, correction: str = "mix",
                  step_offset: int = 0, mix_lambda: float = 1.0, diagnostics_every: int = 0,
                  parameters_as_bucket_view: bool = False, **hyper: Any) -> None:
-        rule = build_component("preconditioner", preconditioner, hyper)
+        rule = build_component("preconditioner", preconditioner, torch_keywords(preconditioner, hyper))
         self.trust: Trust = build_component("trust", trust, hyper)
         if hyper:
             raise TypeError(f"LocalUpdate got unexpected keyword arguments {sorted(hyper)}; "
@@ -86,8 +93,6 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             raise ValueError(f"invalid correction={correction!r}: choose one of {CORRECTIONS}")
         groups = as_groups(params, rule)
         super().__init__(groups, {"lr": lr, "weight_decay": weight_decay, **group_values(rule)})
-        for group in self.param_groups:  # L = lr as scheduled (see `ref_lr`)
-            group.setdefault("lr_ratio", group["lr"] / lr if lr else 1.0)
         self.rho, self.correction, self.step_offset = rho, correction, step_offset
         self.mix_lambda, self.diagnostics_every = mix_lambda, diagnostics_every
         self.bs = 1  # examples (tokens) in the current batch: Sophia's bs
@@ -101,18 +106,47 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self._reset_diagnostics()
         self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
         self._scaled_key: tuple | None = None
-        for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                self.state[p].update({"step": 0, **self.rule(group).init(p)})
-            for slot in self.rule(group).slots:
-                self._new_slot(gi, slot)
+        for gi in range(len(self.param_groups)):
+            self._init_group(gi)
         self.register_load_state_dict_post_hook(lambda opt: opt._repack())
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, with the group's hyperparameters under torch's names (`beta1=` given alone
+        becomes `betas`) and, once the optimizer is built, its state made for the next `step`
+        (progressive unfreezing: the new parameters start at step 0 with zero moments)."""
+        cls = lookup("preconditioner", param_group.get("preconditioner", self.defaults["preconditioner"]))
+        group = dict(param_group)
+        for key, fields in cls.torch_names.items():
+            named = [f for f in fields if f in group]
+            if not named:
+                continue
+            if key in group:
+                raise ValueError(f"param group sets both {key}= and {named[0]}=")
+            same_rule = cls is lookup("preconditioner", self.defaults["preconditioner"])
+            base = fields_from_group(cls, self.defaults) if same_rule else {}
+            values = [group.pop(f) if f in group else base.get(f, field_default(cls, f)) for f in fields]
+            group[key] = tuple(values) if len(fields) > 1 else values[0]
+        super().add_param_group(group)
+        if hasattr(self, "_flat"):  # after the constructor: the new group's state and buffers
+            self._flat.append({})
+            self._init_group(len(self.param_groups) - 1)
+
+    def _init_group(self, gi: int) -> None:
+        group = self.param_groups[gi]
+        lr = self.defaults["lr"]
+        group.setdefault("lr_ratio", group["lr"] / lr if lr else 1.0)  # L = lr as scheduled: `ref_lr`
+        rule = self.rule(group)
+        for p in group["params"]:
+            self.state[p].update({"step": 0, **rule.init(p)})
+        for slot in rule.slots:
+            self._new_slot(gi, slot)
 
     # --- groups, rules and names ------------------------------------------------------------
     def rule(self, group: dict[str, Any]) -> Preconditioner:
         """The group's rule, rebuilt from its entries (so changing e.g. beta1 there takes effect)."""
         cls = lookup("preconditioner", group["preconditioner"])
-        values = tuple((f.name, group.get(f.name, f.default)) for f in fields_of(cls))
+        given = fields_from_group(cls, group)
+        values = tuple((f.name, given.get(f.name, f.default)) for f in fields_of(cls))
         key = (cls, values)
         if key not in self._rules:
             self._rules[key] = cls(**dict(values))
@@ -292,6 +326,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         """Sophia's h refreshed AFTER use (spec §4), for the parameters ĝ covers."""
         by_name = self._by_name()
         for name, grad in g_hat.items():
+            if name not in by_name:  # a parameter outside this optimizer: as torch ignores its grad
+                continue
             gi, p = by_name[name]
             rule = self.rule(self.param_groups[gi])
             if rule.name == "sophia":

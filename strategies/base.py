@@ -312,8 +312,7 @@ class AdaptiveStrategy(Strategy):
                                                        self.state.extras, server_round)
             agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
                               self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
-                              model, self.num_nodes, combine,
-                              weighting=fed.weighting)
+                              model, self.num_nodes, combine)
             for stage in algorithm.stages():
                 stage.aggregate(agg)
             new = self.state.clone()

@@ -205,12 +205,16 @@ def test_server_averages_g_and_f_hat_by_hand() -> None:
     assert set(second[0].content.array_records) == {wire.ARRAYS, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT,
                                                     wire.HAFEDHO_N_TOTAL}
     assert strategy.report.bytes_down == 3 * (8 + 8 + 4 + 8)  # x, g, f̂, |D| to three clients
-    # Round 2's cohort: node 2 now claims 5 and node 3 (dropped before) 2: |D| = 7, also
-    # with uniform weights (the combine runs on n_j there, on 1/n_j under examples weights)
-    for weighting in ("examples", "uniform"):
-        strategy.cfg = strategy.cfg.replace(weighting=weighting)
-        before = strategy.state.clone()
-        strategy.aggregate_train(2, [_reply(second[1], {"w": [0.0, 0.0]}, 5, 0.1),
-                                     _reply(second[2], {"w": [0.0, 0.0]}, 2, 0.1)])
-        assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [7.0]
-        strategy.state = before
+    # Round 2's cohort: node 2 now claims 5 and node 3 (dropped before) 2: |D| = 7
+    strategy.aggregate_train(2, [_reply(second[1], {"w": [0.0, 0.0]}, 5, 0.1),
+                                 _reply(second[2], {"w": [0.0, 0.0]}, 2, 0.1)])
+    assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [7.0]
+
+
+def test_a_robust_aggregator_bounds_a_liars_share_of_the_federation() -> None:
+    """Under the median one claim of 10^9 examples leaves |D| = m·median = 5·10."""
+    from adaptfl.algorithms.config import RunConfig as Config
+
+    rule = Config.of(algorithm="hafedho", aggregator="median", min_replies=5).algorithm.aggregator
+    assert rule.total([10, 10, 10, 10, 10**9]) == 50 == rule.total([10] * 5)
+    assert Config.of(algorithm="hafedho").algorithm.aggregator.total([10, 10, 10, 10, 10**9]) == 40 + 10**9

@@ -46,15 +46,12 @@ def _size_shape(spec: ModelSpec, algorithm: Any) -> dict[str, tuple[tuple[int, .
 
 
 def federation_size(agg: Aggregation) -> torch.Tensor:
-    """|D| as the server knows it: the round's replies' num-examples summed, through the
-    aggregator like every averaged state, so a robust rule bounds a liar's claim too. Under
-    examples weights (w_j ∝ n_j) the combine of 1/n_j is m / Σ n_j, under uniform ones the
-    combine of n_j is Σ n_j / m: the mean gives Σ n_j exactly, the median m·median(n_j)."""
+    """|D| as the server knows it: the num-examples its replies of the round report, summed;
+    under a robust aggregator m·median of them, so that one reply's claim moves nothing, as
+    it moves no other state there. Not through the aggregator's combine: a count is no record
+    (the dp combine would clip it to a norm bound and noise it)."""
     sizes = [float(r.metrics[wire.NUM_EXAMPLES]) for r in agg.replies]
-    m, reciprocal = len(sizes), agg.weighting == "examples"
-    items = [{"n-total": torch.tensor([1.0 / n if reciprocal else n], dtype=torch.float64)} for n in sizes]
-    combined = agg.mean(items, wire.HAFEDHO_N_TOTAL)["n-total"].to(torch.float64)
-    return m / combined if reciprocal else m * combined
+    return torch.tensor([agg.algorithm.aggregator.total(sizes)], dtype=torch.float64)
 
 
 def rectification(g_prev: Mapping[str, torch.Tensor] | None, f_prev: float,

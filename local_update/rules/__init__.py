@@ -60,6 +60,10 @@ class Preconditioner(Component):
     slots: ClassVar[tuple[str, ...]] = ()  # zero-initialised, shaped like the parameter
     theta_slots: ClassVar[tuple[str, ...]] = ()  # shared with the server (FedPAC / FedMIX-P)
     shareable: ClassVar[bool] = False  # has a Θ to share at all
+    # torch's name of a param-group entry -> the fields it holds (AdamW's `betas` = (beta1,
+    # beta2), Muon's `momentum`): the groups carry torch's names, so torch's schedulers
+    # (OneCycleLR, CyclicLR with cycle_momentum) find and drive them
+    torch_names: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def init(self, p: torch.Tensor) -> dict[str, Any]:
         return {}
@@ -87,11 +91,61 @@ class Preconditioner(Component):
 
 
 def group_values(rule: Preconditioner) -> dict[str, Any]:
-    """The rule's hyperparameters as torch param-group entries (snake_case, as torch names them)."""
+    """The rule's hyperparameters as torch param-group entries: torch's name where torch has one
+    (`betas`, `momentum`: `torch_names`), else the field's (snake_case, as torch names them)."""
     from adaptfl.algorithms.params import fields_of
 
-    return {"preconditioner": rule.name, **{f.name: getattr(rule, f.name) for f in fields_of(type(rule))}}
+    values: dict[str, Any] = {"preconditioner": rule.name}
+    held = {f: key for key, fields in rule.torch_names.items() for f in fields}
+    for f in fields_of(type(rule)):
+        if f.name not in held:
+            values[f.name] = getattr(rule, f.name)
+    for key, fields in rule.torch_names.items():
+        values[key] = tuple(getattr(rule, f) for f in fields) if len(fields) > 1 else getattr(rule, fields[0])
+    return values
+
+
+def fields_from_group(cls: type[Preconditioner], group: dict[str, Any]) -> dict[str, Any]:
+    """The rule's field values a param group holds, under torch's names or the fields' own
+    (a group of an older state_dict, or one a user wrote with `beta1=`); the rest left out."""
+    out: dict[str, Any] = {}
+    for key, fields in cls.torch_names.items():
+        if key not in group:
+            continue
+        values = group[key] if len(fields) > 1 else (group[key],)
+        if not isinstance(values, tuple | list) or len(values) != len(fields):
+            raise ValueError(f"param group {key}={group[key]!r}: expected "
+                             f"{'(' + ', '.join(fields) + ')' if len(fields) > 1 else fields[0]}")
+        out.update(zip(fields, values, strict=True))
+    from adaptfl.algorithms.params import fields_of
+
+    for f in fields_of(cls):  # torch's name wins: it is the entry a scheduler writes
+        if f.name in group and f.name not in out:
+            out[f.name] = group[f.name]
+    return out
 
 
 def zeros_like_slots(rule: Preconditioner, p: torch.Tensor) -> dict[str, torch.Tensor]:
     return {slot: torch.zeros_like(p, memory_format=torch.preserve_format) for slot in rule.slots}
+
+
+def field_default(cls: type[Preconditioner], name: str) -> Any:
+    from adaptfl.algorithms.params import fields_of
+
+    return next(f.default for f in fields_of(cls) if f.name == name)
+
+
+def torch_keywords(preconditioner: str | Preconditioner, hyper: dict[str, Any]) -> dict[str, Any]:
+    """`hyper` (LocalUpdate's keywords) with torch's names turned into the rule's fields in place:
+    `betas=(b1, b2)` for the Adam family, `momentum=` for Muon."""
+    from adaptfl.algorithms.params import lookup
+
+    cls = lookup("preconditioner", preconditioner) if isinstance(preconditioner, str) \
+        else type(preconditioner)
+    for key in cls.torch_names:
+        if key in hyper:
+            named = [f for f in cls.torch_names[key] if f in hyper]
+            if named:
+                raise TypeError(f"LocalUpdate got both {key}= and {named[0]}=")
+            hyper.update(fields_from_group(cls, {key: hyper.pop(key)}))
+    return hyper

@@ -77,6 +77,8 @@ def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Te
 class AdamW(Preconditioner):
     """AdamW: Adam's direction, decoupled weight decay (Loshchilov & Hutter 2019)."""
 
+    torch_names = {"betas": ("beta1", "beta2")}  # torch.optim.AdamW's
+
     beta1: float = param(0.9, "first-moment EMA weight β1", within=(0.0, 1.0), open_high=True)
     beta2: float = param(0.999, "second-moment EMA weight β2", within=(0.0, 1.0), open_high=True)
     eps: float = param(1e-8, "ε added to sqrt(v̂)", within=(0.0, None), open_low=True)

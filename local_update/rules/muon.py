@@ -102,6 +102,7 @@ class Muon(Preconditioner):
     trust_on_muon: bool = param(False, "opt in to per-coordinate trust modulation of Muon's "
                                 "orthogonalised update (it breaks the orthogonality)")
 
+    torch_names = {"momentum": ("muon_momentum",)}  # torch.optim.Muon's
     default_lr = 0.02
     default_weight_decay = 0.01
     elementwise = False

@@ -99,6 +99,7 @@ class SOAP(Preconditioner):
     max_precond_dim: int = param(10000, "SOAP modes larger than this stay unrotated", within=(1, None))
     eps: float = param(1e-8, "ε added to sqrt(v̂)", within=(0.0, None), open_low=True)
 
+    torch_names = {"betas": ("soap_beta1", "soap_beta2")}  # the authors' SOAP's
     default_lr = 3e-3
     default_weight_decay = 0.01
     elementwise = False

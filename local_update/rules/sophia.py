@@ -56,6 +56,7 @@ class Sophia(Preconditioner):
     sophia_beta2: float = param(0.99, "Sophia's Hessian EMA β2", within=(0.0, 1.0), open_high=True)
     hessian_interval: int = param(10, "k_h: GNB Hessian refresh every k_h local steps", within=(1, None))
 
+    torch_names = {"betas": ("sophia_beta1", "sophia_beta2")}  # SophiaG's
     default_lr = 1e-3  # its update is clipped to ±1 per coordinate, like sign descent
     default_weight_decay = 0.1
     slots = ("exp_avg", "hessian")

@@ -43,6 +43,8 @@ def krum_scores(vectors: torch.Tensor, byzantine: int) -> torch.Tensor:
 class Krum(Aggregator):
     """Krum (m = 1) or multi-Krum (m > 1) per combined record."""
 
+    robust = True
+
     krum_byzantine: int = param(1, "Krum's f: hostile replies tolerated (needs n >= 2f + 3)",
                                 within=(0, None))
     krum_select: int = param(1, "replies Krum keeps: 1 (Krum), m > 1 (multi-Krum), 0 (n - f)",

@@ -30,6 +30,8 @@ def coordinate_median(values: torch.Tensor) -> torch.Tensor:
 class Median(Aggregator):
     """Coordinate-wise median of every combined record."""
 
+    robust = True
+
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         out = {n: back(coordinate_median(stacked(items, n)), t) for n, t in items[0].items()}
         n = len(items)

@@ -22,6 +22,8 @@ from adaptfl.strategies.aggregators import Aggregator, Combine, Items, Tensors, 
 class TrimmedMean(Aggregator):
     """Coordinate-wise mean after cutting a share β of the values at each end."""
 
+    robust = True
+
     trim_fraction: float = param(0.2, "trimmed-mean's β: share of the replies cut at each end of "
                                  "every coordinate", within=(0.0, 0.5), open_high=True)
 
