@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from adaptfl.local_update import LocalUpdate
+from adaptfl.local_update import LocalUpdate, band
 from adaptfl.local_update.topk import topk_mask
 from adaptfl.workloads import build_model
 
@@ -74,7 +74,19 @@ def fedact(model: torch.nn.Module, diagnostics_every: int = 0) -> LocalUpdate:
     return opt
 
 
-BASE, INFO = "AdamW (fused)", "AdamW (foreach)"
+BASE, INFO, RADIX = "AdamW (fused)", "AdamW (foreach)", "FedACT, radix only (no band)"
+
+
+def radix_only(step: Callable[[], object]) -> Callable[[], object]:
+    """step() with the CPU's band selection switched off: every top-k is the radix selection
+    on the CPU's branches, as before the band (local_update/band.py)."""
+    def run() -> object:
+        real, band.select = band.select, lambda x, k, ws: None
+        try:
+            return step()
+        finally:
+            band.select = real
+    return run
 
 
 def adamw(model: torch.nn.Module, kind: str = "fused") -> torch.optim.Optimizer:
@@ -95,6 +107,9 @@ def check_selection(model: torch.nn.Module) -> None:
         raise SystemExit("FAILED: the selection differs from torch.topk's set")
 
 
+CLOCK = time.perf_counter  # --clock cpu: time.thread_time (1 thread: the CPU time this thread ran)
+
+
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int, device: str
                 ) -> dict[str, list[float]]:
     """Seconds per call for each fn, in alternating order, after `warmup` rounds."""
@@ -107,10 +122,10 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int,
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             fns[name]()
             sync()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(CLOCK() - t0)
     return times
 
 
@@ -148,7 +163,15 @@ def main() -> None:
     parser.add_argument("--diagnostics-every", type=int, default=10, help="N for (c)")
     parser.add_argument("--round-steps", type=int, default=20, help="K for (c)")
     parser.add_argument("--only", choices=("update",), default=None, help="just (a)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (needs --threads 1; robust to other "
+                        "processes taking the cores, not to their use of the memory bus)")
     args = parser.parse_args()
+    if args.clock == "cpu":
+        if args.threads != 1 or args.device != "cpu":
+            raise SystemExit("--clock cpu needs --device cpu --threads 1")
+        global CLOCK
+        CLOCK = time.thread_time
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
     if args.threads is not None:
@@ -157,16 +180,19 @@ def main() -> None:
     start = time.perf_counter()
     model = model_with_dense_grads(args.model, args.device, batch)
     params = sum(p.numel() for p in model.parameters())
-    print(describe(args.device))
+    print(describe(args.device) + f"; clock: {args.clock}")
     print(f"{args.model} 1x28x28 -> 10: D = {params:,} in {len(list(model.parameters()))} tensors; "
           f"FedACT: adamw, rho=0.5 with a Delta_G, act tau=0.5; weight decay {WD} in both")
     check_selection(model)
     print("check: the selection is torch.topk's set")
     base = BASE
     m_a, m_f, m_d, m_i = twin(model), twin(model), twin(model), twin(model)
+    m_r = twin(model)
     update = {base: adamw(m_a).step, "FedACT": fedact(m_f).step,
               "FedACT, diagnostics this step": fedact(m_d, diagnostics_every=1).step,
               INFO: adamw(m_i, "foreach").step}  # for information: the slower torch reference
+    if args.device == "cpu":  # for information: the radix selection alone, as before issue 23
+        update[RADIX] = radix_only(fedact(m_r).step)
     ratio_a = table(f"(a) optimizer step alone (grads set); ratio to {base}",
                    interleaved(update, args.repeats, args.warmup, args.device), base,
                    {"FedACT": GOALS["update"]})

@@ -58,7 +58,7 @@ def pure_step_seconds(model_name: str, batch: int, steps: int, device: str) -> f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--model", choices=("vit-tiny", "vit-s"), default="vit-tiny")
+    parser.add_argument("--model", choices=("vit-tiny", "vit-s", "cnn", "mlp"), default="vit-tiny")
     parser.add_argument("--clients", type=int, default=None, help="default: 10 on CUDA, 2 on CPU")
     parser.add_argument("--steps", type=int, default=None, help="K; default: 50 on CUDA, 5 on CPU")
     parser.add_argument("--batch", type=int, default=64)

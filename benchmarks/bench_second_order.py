@@ -36,12 +36,14 @@ def _oracle(name: str, model: torch.nn.Module, muon: set[str]) -> list[torch.opt
     return [SophiaG(model.parameters(), lr=1e-3, rho=0.04)]
 
 
-def _time_pair(name: str, steps: int, device: str, model_name: str) -> tuple[float, float]:
+def _time_pair(name: str, steps: int, device: str, model_name: str,
+               routing: str | None = None) -> tuple[float, float]:
     torch.manual_seed(0)
     ours_m = build_model(model_name, 10, 1, 28).to(device)
     theirs_m = build_model(model_name, 10, 1, 28).to(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    ours = [LocalUpdate(ours_m.named_parameters(), preconditioner=name, weight_decay=0.01,
+    extra = {"muon_routing": routing} if name == "muon" and routing else {}
+    ours = [LocalUpdate(ours_m.named_parameters(), preconditioner=name, weight_decay=0.01, **extra,
                         lr={"muon": 0.02, "soap": 3e-3, "sophia": 1e-3}[name])]
     muon = set(ours[0].param_groups[0]["param_names"]) if name == "muon" else set()
     theirs = _oracle(name, theirs_m, muon)
@@ -81,10 +83,12 @@ def _bytes_table() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--model", choices=("vit-tiny", "vit-s"), default="vit-tiny")
+    parser.add_argument("--model", choices=("vit-tiny", "vit-s", "cnn", "mlp"), default="vit-tiny")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", choices=("sophia", "muon", "soap"), default=None)
+    parser.add_argument("--muon-routing", default=None,
+                        help="our Muon's muon-routing (default: its preset; all-2d for an mlp)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
@@ -95,7 +99,7 @@ def main() -> None:
     for name, goal in goals.items():
         if args.only and name != args.only:
             continue
-        ours, theirs = _time_pair(name, args.steps, args.device, args.model)
+        ours, theirs = _time_pair(name, args.steps, args.device, args.model, args.muon_routing)
         print(f"{name:10s} {1e3 * ours:9.2f} {1e3 * theirs:10.2f} {ours / theirs:7.2f} {goal:6.1f}")
     _bytes_table()
 

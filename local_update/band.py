@@ -7,16 +7,18 @@ selection may branch on counts:
 
 1. A band [lo, hi] that likely holds the k-th largest: around the threshold this selection
    (same D, k and dtype, same workspace) found at the previous call, since the τ-quantile of
-   the trust scores moves little between local steps; at the first call, between two order
-   statistics of a strided sample.
+   the trust scores often moves little between local steps; at the first call, or when that
+   band misses (the scores' scale jumps with the batch), between two order statistics of a
+   strided sample of the current scores (±5 binomial standard deviations).
 2. #{x > hi}, and the positions of the entries in [lo, hi] (two compares, one count, and a
    `nonzero` over the mask's int64 words, then over the words that hold any). If the k-th
    largest lies in the band it is the (k - #above)-th largest of the band's entries, found
    by `kthvalue`; the entries tied with it that the top k leaves out are the highest-indexed
    ones, all inside the band.
-3. Otherwise `select` returns None and the caller runs the radix selection. The answer is exact
-   either way; the band decides only the speed. The next band is centred on the new threshold,
-   its width scaled so that it holds about `_TARGET` of the entries, and widened after a miss.
+3. If both bands miss, `select` returns None and the caller runs the radix selection. The
+   answer is exact either way; the bands decide only the speed. The next band is centred on
+   the new threshold, its width scaled so that it holds about `_TARGET` of the entries, and
+   widened after a miss.
 """
 
 from __future__ import annotations
@@ -56,32 +58,42 @@ def _sample_band(x: torch.Tensor, k: int) -> tuple[float, float]:
 
 
 def select(x: torch.Tensor, k: int, ws: Workspace) -> Selection | None:
-    """The k-th largest of the 1-D x (1 <= k < n) and the ties it leaves out, or None if the
-    band missed (the caller then selects otherwise and may `remember` its threshold)."""
+    """The k-th largest of the 1-D x (1 <= k < n) and the ties it leaves out, or None if both
+    bands missed (the caller then selects otherwise and may `remember` its threshold)."""
     n = x.numel()
     key = (n, k, x.dtype)
     hint = ws.hints.get(key)
-    lo, hi = _sample_band(x, k) if hint is None else (hint[0] - hint[1], hint[0] + hint[1])
+    if hint is not None:  # the previous threshold's band, then the sample's
+        found = _in_band(x, k, hint[0] - hint[1], hint[0] + hint[1], ws)
+        if found is None:
+            ws.hints[key] = (hint[0], hint[1] * _GROW)  # wider (`_adapt` or `remember` re-centre it)
+        else:
+            return _adapt(ws, key, found, n, hint[0] - hint[1], hint[0] + hint[1])
+    lo, hi = _sample_band(x, k)
+    found = _in_band(x, k, lo, hi, ws)
+    return None if found is None else _adapt(ws, key, found, n, lo, hi)
+
+
+def _in_band(x: torch.Tensor, k: int, lo: float, hi: float, ws: Workspace
+             ) -> tuple[Selection, int] | None:
+    """(the selection, #entries in [lo, hi]) if the k-th largest of x lies in [lo, hi]."""
+    n = x.numel()
     over = torch.gt(x, hi, out=ws.get("band.over", n, x, torch.bool))
     above = int(torch.count_nonzero(over))
-    index = None
-    if above < k:  # the band's entries, if the k-th largest may lie among them
-        padded = ws.get("band.inside", -(-n // 8) * 8, x, torch.bool)  # whole int64 words
-        torch.ge(x, lo, out=padded[:n]).logical_and_(over.logical_not_())
-        padded[n:] = False
-        index = _positions(padded)
-    if index is None or k > above + index.numel():  # the k-th largest is outside [lo, hi]
-        if hint is not None:
-            ws.hints[key] = (hint[0], hint[1] * _GROW)  # `remember` re-centres it
+    if above >= k:
+        return None
+    padded = ws.get("band.inside", -(-n // 8) * 8, x, torch.bool)  # whole int64 words
+    torch.ge(x, lo, out=padded[:n]).logical_and_(over.logical_not_())
+    padded[n:] = False
+    index = _positions(padded)
+    if k > above + index.numel():
         return None
     values = x.index_select(0, index)
     rank = k - above  # of the k-th largest among the band's entries, from the top
     t = torch.kthvalue(values, values.numel() - rank + 1).values + 0.0  # -0.0 -> +0.0
-    tied = values == t
     need = rank - int(torch.count_nonzero(values > t))  # ties the top k keeps, >= 1
-    ties = index[tied]  # ascending positions
-    _adapt(ws, key, float(t), lo, hi, values.numel(), n)
-    return Selection(t, ties[need:] if ties.numel() > need else None)
+    ties = index[values == t]  # ascending positions
+    return Selection(t, ties[need:] if ties.numel() > need else None), values.numel()
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -92,16 +104,19 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return candidates[mask.index_select(0, candidates)]
 
 
-def _adapt(ws: Workspace, key: tuple, t: float, lo: float, hi: float, count: int, n: int) -> None:
+def _adapt(ws: Workspace, key: tuple, found: tuple[Selection, int], n: int, lo: float,
+           hi: float) -> Selection:
     """The next band: centred on t, its half-width scaled towards `_TARGET`·n entries (the
     density near t is about count / width), never narrower than twice the threshold's move."""
-    half = (hi - lo) / 2
+    sel, count = found
+    t, half = float(sel.t), (hi - lo) / 2
     if not (math.isfinite(t) and math.isfinite(half)):  # an infinite t or bound: sample again
         ws.hints.pop(key, None)
-        return
+        return sel
     target = max(_TARGET * n, _MIN_BAND)
     half *= min(max(target / max(count, 1), 1.0 / _GROW), _GROW)
     ws.hints[key] = (t, max(half, 2.0 * abs(t - (lo + hi) / 2)))
+    return sel
 
 
 def remember(x: torch.Tensor, k: int, t: torch.Tensor, ws: Workspace) -> None:

@@ -51,17 +51,24 @@ def test_drifting_scores_are_selected_in_the_band_exactly(radix_calls: list[int]
     assert math.isfinite(centre) and 0.0 < width < float(base.abs().max())
 
 
-def test_a_band_that_misses_falls_back_to_the_radix_and_recentres(radix_calls: list[int]) -> None:
+def test_a_band_that_misses_falls_back_to_the_sample_then_to_the_radix(
+        radix_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(N, generator=gen)
     ws, k = Workspace(), N // 3
     key = (N, k, torch.float32)
-    ws.hints[key] = (100.0, 1e-3)  # far above every score: a miss
+    ws.hints[key] = (100.0, 1e-3)  # far above every score: the remembered band misses
+    assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))  # the sample's band holds it
+    assert radix_calls == []
+    t = float(torch.topk(x, k).values[-1])
+    assert ws.hints[key][0] == t  # re-centred
+    monkeypatch.setattr(band, "_sample_band", lambda x, k: (50.0, 60.0))  # a sample misses too
+    ws.hints[key] = (100.0, 1e-3)
     assert band.select(x, k, ws) is None
     assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))  # the radix selection, exact
     assert len(radix_calls) == 1
     centre, width = ws.hints[key]
-    assert centre == float(torch.topk(x, k).values[-1]) and width >= 2 * (100.0 - centre)
+    assert centre == t and width >= 2 * (100.0 - t)  # re-centred, wide enough to hold both
     assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))  # now inside the band
     assert len(radix_calls) == 1
 

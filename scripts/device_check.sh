@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The CUDA check of adaptfl, in one go on a machine with one NVIDIA GPU (docs/speed.md):
+#   bash scripts/device_check.sh [--out DIR] [--data FASHION-MNIST-DIR] [--dry-run]
+# From a bare Python with torch: installs the wheels carried in .whl/ when flwr is missing
+# (scripts/prepare_device_bundle.py makes .whl/, .device-data/ and .device-certs/), then runs
+# every stage under its own timeout, its output in DIR/<stage>.log, and prints one summary
+# table (also DIR/summary.md). Stages: the CUDA tests (sync-free step under
+# torch.cuda.set_sync_debug_mode("error"), every algorithm's round CUDA vs CPU, the fused
+# kernel's device step count), the four benchmarks with --device cuda, one `flwr run`
+# simulation round with client-resources-num-gpus=0.25 and one loopback-deployment round with
+# device='cuda'. About 6 minutes on an H200 (budget: 8).
+# --dry-run: the same stages on the CPU with small sizes (CI: tests/test_device_check.py).
+# Exit status: 0 when no stage failed (a stage skipped for a missing dependency is not a failure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd -P)
+out=$root/results/device-check
+dry=0
+data=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --data) data=$(cd "$2" && pwd -P) || exit 2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    *) echo "device_check: unknown argument $1 (use --out DIR, --data DIR, --dry-run)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd -P)
+rows=()
+failed=0
+started=$SECONDS
+
+# ---- set-up: what the GPU machine lacks (../shared/notes/device.md) -------------------------
+export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+export FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+if ! python3 -c "import flwr, flwr_datasets" 2>/dev/null; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    site=${TMPDIR:-/tmp}/adaptfl-site
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl \
+      > "$out/setup.log" 2>&1 || { echo "device_check: installing .whl/ failed (see $out/setup.log)"; exit 1; }
+    export PYTHONPATH=$site:$PYTHONPATH PATH=$site/bin:$PATH
+  else
+    echo "device_check: flwr is not installed and there is no .whl/ (scripts/prepare_device_bundle.py)" >&2
+    exit 1
+  fi
+fi
+if [ -z "$data" ] && [ -d .device-data/fashion-mnist ]; then
+  data=$root/.device-data/fashion-mnist
+fi
+data=${data:-/usr/share/datasets/fashion-mnist}
+
+scale=1  # the stages' timeouts are the GPU machine's; a dry run on a shared CPU gets 3 times them
+if [ $dry = 1 ]; then
+  scale=3; dev=cpu; gpus=0; fedact=(--model cnn --batch 8 --repeats 3 --warmup 1 --round-steps 2 --diagnostics-every 1)
+  big=(--model cnn --repeats 3 --warmup 1 --only update); muon=(--model mlp --muon-routing all-2d --steps 2 --threads 1)
+  round=(--model cnn --clients 2 --steps 2 --rounds 2 --batch 16); topk=(--numel 100000 --repeats 3)
+  tests=(tests/test_sync_free_step.py tests/test_device_paths.py -k "fedact or fused")
+  rounds="local-steps=2 batch-size=16 model='mlp'"
+else
+  dev=cuda; gpus=0.25; fedact=(--model vit-tiny); big=(--model vit-s --only update)
+  muon=(--model vit-tiny --steps 10); round=(--model vit-tiny --clients 10 --steps 50 --rounds 3)
+  topk=(); tests=(tests/test_topk_sync_free.py tests/test_sync_free_step.py tests/test_device_paths.py)
+  rounds="local-steps=10 batch-size=64 model='cnn'"
+fi
+
+# stage NAME SECONDS FIGURE-PATTERN COMMAND...: run it under `timeout`, log to $out/NAME.log, and
+# keep a summary row: status, seconds, the log's last line matching FIGURE-PATTERN
+stage() {
+  local name=$1 limit=$2 pattern=$3 t0=$SECONDS status figure
+  shift 3
+  limit=$((limit * scale))
+  echo "device_check: $name (timeout ${limit} s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  case $? in
+    0) status=ok ;;
+    124|137) status="TIMEOUT"; failed=1 ;;
+    *) status=FAILED; failed=1 ;;
+  esac
+  figure=$(grep -E "$pattern" "$out/$name.log" | tail -1 | tr '|' '/' | cut -c1-160)
+  [ "$status" = ok ] || figure="${figure:-$(tail -1 "$out/$name.log" | tr '|' '/' | cut -c1-160)}"
+  rows+=("| $name | $status | $((SECONDS - t0)) | ${figure} |")
+}
+
+skip() { rows+=("| $1 | skipped | 0 | $2 |"); }
+
+stage tests 150 "passed|failed" python3 -m pytest -q -p no:cacheprovider -rs "${tests[@]}"
+stage bench-fedact-5m 120 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${fedact[@]}"
+stage bench-fedact-21m 60 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${big[@]}"
+stage bench-muon 60 "^muon" python3 benchmarks/bench_second_order.py --device $dev --only muon "${muon[@]}"
+stage bench-round 120 "ratio without" python3 benchmarks/bench_round.py --device $dev "${round[@]}" \
+  --data-dir "$data"
+stage bench-topk 60 "this device's path|radix \(accel" python3 benchmarks/bench_topk.py --device $dev "${topk[@]}"
+
+run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' results-dir='$out/runs'"
+if python3 -c "import ray" 2>/dev/null; then
+  stage simulation-round 150 "done in|FAILED" \
+    env ADAPTFL_SKIP_SETUP=1 ADAPTFL_FLOWER_HOMES="$out/flwr-homes" bash scripts/main_job.sh --federation-config \
+    "num-supernodes=4 client-resources-num-cpus=2 client-resources-num-gpus=$gpus" \
+    --run-config "$run_config"
+else
+  skip simulation-round "ray is not installed (flwr[simulation]'s Ray wheel is over what a device call carries)"
+fi
+# certificates made where ssh-keygen exists (the script makes only what is missing)
+mkdir -p "$out/loopback"
+[ -d .device-certs ] && cp -r .device-certs "$out/loopback/certs"
+stage deployment-round 150 "flwr-run-exit" python3 -m adaptfl.deploy.loopback --num-nodes 2 \
+  --workdir "$out/loopback" --run-config "$run_config"
+
+# ---- the summary ---------------------------------------------------------------------------
+{
+  echo "device check $(date -u +%Y-%m-%dT%H:%MZ), $([ $dry = 1 ] && echo "dry run on the CPU" || echo "$dev")," \
+       "$(python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'),"\
+       "$((SECONDS - started)) s"
+  echo
+  echo "| stage | status | seconds | figure |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$out/summary.md"
+exit $failed
