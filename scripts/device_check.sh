@@ -55,7 +55,7 @@ if [ $dry = 1 ]; then
   scale=3; dev=cpu; gpus=0; fedact=(--model cnn --batch 8 --repeats 3 --warmup 1 --round-steps 2 --diagnostics-every 1)
   big=(--model cnn --repeats 3 --warmup 1 --only update); muon=(--model mlp --muon-routing all-2d --steps 2 --threads 1)
   round=(--model cnn --clients 2 --steps 2 --rounds 2 --batch 16); topk=(--numel 100000 --repeats 3)
-  tests=(tests/test_sync_free_step.py tests/test_device_paths.py -k "fedact or fused")
+  tests=(tests/test_sync_free_step.py tests/test_device_paths.py -k "fedact and not local")
   rounds="local-steps=2 batch-size=16 model='mlp'"
 else
   dev=cuda; gpus=0.25; fedact=(--model vit-tiny); big=(--model vit-s --only update)
