@@ -233,3 +233,17 @@ def test_persist_refuses_bias_corrections_on_the_global_step() -> None:
     assert RunConfig.of(algorithm="diloco").weight_decay == WD
     assert RunConfig.of(algorithm="diloco", preconditioner="sgd").weight_decay == 1e-3  # sgd's own
     assert RunConfig.of(algorithm="diloco", weight_decay=0.0).weight_decay == 0.0
+
+
+def test_the_named_strategies_carry_the_papers_defaults() -> None:
+    from adaptfl.strategies import DiLoCoACT, MuLoCo
+
+    diloco, muloco, act = DiLoCo().cfg, MuLoCo().cfg, DiLoCoACT().cfg
+    for cfg, rule in ((diloco, "adamw"), (muloco, "muon"), (act, "adamw")):
+        a = cfg.algorithm
+        assert (a.preconditioner.name, a.server_opt.name, a.local_state.name) == (rule, "nesterov", "persist")
+        assert (a.server_opt.eta, a.server_opt.server_momentum) == (0.7, 0.9)
+    adamw = diloco.algorithm.preconditioner
+    assert (adamw.beta1, adamw.beta2, adamw.bias_correction) == (0.9, 0.95, "local")
+    assert act.algorithm.trust.name == "act" and act.weight_decay == WD
+    assert diloco.algorithm.trust.name == "none" and muloco.weight_decay == 0.01  # Muon's own
