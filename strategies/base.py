@@ -275,7 +275,10 @@ class AdaptiveStrategy(Strategy):
         fed = self.cfg.federation
         claimed = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
                    for r in replies]
-        return cap_to_median(claimed, fed.max_weight_ratio) if capped else claimed
+        # under dp the median cap is off: through the median one client's claim would move the
+        # others' weights, outside the share bound the noise is sized for (privacy/mechanism.py)
+        ratio = 0.0 if self.cfg.privacy.on else fed.max_weight_ratio
+        return cap_to_median(claimed, ratio) if capped else claimed
 
     def _reject(self, node: str, why: str) -> None:
         self.report.rejected[node] = why

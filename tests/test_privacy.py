@@ -326,3 +326,25 @@ def test_the_results_section_is_rendered_from_the_table_and_spliced_once() -> No
     once = harness.splice(page, text)
     assert once.index(harness.START) < once.index("## Systems")
     assert harness.splice(once, text) == once  # rewritten in place, not added twice
+
+
+def test_under_dp_claims_are_capped_by_max_weight_share_only_not_the_round_median() -> None:
+    """The median cap (max-weight-ratio) lets one client's claim move the others' weights, which
+    the noise's share bound does not cover: under dp only the water-filled share cap applies."""
+    from adaptfl.strategies.aggregate import cap_shares
+
+    claims = [10, 10, 10, 10, 30]  # median cap at 2x: 30 -> 20 (share 1/3); share cap: 3/7 -> 0.4
+    strategy = _strategy("fedavg", dp="central", weighting="examples", max_weight_share=0.4,
+                         max_weight_ratio=2.0, dp_noise_multiplier=1e-9, dp_seed=1)
+    replies = {n: _honest(strategy, n) for n in range(1, 6)}
+    for n, claim in zip(range(1, 6), claims, strict=True):
+        replies[n]["metrics"][wire.NUM_EXAMPLES] = claim
+    sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
+        1, ArrayRecord(strategy.state.model), ConfigRecord(), GRID)}
+    strategy.aggregate_train(1, [_message(sent[n], r) for n, r in replies.items()])
+    shares = cap_shares([float(c) for c in claims], 0.4)
+    expected = sum(w * float(replies[n]["arrays"][wire.DELTA]["b"][0])
+                   for n, w in zip(range(1, 6), shares, strict=True)) / sum(shares)
+    moved = float(strategy.state.model["b"][0] - MODEL["b"][0])
+    assert moved == pytest.approx(expected, rel=1e-5)
+    assert shares[-1] == pytest.approx(0.4)
