@@ -40,6 +40,11 @@ class Federation(Component):
                                     within=(0.0, 1.0), open_low=True)
     max_weight_ratio: float = param(10.0, "cap each reply's weight (its num-examples) at this many "
                                     "times the round's median weight (0: off)", within=(0.0, None))
+    hostile_fraction: float = param(0.0, "the share of each round's sampled replies the run must "
+                                    "survive as hostile: sizes trimmed-mean's cut and Krum's f "
+                                    "each round, ceil(share × sampled), and refuses an aggregator "
+                                    "or min-replies that cannot (0: their own trim-fraction, "
+                                    "krum-byzantine)", within=(0.0, 0.5), open_high=True)
     screen_ratio: float = param(10.0, "drop a reply whose norm in some record exceeds this many "
                                 "times the median of the round's other replies' (its capped weight "
                                 "× norm if its claim was capped); 0: off", within=(0.0, None))

@@ -18,10 +18,30 @@ from adaptfl.client_app.app import train_or_refuse  # noqa: E402
 from adaptfl.workloads.idx import read_idx_file  # noqa: E402
 
 from tests.conftest import FASHION_MNIST_DIR, TINY_FASHION_MNIST, _write_idx  # noqa: E402
-from tests.test_hostile_e2e import FAMILIES, _accuracy, _config, flip, hostile, inflate  # noqa: E402
+from tests.test_hostile_e2e import (  # noqa: E402
+    FAMILIES,
+    UNSCREENED,
+    _accuracy,
+    _config,
+    flip,
+    hostile,
+    inflate,
+)
 
-COLUMNS = [("mean", flip), ("mean", inflate), ("median", flip), ("trimmed-mean", flip),
-           ("krum", flip), ("clip", inflate), ("clip", flip)]
+
+def flip_heavy(arrays: dict, metrics: dict) -> None:
+    """The flip, claiming num-examples = 2**62."""
+    flip(arrays, metrics)
+    metrics["num-examples"] = 2**62
+
+
+OFF = dict(UNSCREENED)
+# (header, aggregator, attack, settings)
+COLUMNS = [("mean, no screens, flip", "mean", flip, OFF), ("mean, flip", "mean", flip, {}),
+           ("mean, inflate", "mean", inflate, {}), ("median alone, flip", "median", flip, OFF),
+           ("trimmed-mean alone, flip", "trimmed-mean", flip, OFF), ("krum alone, flip", "krum", flip, OFF),
+           ("clip alone, inflate", "clip", inflate, OFF), ("clip alone, flip", "clip", flip, OFF),
+           ("clip alone, flip + 2**62", "clip", flip_heavy, OFF)]
 
 
 def tiny_fashion_mnist(root: pathlib.Path) -> str:
@@ -40,14 +60,14 @@ def main() -> None:
     logging.disable(logging.WARNING)
     work = pathlib.Path(tempfile.mkdtemp(prefix="hostile-table-"))
     data = {"fashion-mnist": tiny_fashion_mnist(work / "fashion-mnist")}
-    print("| algorithm | clean | " + " | ".join(f"{a}, {f.__name__}" for a, f in COLUMNS) + " |")
+    print("| algorithm | clean | " + " | ".join(header for header, *_ in COLUMNS) + " |")
     print("|---|" + "---|" * (len(COLUMNS) + 1))
     for algorithm in FAMILIES:
         out = work / algorithm
         cells = [_accuracy(_config(data, out, algorithm, rounds=8), train_or_refuse)]
-        for aggregator, attack in COLUMNS:
+        for _, aggregator, attack, settings in COLUMNS:
             extra = {"min_replies": 5, "krum_select": 0} if aggregator == "krum" else {}
-            cfg = _config(data, out, algorithm, rounds=8, aggregator=aggregator, **extra)
+            cfg = _config(data, out, algorithm, rounds=8, aggregator=aggregator, **extra, **settings)
             cells.append(_accuracy(cfg, hostile(attack)))
         print(f"| {algorithm} | " + " | ".join(f"{a:.3f}" if a else "aborted" for a in cells) + " |",
               flush=True)

@@ -30,7 +30,7 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.client_app.device import select_device
-from adaptfl.strategies.sampling import nodes_needed, sample_size
+from adaptfl.strategies.sampling import hostile_count, nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
 from torch import nn
 
@@ -67,7 +67,9 @@ def check_settings(cfg: RunConfig, task: Task) -> None:
         if data.classes_per_client > distinct:
             raise ValueError(f"invalid classes-per-client={data.classes_per_client}: task "
                              f"{data.task!r} has {distinct} labels to partition by")
-    cfg.algorithm.aggregator.check_federation(cfg.federation.min_replies)
+    fed = cfg.federation
+    cfg.algorithm.aggregator.check_federation(fed.min_replies, hostile_count(fed.hostile_fraction,
+                                                                             fed.min_replies))
 
 
 # Terms that keep whole copies of the model on each client: a frozen pretrained base would be

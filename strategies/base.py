@@ -36,7 +36,7 @@ from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.invariants import InvariantViolated, check_state
-from adaptfl.strategies.sampling import sample_size, wait_for_nodes
+from adaptfl.strategies.sampling import hostile_count, sample_size, wait_for_nodes
 from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import (
@@ -307,7 +307,9 @@ class AdaptiveStrategy(Strategy):
                                    server_round) \
             if self.cfg.privacy.on else None  # clips and noises every shared record
         combine = Combine(private or algorithm.aggregator, weights, contract.domains, memory,
-                          new_memory={k: dict(v) for k, v in memory.items()})
+                          new_memory={k: dict(v) for k, v in memory.items()},
+                          hostile=hostile_count(fed.hostile_fraction, self.report.sampled)
+                          if fed.hostile_fraction > 0 else None)
         deltas = [r.arrays[wire.DELTA] for r in accepted]
         try:
             mean_delta = combine(deltas, wire.DELTA)

@@ -4,6 +4,7 @@ node-wait)."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from adaptfl.algorithms.settings import Federation
@@ -14,6 +15,12 @@ log = logging.getLogger(__name__)
 
 def sample_size(fed: Federation, num_nodes: int) -> int:
     return max(1, round(fed.fraction_train * num_nodes))
+
+
+def hostile_count(fraction: float, replies: int) -> int:
+    """The hostile replies a round of `replies` must tolerate: ceil(fraction × replies) (a
+    fraction of 0.2 of 7 is 2, not 1); the float slack keeps 0.2 × 5 at 1."""
+    return math.ceil(fraction * replies - 1e-9) if fraction > 0 else 0
 
 
 def nodes_needed(fed: Federation) -> int:

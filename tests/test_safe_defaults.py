@@ -8,11 +8,24 @@ from __future__ import annotations
 import pytest
 import torch
 from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
+from adaptfl.strategies.sampling import hostile_count
 from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.validation import DecodedReply
+from flwr.app import ArrayRecord, ConfigRecord
 
-from tests.test_hostile_replies import HOSTILE, MODEL, UNSCREENED, _honest, _round, _same_state, _strategy
+from tests.test_hostile_replies import (
+    HOSTILE,
+    MODEL,
+    UNSCREENED,
+    _honest,
+    _message,
+    _round,
+    _same_state,
+    _strategy,
+)
 
 
 def _reply(*values: float) -> DecodedReply:
@@ -153,3 +166,27 @@ def test_refusals_every_other_round_abort_within_the_window() -> None:
     honest = SkipGuard(limit=3)  # one refusal now and then stays within the window
     for rnd in range(1, 30):
         honest.after_round(rnd, rnd % 7 == 0, "", {}, [])
+
+
+# --- issue 21 §3: aggregators sized from one declared tolerance ------------------------------------
+def test_hostile_fraction_sizes_each_rule_and_refuses_what_min_replies_cannot_support() -> None:
+    """Main: 2 hostile of 7 under trimmed-mean β = 0.2 (⌊1.4⌋ = 1 cut) and Krum f = 1 ended at
+    0.078 / 0.090. hostile-fraction = 0.2 of 7 is ceil(1.4) = 2 for both."""
+    assert hostile_count(0.2, 7) == 2 and hostile_count(0.2, 5) == 1 and hostile_count(0.0, 7) == 0
+    for aggregator in ("trimmed-mean", "krum"):  # 2 values cut at each end; 7 - f = 5 kept
+        strategy = _strategy("fedavg", aggregator=aggregator, hostile_fraction=0.2, min_replies=7,
+                             **({"krum_select": 0} if aggregator == "krum" else {}))
+        grid = InProcessGrid(7, {})
+        sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
+            1, ArrayRecord(strategy.state.model), ConfigRecord(), grid)}
+        strategy.aggregate_train(1, [_message(sent[n], _honest(strategy, n)) for n in range(1, 8)])
+        assert strategy.report.metrics["aggregator-set-aside"] == (4.0 if aggregator == "trimmed-mean"
+                                                                   else 2.0), aggregator
+    checks = [("mean", 5, "tolerates no hostile reply"), ("clip", 5, "tolerates no hostile reply"),
+              ("median", 2, "fewer than half"), ("trimmed-mean", 2, "min-replies >= 3"),
+              ("krum", 5, "min-replies >= 7")]
+    for aggregator, min_replies, message in checks:
+        cfg = RunConfig.of(algorithm="fedavg", aggregator=aggregator, hostile_fraction=0.25,
+                           min_replies=min_replies)
+        with pytest.raises(ValueError, match=message):
+            cfg.algorithm.aggregator.check_federation(min_replies, hostile_count(0.25, min_replies))

@@ -47,6 +47,7 @@ class Combine:
     memory: Mapping[str, Tensors] = field(default_factory=dict)  # slots before the round
     new_memory: dict[str, Tensors] = field(default_factory=dict)  # slots after it
     stats: dict[str, float] = field(default_factory=dict)  # per-round metrics of the rule
+    hostile: int | None = None  # replies to tolerate this round (hostile-fraction); None: the rule's own
 
     def __call__(self, items: Items, record: str) -> Tensors:
         if len(items) != len(self.weights):
@@ -106,5 +107,9 @@ class Aggregator(Component):
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         raise NotImplementedError
 
-    def check_federation(self, min_replies: int) -> None:
-        """Refuse, before round 1, a min-replies this rule cannot work with (one line)."""
+    def check_federation(self, min_replies: int, hostile: int = 0) -> None:
+        """Refuse, before round 1, a min-replies this rule cannot work with, or `hostile` > 0
+        hostile replies among min-replies it cannot tolerate (one line)."""
+        if hostile > 0:
+            raise ValueError(f"aggregator={self.name!r} tolerates no hostile reply: with "
+                             "hostile-fraction > 0 choose median, trimmed-mean or krum")

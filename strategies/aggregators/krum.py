@@ -50,19 +50,24 @@ class Krum(Aggregator):
     krum_select: int = param(1, "replies Krum keeps: 1 (Krum), m > 1 (multi-Krum), 0 (n - f)",
                              within=(0, None))
 
-    def needed(self) -> int:
-        return max(2 * self.krum_byzantine + 3, self.krum_select)
+    def needed(self, byzantine: int | None = None) -> int:
+        f = self.krum_byzantine if byzantine is None else byzantine
+        return max(2 * f + 3, self.krum_select)
 
-    def check_federation(self, min_replies: int) -> None:
-        if min_replies < self.needed():
+    def check_federation(self, min_replies: int, hostile: int = 0) -> None:
+        if hostile and min_replies < self.needed(hostile):
+            raise ValueError(f"aggregator='krum' with {hostile} hostile of min-replies={min_replies} "
+                             f"needs at least {self.needed(hostile)} replies per round: set "
+                             f"min-replies >= {self.needed(hostile)}, or lower hostile-fraction")
+        if not hostile and min_replies < self.needed():
             raise ValueError(f"aggregator='krum' with krum-byzantine={self.krum_byzantine} and "
                              f"krum-select={self.krum_select} needs at least {self.needed()} "
                              f"replies per round: set min-replies >= {self.needed()}")
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
-        n, f = len(items), self.krum_byzantine
-        if n < self.needed():
-            raise AggregationRefused(f"Krum with f={f} needs {self.needed()} replies, got {n}")
+        n, f = len(items), self.krum_byzantine if ctx.hostile is None else ctx.hostile
+        if n < self.needed(f):
+            raise AggregationRefused(f"Krum with f={f} needs {self.needed(f)} replies, got {n}")
         scores = krum_scores(torch.stack([flat(item) for item in items]), f)
         keep = self.krum_select or n - f
         # a stable order: equal scores keep the replies' fixed order

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 import torch
 from adaptfl.algorithms.params import component
-from adaptfl.strategies.aggregators import Aggregator, Combine, Items, Tensors, back, stacked
+from adaptfl.strategies.aggregators import (
+    AggregationRefused,
+    Aggregator,
+    Combine,
+    Items,
+    Tensors,
+    back,
+    stacked,
+)
 
 
 def coordinate_median(values: torch.Tensor) -> torch.Tensor:
@@ -32,7 +40,14 @@ class Median(Aggregator):
 
     robust = True
 
+    def check_federation(self, min_replies: int, hostile: int = 0) -> None:
+        if 2 * hostile >= min_replies:
+            raise ValueError(f"aggregator='median' cannot tolerate {hostile} hostile of "
+                             f"min-replies={min_replies}: needs fewer than half")
+
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
+        if ctx.hostile is not None and 2 * ctx.hostile >= len(items):
+            raise AggregationRefused(f"median of {len(items)} replies cannot tolerate {ctx.hostile} hostile")
         out = {n: back(coordinate_median(stacked(items, n)), t) for n, t in items[0].items()}
         n = len(items)
         ctx.stats["aggregator-set-aside"] = float(n - 1 if n % 2 else n - 2)  # values per coordinate

@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adaptfl.algorithms.params import component, param
-from adaptfl.strategies.aggregators import Aggregator, Combine, Items, Tensors, back, stacked
+from adaptfl.strategies.aggregators import (
+    AggregationRefused,
+    Aggregator,
+    Combine,
+    Items,
+    Tensors,
+    back,
+    stacked,
+)
 
 
 @component("aggregator", "trimmed-mean")
@@ -27,9 +35,16 @@ class TrimmedMean(Aggregator):
     trim_fraction: float = param(0.2, "trimmed-mean's β: share of the replies cut at each end of "
                                  "every coordinate", within=(0.0, 0.5), open_high=True)
 
+    def check_federation(self, min_replies: int, hostile: int = 0) -> None:
+        if min_replies - 2 * hostile < 1:
+            raise ValueError(f"aggregator='trimmed-mean' cannot cut {hostile} hostile at each end "
+                             f"of min-replies={min_replies}: set min-replies >= {2 * hostile + 1}")
+
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         n = len(items)
-        cut = math.floor(self.trim_fraction * n)
+        cut = math.floor(self.trim_fraction * n) if ctx.hostile is None else ctx.hostile
+        if n - 2 * cut < 1:
+            raise AggregationRefused(f"trimmed-mean cannot cut {cut} at each end of {n} replies")
         ctx.stats["trimmed-per-end"] = float(cut)
         ctx.stats["aggregator-set-aside"] = float(2 * cut)  # values per coordinate
         out = {}
