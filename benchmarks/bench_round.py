@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +28,9 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
 from adaptfl.local_update import LocalUpdate
 from adaptfl.workloads import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe  # noqa: E402
 
 GOAL = 1.3
 
@@ -81,6 +85,7 @@ def main() -> None:
     eval_s = statistics.median(r["eval-seconds"] for r in later)
     pure = pure_step_seconds(args.model, args.batch, steps, args.device) * steps * clients
     train_ratio, ratio = (round_s - eval_s) / pure, round_s / pure
+    print(describe(args.device))
     print(f"{args.model} on {args.device}: {clients} clients x {steps} steps, batch {args.batch}")
     print(f"round (median of rounds 2..{args.rounds}): {round_s:.2f} s, of which central evaluation "
           f"{eval_s:.2f} s; pure compute of its steps: {pure:.2f} s")

@@ -14,13 +14,18 @@ matrices (a ViT's 48 hidden matrices are 4 batches); torch.optim.Muon runs them 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 from adaptfl.algorithms.params import lookup
 from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.theta import light_spec, theta_spec
 from adaptfl.workloads import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe  # noqa: E402
 
 
 def _oracle(name: str, model: torch.nn.Module, muon: set[str]) -> list[torch.optim.Optimizer]:
@@ -94,6 +99,7 @@ def main() -> None:
         raise SystemExit("--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)
     goals = {"muon": 1.1, "soap": 1.0, "sophia": 1.1}
+    print(describe(args.device))
     print(f"{args.model} on {args.device}")
     print(f"{'optimizer':10s} {'ours ms':>9s} {'oracle ms':>10s} {'ratio':>7s} {'goal':>6s}")
     for name, goal in goals.items():

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import topk_band_reference as band  # noqa: E402
 from adaptfl.local_update import devices, topk, trust  # noqa: E402
 from adaptfl.local_update.workspace import Workspace  # noqa: E402
+from machine import describe  # noqa: E402
 
 VIT_TINY = 5_350_000  # ≈ ViT-Tiny's D (1x28x28 -> 10 classes)
 PATH = "this device's path"
@@ -160,9 +161,7 @@ def main() -> None:
         raise SystemExit("--device cuda: no CUDA device here")
     x = scores(args.numel, device)
     k = math.floor(args.tau * args.numel)
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"cpu, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs")
-    print(f"torch {torch.__version__}, {where}, load average {os.getloadavg()[0]:.2f}")
+    print(describe(str(device)))
     print(f"D = {args.numel:,} scores (float32), top k = floor({args.tau} D) = {k:,}")
     fns = selections(x, k)
     check_identical(x, fns)

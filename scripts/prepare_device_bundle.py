@@ -3,8 +3,8 @@
 
     python scripts/prepare_device_bundle.py [--train-images 40000] [--skip-wheels]
 
-- `.whl/`: the wheels of flwr 1.42, flwr-datasets, pytorch-optimizer, sophia-opt and those of
-  their dependencies the GPU machine lacks (CPython 3.12, manylinux x86_64; about 28 MB);
+- `.whl/`: the wheels of flwr 1.42, flwr-datasets, pytorch-optimizer, sophia-opt, pytest and
+  those of their dependencies the GPU machine lacks (CPython 3.12, manylinux x86_64; ~30 MB);
 - `.device-data/fashion-mnist/`: the first N training images and the whole test split, as the
   IDX files `data-dir` reads (40,000 images: about 21 MB);
 - `.device-certs/`: deploy/generate-certs.sh's certificates and keys for 2 SuperNodes.
@@ -27,14 +27,16 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIREMENTS = ["flwr==1.42.0", "flwr-datasets==0.6.1", "pytorch-optimizer==4.1.0", "sophia-opt==0.2.2"]
+REQUIREMENTS = ["flwr==1.42.0", "flwr-datasets==0.6.1", "pytorch-optimizer==4.1.0", "sophia-opt==0.2.2",
+                "pytest>=8"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 # the distributions the GPU machine lacks (device.md); the rest of the download is there already
 NEEDED = """flwr flwr_datasets pytorch_optimizer sophia_opt alembic certifi click cryptography
 datasets fastapi grpcio grpcio_health_checking iterators packaging pathspec prompt_toolkit
 protobuf pycryptodome rich starlette tomli tomli_w typer annotated_doc anyio cffi dill greenlet
 h11 multiprocess pydantic pydantic_core pycparser shellingham sqlalchemy typing_extensions
-typing_inspection wcwidth mako uvicorn annotated_types markdown_it_py mdurl""".split()
+typing_inspection wcwidth mako uvicorn annotated_types markdown_it_py mdurl
+pytest pluggy iniconfig pygments""".split()  # pytest: not known to be there; the check's tests need it
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 

@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from adaptfl.local_update import devices
 from adaptfl.local_update.rules import adam
 from adaptfl.server_app.loop import run_federated
 
+from tests.conftest import FASHION_MNIST_DIR, TINY_FASHION_MNIST, _write_idx
 from tests.run_outputs import final_model, metric_rows
 
 ALGORITHMS = sorted(catalog())
@@ -34,6 +37,22 @@ ALGORITHMS = sorted(catalog())
 ON_CPU = ["fedact", "fedact-local", "fedadamw", "fedavg", "fedmixp-soap", "fedpac-muon", "hafedho",
           "local-sophia"]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def fashion_mnist(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Fashion-MNIST (conftest's sizes) cut from $ADAPTFL_FASHION_MNIST (the GPU
+    machine's carried subset, set by scripts/device_check.sh) or the system's copy."""
+    from adaptfl.workloads.idx import read_idx_file
+
+    source = Path(os.environ.get("ADAPTFL_FASHION_MNIST", FASHION_MNIST_DIR))
+    if not (source / "t10k-labels-idx1-ubyte.gz").is_file():
+        pytest.skip(f"no Fashion-MNIST at {source} (apt-get install dataset-fashion-mnist)")
+    out = tmp_path_factory.mktemp("fashion-mnist")
+    for split, count in (("train", TINY_FASHION_MNIST[0]), ("t10k", TINY_FASHION_MNIST[1])):
+        for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+            _write_idx(out / f"{split}-{kind}.gz", read_idx_file(source / f"{split}-{kind}.gz")[:count])
+    return str(out)
 
 
 def _one_round(algorithm: str, data: str, out: str, device: str) -> tuple[dict, dict]:
@@ -54,8 +73,8 @@ def _one_round(algorithm: str, data: str, out: str, device: str) -> tuple[dict, 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ON_CPU)
 def test_accelerator_branches_on_cpu_give_the_cpu_round_bit_for_bit(
-        algorithm: str, tiny_data, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = tiny_data["fashion-mnist"]
+        algorithm: str, fashion_mnist: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = fashion_mnist
     ours, row = _one_round(algorithm, data, str(tmp_path / "cpu"), "cpu")
     monkeypatch.setattr(devices, "ACCELERATOR_PATHS_ON_CPU", True)
     theirs, their_row = _one_round(algorithm, data, str(tmp_path / "acc"), "cpu")
@@ -67,8 +86,8 @@ def test_accelerator_branches_on_cpu_give_the_cpu_round_bit_for_bit(
 
 @needs_cuda
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_one_round_on_cuda_equals_the_cpu_round(algorithm: str, tiny_data, tmp_path) -> None:
-    data = tiny_data["fashion-mnist"]
+def test_one_round_on_cuda_equals_the_cpu_round(algorithm: str, fashion_mnist: str, tmp_path) -> None:
+    data = fashion_mnist
     cpu, cpu_row = _one_round(algorithm, data, str(tmp_path / "cpu"), "cpu")
     gpu, gpu_row = _one_round(algorithm, data, str(tmp_path / "cuda"), "cuda")
     moved = total = 0
