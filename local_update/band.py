@@ -6,7 +6,7 @@ and the bins' fixed cost dominates small models. A CPU has nothing to wait for, 
 selection may branch on counts:
 
 1. A band [lo, hi] that likely holds the k-th largest: around the threshold this selection
-   (same D, k and dtype, same workspace) found at the previous call, since the τ-quantile of
+   (same memory, D, k and dtype, same workspace) found at the previous call, since the τ-quantile of
    the trust scores often moves little between local steps; at the first call, or when that
    band misses (the scores' scale jumps with the batch), between two order statistics of a
    strided sample of the current scores (±5 binomial standard deviations).
@@ -57,11 +57,18 @@ def _sample_band(x: torch.Tensor, k: int) -> tuple[float, float]:
     return lo, hi
 
 
+def _key(x: torch.Tensor, k: int) -> tuple:
+    """Which earlier selection's threshold to start from: the same buffer (an optimizer scores
+    into the same workspace memory every step; per-tensor scope selects in its slices, which
+    may share a size), size, k and dtype."""
+    return x.data_ptr(), x.numel(), k, x.dtype
+
+
 def select(x: torch.Tensor, k: int, ws: Workspace) -> Selection | None:
     """The k-th largest of the 1-D x (1 <= k < n) and the ties it leaves out, or None if both
     bands missed (the caller then selects otherwise and may `remember` its threshold)."""
     n = x.numel()
-    key = (n, k, x.dtype)
+    key = _key(x, k)
     hint = ws.hints.get(key)
     if hint is not None:  # the previous threshold's band, then the sample's
         found = _in_band(x, k, hint[0] - hint[1], hint[0] + hint[1], ws)
@@ -122,7 +129,7 @@ def _adapt(ws: Workspace, key: tuple, found: tuple[Selection, int], n: int, lo: 
 def remember(x: torch.Tensor, k: int, t: torch.Tensor, ws: Workspace) -> None:
     """Centre the next band on a threshold found otherwise (after a miss: wider, as `select`
     left it; at a first call: a start width from t's magnitude)."""
-    key = (x.numel(), k, x.dtype)
+    key = _key(x, k)
     value = float(t)
     if not math.isfinite(value):
         ws.hints.pop(key, None)

@@ -34,21 +34,37 @@ def radix_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_drifting_scores_are_selected_in_the_band_exactly(radix_calls: list[int]) -> None:
-    # Scores that drift a little from one call to the next, as between local steps: after the
-    # first call every selection comes from the band around the previous threshold.
+def test_drifting_scores_are_selected_in_the_band_exactly(radix_calls: list[int],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Scores that drift a little from one call to the next, written into the same buffer, as
+    # an optimizer's are: after the first call every selection comes from the band around the
+    # previous threshold (neither the sample nor the radix runs).
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(N, generator=gen) * torch.randn(N, generator=gen)
-    ws, k = Workspace(), N // 2
+    ws, k, x = Workspace(), N // 2, torch.empty(N)
+    samples: list[int] = []
+    real = band._sample_band
+    monkeypatch.setattr(band, "_sample_band", lambda *a: samples.append(1) or real(*a))
     for step in range(8):
-        x = base + 0.02 * step * torch.randn(N, generator=gen)
+        torch.add(base, torch.randn(N, generator=gen), alpha=0.02 * step, out=x)
         x[::50] = x[7]  # ties, some of them at the threshold's neighbourhood
-        assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))
-        ind = topk.topk_indicator_(x.clone(), k, ws)
-        assert torch.equal(ind, _oracle(x, k).float())
-    assert radix_calls == []
-    centre, width = ws.hints[(N, k, torch.float32)]
+        expected = _oracle(x, k)
+        assert torch.equal(topk.topk_mask(x, k, ws), expected)
+        assert torch.equal(topk.topk_indicator_(x, k, ws), expected.float())  # over x itself
+    assert radix_calls == [] and samples == [1]
+    centre, width = ws.hints[band._key(x, k)]
     assert math.isfinite(centre) and 0.0 < width < float(base.abs().max())
+
+
+def test_slices_of_one_size_keep_their_own_bands() -> None:
+    # per-tensor scope: equal-sized segments of one buffer, scores on different scales
+    gen = torch.Generator().manual_seed(4)
+    x = torch.cat([torch.randn(N, generator=gen) * 10.0 ** i for i in range(3)])
+    ws, k = Workspace(), N // 4
+    for part in x.split(N):
+        assert torch.equal(topk.topk_mask(part, k, ws), _oracle(part, k))
+    centres = sorted(c for c, _ in ws.hints.values())
+    assert len(centres) == 3 and centres[0] < centres[1] < centres[2]
 
 
 def test_a_band_that_misses_falls_back_to_the_sample_then_to_the_radix(
@@ -56,7 +72,7 @@ def test_a_band_that_misses_falls_back_to_the_sample_then_to_the_radix(
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(N, generator=gen)
     ws, k = Workspace(), N // 3
-    key = (N, k, torch.float32)
+    key = band._key(x, k)
     ws.hints[key] = (100.0, 1e-3)  # far above every score: the remembered band misses
     assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))  # the sample's band holds it
     assert radix_calls == []
@@ -94,7 +110,7 @@ def test_infinite_thresholds_are_exact_and_not_remembered() -> None:
     for _ in range(2):
         assert torch.equal(topk.topk_mask(x, k, ws), _oracle(x, k))
         assert torch.equal(topk.kth_largest(x, k, ws), torch.tensor(math.inf))
-    assert (N, k, torch.float32) not in ws.hints
+    assert band._key(x, k) not in ws.hints
 
 
 def test_the_accelerator_branch_never_reads_a_band(accelerator_paths: None,
