@@ -38,7 +38,7 @@ def du_mb(*paths: Path) -> float:
     return total / 2**20
 
 
-def flwr_run(app: Path, home: Path, clients: int, run_config: str, timeout: float) -> None:
+def flwr_run(app: Path, home: Path, clients: int, run_config: str, timeout: float) -> str:
     federation = f"num-supernodes={clients} client-resources-num-cpus=1"
     try:
         done = subprocess.run(["flwr", "run", str(app), "--stream", "--federation-config", federation,
@@ -48,15 +48,14 @@ def flwr_run(app: Path, home: Path, clients: int, run_config: str, timeout: floa
         stop_local_superlink(home)
     if done.returncode != 0:
         raise RuntimeError(f"flwr run {app.name} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done.stdout + done.stderr  # `flwr run --stream` exits 0 when the run failed, too
 
 
-def rows_of(path: Path, rounds: int) -> list[dict]:
-    if not path.exists():
-        raise RuntimeError(f"{path} missing: the run failed (see its Flower log)")
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+def rows_of(path: Path, rounds: int, log: str) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     done = [r for r in rows if r["round"] >= 1]
     if len(done) != rounds:
-        raise RuntimeError(f"{path}: {len(done)} rounds of {rounds}")
+        raise RuntimeError(f"{path}: {len(done)} rounds of {rounds}; Flower's log ends:\n{log[-3000:]}")
     return done
 
 
@@ -67,8 +66,8 @@ def run_adaptfl(work: Path, args: argparse.Namespace, clients: int) -> dict:
               f"lr=0.1 lr-schedule='constant' num-threads=1 diagnostics-every=0 model='cnn' "
               f"dirichlet-alpha=0.3 results-dir='{results}' run-name='run' "
               f"client-state-dir='{state}' client-state-memory={str(args.state_memory).lower()}")
-    flwr_run(ROOT, work / "home", clients, config, args.timeout)
-    rows = rows_of(results / "run" / "metrics.jsonl", args.rounds)
+    log = flwr_run(ROOT, work / "home", clients, config, args.timeout)
+    rows = rows_of(results / "run" / "metrics.jsonl", args.rounds, log)
     return {"rows": rows, "disk-mb": du_mb(results, state), "state-mb": du_mb(state)}
 
 
@@ -76,8 +75,8 @@ def run_flower(work: Path, args: argparse.Namespace, clients: int) -> dict:
     out = work / "out"
     config = (f"num-server-rounds={args.rounds} fraction-train={args.sampled / clients} "
               f"local-steps={args.steps} batch-size=32 lr=0.1 model='cnn' out-dir='{out}'")
-    flwr_run(BASELINE, work / "home", clients, config, args.timeout)
-    return {"rows": rows_of(out / "metrics.jsonl", args.rounds), "disk-mb": du_mb(out), "state-mb": 0.0}
+    log = flwr_run(BASELINE, work / "home", clients, config, args.timeout)
+    return {"rows": rows_of(out / "metrics.jsonl", args.rounds, log), "disk-mb": du_mb(out), "state-mb": 0.0}
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -100,6 +99,7 @@ def main() -> None:
                         help="client-state-memory for adaptfl (default false: disk only)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="adaptfl only (e.g. scaffold's durable state at 1,000 clients)")
+    parser.add_argument("--flower-first", action="store_true", help="start each size with Flower's app")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     if shutil.which("flwr") is None:
@@ -112,12 +112,14 @@ def main() -> None:
         for repeat in range(args.repeats):
             for clients in sizes:
                 order = [("adaptfl", run_adaptfl)] + ([] if args.no_baseline else [("flower", run_flower)])
-                for name, fn in order if repeat % 2 == 0 else order[::-1]:
+                for name, fn in order if (repeat + args.flower_first) % 2 == 0 else order[::-1]:
                     work = Path(tmp) / f"{name}-{clients}-{repeat}"
                     started = time.perf_counter()
                     runs.setdefault((name, clients), []).append(fn(work, args, clients))
+                    rss = [r["server-rss-mb"] for r in runs[(name, clients)][-1]["rows"]]
                     print(f"  {name} {clients} clients, repeat {repeat + 1}: "
-                          f"{time.perf_counter() - started:.0f} s wall", file=sys.stderr, flush=True)
+                          f"{time.perf_counter() - started:.0f} s wall; server RSS MB by round {rss}",
+                          file=sys.stderr, flush=True)
                     shutil.rmtree(work, ignore_errors=True)
     if args.no_baseline:
         for clients in sizes:

@@ -193,11 +193,10 @@ class AdaptiveStrategy(Strategy):
         self._messages = messages
         return messages
 
-    def _sender(self, reply: Message) -> int | None:
+    def _sender(self, reply: Message, sent: Mapping[str, int]) -> int | None:
         """The sampled node a reply answers for, by the id of the instruction it replies to (Flower
-        shows a vanished node's error as sent by the SuperLink); None: not an instruction of ours."""
-        sent = {m.metadata.message_id: m.metadata.dst_node_id
-                for m in getattr(self, "_messages", []) if m.metadata.message_id}
+        shows a vanished node's error as sent by the SuperLink); None: not an instruction of ours.
+        `sent`: instruction id -> node, built once a round (per reply, it made a round O(S²))."""
         if not sent:  # transports that set no ids: trust the sender, if it was sampled
             sampled = {m.metadata.dst_node_id for m in getattr(self, "_messages", [])}
             return reply.metadata.src_node_id if reply.metadata.src_node_id in sampled else None
@@ -223,8 +222,10 @@ class AdaptiveStrategy(Strategy):
         domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
         max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
         by_node: dict[int | None, list[Message]] = {}
+        sent = {m.metadata.message_id: m.metadata.dst_node_id
+                for m in getattr(self, "_messages", []) if m.metadata.message_id}
         for msg in replies:
-            by_node.setdefault(self._sender(msg), []).append(msg)
+            by_node.setdefault(self._sender(msg, sent), []).append(msg)
         accepted: dict[int, DecodedReply] = {}
         for node, msgs in by_node.items():
             try:
