@@ -54,13 +54,13 @@ export ADAPTFL_FASHION_MNIST=$data  # tests/test_device_paths.py cuts its tiny s
 
 scale=1  # the stages' timeouts are the GPU machine's; a dry run on a shared CPU gets 3 times them
 if [ $dry = 1 ]; then
-  scale=3; dev=cpu; gpus=0; fedact=(--model cnn --batch 8 --repeats 3 --warmup 1 --round-steps 2 --diagnostics-every 1)
+  scale=3; dev=cpu; gpus=0; nodes=2; fedact=(--model cnn --batch 8 --repeats 3 --warmup 1 --round-steps 2 --diagnostics-every 1)
   big=(--model cnn --repeats 3 --warmup 1 --only update); muon=(--model mlp --muon-routing all-2d --steps 2 --threads 1)
   round=(--model cnn --clients 2 --steps 2 --rounds 2 --batch 16); topk=(--numel 100000 --repeats 3)
   tests=(tests/test_sync_free_step.py tests/test_device_paths.py -k "fedact and not local")
   rounds="local-steps=2 batch-size=16 model='mlp'"
 else
-  dev=cuda; gpus=0.25; fedact=(--model vit-tiny); big=(--model vit-s --only update)
+  dev=cuda; gpus=0.25; nodes=4; fedact=(--model vit-tiny); big=(--model vit-s --only update)
   muon=(--model vit-tiny --steps 10); round=(--model vit-tiny --clients 10 --steps 50 --rounds 3)
   topk=(); tests=(tests/test_topk_sync_free.py tests/test_sync_free_step.py tests/test_device_paths.py)
   rounds="local-steps=10 batch-size=64 model='cnn'"
@@ -86,19 +86,19 @@ stage() {
 
 skip() { rows+=("| $1 | skipped | 0 | $2 |"); }
 
-stage tests 140 "passed|failed" python3 -m pytest -q -p no:cacheprovider -rs "${tests[@]}"
+stage tests 130 "passed|failed" python3 -m pytest -q -p no:cacheprovider -rs "${tests[@]}"
 stage bench-fedact-5m 80 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${fedact[@]}"
 stage bench-fedact-21m 40 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${big[@]}"
 stage bench-muon 40 "^muon" python3 benchmarks/bench_second_order.py --device $dev --only muon "${muon[@]}"
-stage bench-round 80 "ratio without" python3 benchmarks/bench_round.py --device $dev "${round[@]}" \
+stage bench-round 70 "ratio without" python3 benchmarks/bench_round.py --device $dev "${round[@]}" \
   --data-dir "$data"
 stage bench-topk 30 "this device's path|radix \(accel" python3 benchmarks/bench_topk.py --device $dev "${topk[@]}"
 
 run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' results-dir='$out/runs'"
 if python3 -c "import ray" 2>/dev/null; then
-  stage simulation-round 70 "done in|FAILED" \
+  stage simulation-round 90 "done in|FAILED" \
     env ADAPTFL_SKIP_SETUP=1 ADAPTFL_FLOWER_HOMES="$out/flwr-homes" bash scripts/main_job.sh --federation-config \
-    "num-supernodes=4 client-resources-num-cpus=2 client-resources-num-gpus=$gpus" \
+    "num-supernodes=$nodes client-resources-num-cpus=2 client-resources-num-gpus=$gpus" \
     --run-config "$run_config"
 else
   skip simulation-round "ray is not installed (flwr[simulation]'s Ray wheel is over what a device call carries)"
