@@ -56,16 +56,21 @@ def tiny_fashion_mnist(root: pathlib.Path) -> str:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--algorithms", nargs="+", default=FAMILIES)
+    parser.add_argument("--columns", nargs="+", default=[header for header, *_ in COLUMNS],
+                        help="column headers to measure (all by default)")
+    args = parser.parse_args()
+    columns = [c for c in COLUMNS if c[0] in args.columns]
     logging.disable(logging.WARNING)
     work = pathlib.Path(tempfile.mkdtemp(prefix="hostile-table-"))
     data = {"fashion-mnist": tiny_fashion_mnist(work / "fashion-mnist")}
-    print("| algorithm | clean | " + " | ".join(header for header, *_ in COLUMNS) + " |")
-    print("|---|" + "---|" * (len(COLUMNS) + 1))
-    for algorithm in FAMILIES:
+    print("| algorithm | clean | " + " | ".join(header for header, *_ in columns) + " |")
+    print("|---|" + "---|" * (len(columns) + 1))
+    for algorithm in args.algorithms:
         out = work / algorithm
         cells = [_accuracy(_config(data, out, algorithm, rounds=8), train_or_refuse)]
-        for _, aggregator, attack, settings in COLUMNS:
+        for _, aggregator, attack, settings in columns:
             extra = {"min_replies": 5, "krum_select": 0} if aggregator == "krum" else {}
             cfg = _config(data, out, algorithm, rounds=8, aggregator=aggregator, **extra, **settings)
             cells.append(_accuracy(cfg, hostile(attack)))

@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         bar.close()
     print(f"results: {out}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line] \
+        if metrics.exists() else []
     worse = fell_below_start(rows)
     if worse:  # the last line, so a run that left a model worse than its start is not missed
         print(f"warning: {worse}", file=sys.stderr)

@@ -258,7 +258,9 @@ class AdaptiveStrategy(Strategy):
         factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
         # under dp, clipping bounds every reply; a screen that drops by value would leak
         limit = 0.0 if self.cfg.privacy.on else self.cfg.federation.screen_ratio
-        kept, screened_out, self.report.screen_ratio_max = screened(replies, factors, limit)
+        squared = {r for r, doms in self.contract().domains.items()
+                   if any(d.nonneg or d.psd for d in doms.values())}
+        kept, screened_out, self.report.screen_ratio_max = screened(replies, factors, limit, squared)
         for i, why in screened_out.items():
             self._reject(str(pairs[i][0]), why)
         self.report.screened = len(screened_out)

@@ -24,19 +24,22 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from adaptfl.strategies.aggregators import flat
 from adaptfl.strategies.validation import DecodedReply
 
 
-def pull_ratios(replies: Sequence[DecodedReply], factors: Sequence[float]) -> list[tuple[float, str]]:
+def pull_ratios(replies: Sequence[DecodedReply], factors: Sequence[float],
+                squared: Collection[str] = ()) -> list[tuple[float, str]]:
     """Per reply: its largest ratio f_i·||t_i|| / median_{j≠i} f_j·||t_j|| over the records, and
-    which record (0 with fewer than two replies, or where the others' median is 0)."""
+    which record (0 with fewer than two replies, or where the others' median is 0). Records in
+    `squared` (second moments, SOAP's G·Gᵀ: v ≥ 0 or PSD) are compared by sqrt(||t_i||), the
+    scale of the gradients they square: a client with 3× the others' gradients is 9× in them."""
     if len(replies) < 2:
         return [(0.0, "")] * len(replies)
     records = sorted(replies[0].arrays)
-    pulls = {r: [f * float(flat(reply.arrays[r]).norm()) for reply, f in zip(replies, factors, strict=True)]
+    pulls = {r: [f * _size(reply.arrays[r], r in squared) for reply, f in zip(replies, factors, strict=True)]
              for r in records}
     out = []
     for i in range(len(replies)):
@@ -49,10 +52,15 @@ def pull_ratios(replies: Sequence[DecodedReply], factors: Sequence[float]) -> li
     return out
 
 
-def screened(replies: Sequence[DecodedReply], factors: Sequence[float], limit: float
-             ) -> tuple[list[int], dict[int, str], float]:
+def _size(tensors: dict, squared: bool) -> float:
+    norm = float(flat(tensors).norm())
+    return math.sqrt(norm) if squared else norm
+
+
+def screened(replies: Sequence[DecodedReply], factors: Sequence[float], limit: float,
+             squared: Collection[str] = ()) -> tuple[list[int], dict[int, str], float]:
     """(indices kept, index -> why screened, the largest ratio among the kept); limit 0: off."""
-    ratios = pull_ratios(replies, factors)
+    ratios = pull_ratios(replies, factors, squared)
     dropped = {i: f"screened: {record} {'norm' if factors[i] == 1.0 else 'capped weight × norm'} "
                   f"{ratio:.3g}× the median of the round's other replies (screen-ratio={limit:g})"
                for i, (ratio, record) in enumerate(ratios) if limit > 0.0 and ratio > limit}

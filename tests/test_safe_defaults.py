@@ -45,6 +45,10 @@ def test_a_reply_is_judged_against_the_median_of_the_others() -> None:
     assert screened([_reply(1.0), _reply(9.0)], [1.0, 1.0], 10.0)[1] == {}
     assert screened([_reply(1e30)], [1.0], 10.0)[1] == {}  # alone: nothing to compare with
     assert screened([_reply(1.0), _reply(1.0), _reply(1e6)], plain[:3], 0.0)[1] == {}  # 0: off
+    # a squared statistic (v, G·Gᵀ) by sqrt of its norm: 50× is 7.1× in the gradients' scale
+    three = [_reply(1.0), _reply(1.0), _reply(50.0)]
+    assert screened(three, plain[:3], 10.0, squared={wire.DELTA})[1] == {}
+    assert list(screened(three, plain[:3], 10.0)[1]) == [2]
 
 
 def test_weights_are_capped_at_a_multiple_of_the_median() -> None:
