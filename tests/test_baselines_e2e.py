@@ -37,7 +37,8 @@ def test_runs_two_rounds_and_accounts_its_bytes(algorithm: str, tmp_path) -> Non
     assert [r["replies-accepted"] for r in rows] == [NODES, NODES], rows[-1]["rejected"]
     assert rows[-1]["test-accuracy"] > 0.15  # learnt something in 6 steps per client
     down, up = WIRE[algorithm]
-    extra_down = 4 if algorithm == "hafedho" else 0
+    # HaFedHo also sends f̂ (one float32) and |D| = n-total (one float64: counts above 2^24 exact)
+    extra_down = 4 + 8 if algorithm == "hafedho" else 0
     assert rows[1]["bytes-down"] == NODES * ((1 + down) * MODEL_BYTES + extra_down)
     # Up is counted as serialised (a ~128-byte header per tensor, 4 tensors per record).
     per_reply = rows[1]["bytes-up"] / NODES
