@@ -43,8 +43,9 @@ class ModelSpec:
     def of(cls, model: torch.nn.Module) -> ModelSpec:
         entries = {n: (tuple(t.shape), t.dtype) for n, t in federated_state(model).items()}
         frozen = frozen_parameters(model)
+        unique = {id(p): p for p in frozen.values()}  # tied weights (embedding = head) once
         return cls(entries, tuple(n for n, p in model.named_parameters() if p.requires_grad),
-                   frozen_digest(model), sum(p.numel() for p in frozen.values()))
+                   frozen_digest(model), sum(p.numel() for p in unique.values()))
 
     @classmethod
     def of_arrays(cls, arrays: Mapping[str, torch.Tensor],

@@ -48,10 +48,10 @@ def main() -> None:
     plain.load_state_dict(ours.state_dict())
     spec = ModelSpec.of(ours)
     adapters = sum(p.numel() for p in ours.parameters() if p.requires_grad)
-    total = adapters + spec.frozen_count
-    print(f"parameters: {adapters / 1e6:.2f} M adapters (rank {args.rank}, all-linear) of "
-          f"{total / 1e6:.1f} M; bytes per round and direction: adapters / full model = "
-          f"{adapters / total:.4f} ({adapters * 4 / 2**20:.1f} MiB vs {total * 4 / 2**20:.1f} MiB fp32)")
+    base = spec.frozen_count  # the pretrained model (tied embedding and head counted once)
+    print(f"parameters: {adapters / 1e6:.2f} M adapters (rank {args.rank}, all-linear) on a "
+          f"{base / 1e6:.1f} M base; bytes per round and direction: adapters / full model = "
+          f"{adapters / base:.4f} ({adapters * 4 / 1e6:.1f} MB vs {base * 4 / 1e6:.1f} MB fp32)")
     opts = {
         "fedact": LocalUpdate([(n, p) for n, p in ours.named_parameters() if p.requires_grad], **FEDACT),
         "adamw": torch.optim.AdamW([p for p in plain.parameters() if p.requires_grad], lr=2e-4,
