@@ -12,6 +12,7 @@ from adaptfl.algorithms.params import Component, component, param
 PARTITIONINGS = ("dirichlet", "iid", "pathological", "natural-id")
 _OUTPUTS = "start() returns Flower's Result; write your outputs from it"
 MIN_ROUND_TIMEOUT = 1.0  # s; below it every round of a real deployment times out (3 s polls)
+MIN_SCREEN_RATIO = 2.0  # below it, the screen would drop honest replies near the median
 
 
 @component("settings", "federation")
@@ -45,9 +46,9 @@ class Federation(Component):
                                     "each round, ceil(share × sampled), and refuses an aggregator "
                                     "or min-replies that cannot (0: their own trim-fraction, "
                                     "krum-byzantine)", within=(0.0, 0.5), open_high=True)
-    screen_ratio: float = param(10.0, "drop a reply whose norm in some record exceeds this many "
-                                "times the median of the round's other replies' (its capped weight "
-                                "× norm if its claim was capped); 0: off", within=(0.0, None))
+    screen_ratio: float = param(10.0, "drop a reply whose Δ norm exceeds this many times the "
+                                "median of the round's other replies' (its capped weight × norm if "
+                                "its claim was capped); 0: off", within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds", within=(1, None),
                                     loop_only="check the Result that start() returns")
@@ -61,6 +62,10 @@ class Federation(Component):
         if 0.0 < self.round_timeout < MIN_ROUND_TIMEOUT:
             raise ValueError(f"invalid round-timeout={self.round_timeout!r}: no round answers within "
                              f"{self.round_timeout:g} s; use >= {MIN_ROUND_TIMEOUT:g} s, or 0 (no limit)")
+        if 0.0 < self.screen_ratio < MIN_SCREEN_RATIO:
+            # below 2, honest replies a little above the round's median would be dropped
+            raise ValueError(f"invalid screen-ratio={self.screen_ratio!r}: it would drop honest replies "
+                             f"near the round's median; use >= {MIN_SCREEN_RATIO:g}, or 0 (off)")
 
 
 @component("settings", "local")

@@ -30,6 +30,7 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.client_app.device import select_device
+from adaptfl.client_app.train import autocast_dtype
 from adaptfl.strategies.sampling import hostile_count, nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
 from torch import nn
@@ -98,7 +99,8 @@ def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, 
     refusals = []
     for node in node_configs:
         try:
-            select_device(str(node.get(wire.NODE_DEVICE, cfg.runtime.device)))
+            device = select_device(str(node.get(wire.NODE_DEVICE, cfg.runtime.device)))
+            autocast_dtype(cfg.runtime.precision, device)  # precision='bf16' needs CUDA
         except ValueError as err:
             refusals.append(str(err))
     if num_nodes - len(refusals) < needed:  # a node or two without it still lets rounds run

@@ -260,7 +260,8 @@ class AdaptiveStrategy(Strategy):
         limit = 0.0 if self.cfg.privacy.on else self.cfg.federation.screen_ratio
         squared = {r for r, doms in self.contract().domains.items()
                    if any(d.nonneg or d.psd for d in doms.values())}
-        kept, screened_out, self.report.screen_ratio_max = screened(replies, factors, limit, squared)
+        kept, screened_out, self.report.screen_ratio_max = screened(
+            replies, factors, limit, squared, only={wire.DELTA})  # state: domain checks (screen.py)
         for i, why in screened_out.items():
             self._reject(str(pairs[i][0]), why)
         self.report.screened = len(screened_out)

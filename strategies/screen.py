@@ -3,9 +3,12 @@ count outweighs the round's median by more than a bounded factor, and each reply
 compared with the round's other replies.
 
     weights  w_i <- min(w_i, max-weight-ratio · median_j w_j)
-    screen   a reply is dropped when, for some record, f_i·||t_i|| > screen-ratio · median_{j≠i} f_j·||t_j||
-             (norms over the record's floating arrays; the median of the OTHER replies, so with
-             two replies each is judged against the other, and one reply is never screened;
+    screen   a reply is dropped when f_i·||Δ_i|| > screen-ratio · median_{j≠i} f_j·||Δ_j||
+             (Δ only: honest shared state (Θ, Muon's momentum, SOAP's statistics) differs by
+             thousands between non-IID clients and is held by its domain checks instead;
+             a reply dropped for its Δ takes its state records with it; the median of the
+             OTHER replies, so with two replies each is judged against the other, and one
+             reply is never screened;
              f_i = 1, or for a reply whose claim was capped the cap over the median: its pull
              on the mean is its weight times its size, so Δ = -x of a modest norm claiming
              2**62 examples is screened as surely as a Δ × -20 of an honest weight)
@@ -31,14 +34,15 @@ from adaptfl.strategies.validation import DecodedReply
 
 
 def pull_ratios(replies: Sequence[DecodedReply], factors: Sequence[float],
-                squared: Collection[str] = ()) -> list[tuple[float, str]]:
+                squared: Collection[str] = (), only: Collection[str] | None = None
+                ) -> list[tuple[float, str]]:
     """Per reply: its largest ratio f_i·||t_i|| / median_{j≠i} f_j·||t_j|| over the records, and
     which record (0 with fewer than two replies, or where the others' median is 0). Records in
     `squared` (second moments, SOAP's G·Gᵀ: v ≥ 0 or PSD) are compared by sqrt(||t_i||), the
     scale of the gradients they square: a client with 3× the others' gradients is 9× in them."""
     if len(replies) < 2:
         return [(0.0, "")] * len(replies)
-    records = sorted(replies[0].arrays)
+    records = sorted(r for r in replies[0].arrays if only is None or r in only)
     pulls = {r: [f * _size(reply.arrays[r], r in squared) for reply, f in zip(replies, factors, strict=True)]
              for r in records}
     out = []
@@ -58,9 +62,11 @@ def _size(tensors: dict, squared: bool) -> float:
 
 
 def screened(replies: Sequence[DecodedReply], factors: Sequence[float], limit: float,
-             squared: Collection[str] = ()) -> tuple[list[int], dict[int, str], float]:
-    """(indices kept, index -> why screened, the largest ratio among the kept); limit 0: off."""
-    ratios = pull_ratios(replies, factors, squared)
+             squared: Collection[str] = (), only: Collection[str] | None = None
+             ) -> tuple[list[int], dict[int, str], float]:
+    """(indices kept, index -> why screened, the largest ratio among the kept); limit 0: off;
+    `only`: the records compared (None: all)."""
+    ratios = pull_ratios(replies, factors, squared, only)
     dropped = {i: f"screened: {record} {'norm' if factors[i] == 1.0 else 'capped weight × norm'} "
                   f"{ratio:.3g}× the median of the round's other replies (screen-ratio={limit:g})"
                for i, (ratio, record) in enumerate(ratios) if limit > 0.0 and ratio > limit}

@@ -21,6 +21,7 @@ from adaptfl.algorithms.params import PRESET, registry
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.loop import build_run, run_federated
+from adaptfl.server_app.run_checks import check_nodes
 
 from tests.run_outputs import metric_rows
 
@@ -82,7 +83,9 @@ def test_random_configs_are_refused_before_round_1_or_complete_a_round(tiny_data
                   "run-name": f"d{draw}", "client-state-dir": str(tmp_path / "state")}
         try:
             cfg = RunConfig.from_flower(values, drop_unused=True)
-            if build_run(cfg)[0].contract().down:  # round 2 receives what round 1 sent down
+            strategy, _, task = build_run(cfg)
+            check_nodes(cfg, task, InProcessGrid(2, cfg.to_flower()).node_configs())  # as the engine
+            if strategy.contract().down:  # round 2 receives what round 1 sent down
                 cfg = RunConfig.from_flower({**values, "num-server-rounds": 2}, drop_unused=True)
         except ValueError as err:  # refused before round 1, in one line naming the problem
             assert "\n" not in str(err), (values, err)
@@ -98,6 +101,10 @@ def test_random_configs_are_refused_before_round_1_or_complete_a_round(tiny_data
         assert len(rows) == rounds and all(r["replies-sampled"] >= 1 for r in rows), (draw, drawn)
         outcomes["two rounds"] += rounds == 2
         reasons = [why for row in rows for why in row["rejected"].values()]
+        # the Δ screen (screen-ratio) may drop a reply that random settings make an outlier
+        # (an honest scaffold Δ 109× the other's was drawn): a statistical defence, not a
+        # contract error; with ratio >= 2 it never drops both of two replies
+        reasons = [r for r in reasons if not r.startswith("screened: delta norm")]
         assert not [r for r in reasons if "non-finite values" not in r], (draw, drawn, reasons)
         outcomes["diverged" if reasons else "ran"] += 1
     assert outcomes["refused"] >= DRAWS // 5 and outcomes["ran"] >= DRAWS // 5, outcomes

@@ -51,6 +51,29 @@ def test_a_reply_is_judged_against_the_median_of_the_others() -> None:
     assert list(screened(three, plain[:3], 10.0)[1]) == [2]
 
 
+def test_the_default_screen_reads_delta_not_the_shared_state() -> None:
+    # honest Θ / momenta differ by thousands between non-IID clients (the config fuzz drew a
+    # fedmixp-muon round whose honest theta-i was 3.4e3× the other's): the strategy screens Δ
+    # only, and a reply dropped for its Δ takes its state with it
+    def reply(delta: float, theta: float) -> DecodedReply:
+        return DecodedReply({wire.DELTA: {"w": torch.tensor([delta])},
+                             "theta-i": {"w": torch.tensor([theta])}}, {wire.NUM_EXAMPLES: 1}, 0)
+
+    replies = [reply(1.0, 1.0), reply(1.0, 3e3), reply(1.0, 2.0)]
+    assert list(screened(replies, [1.0] * 3, 10.0)[1]) == [1]  # every record: honest one dropped
+    kept, dropped, _ = screened(replies, [1.0] * 3, 10.0, only={wire.DELTA})
+    assert kept == [0, 1, 2] and not dropped
+    assert list(screened([*replies, reply(-20.0, 1.0)], [1.0] * 4, 10.0, only={wire.DELTA})[1]) == [3]
+
+
+@pytest.mark.parametrize("ratio", [0.05, 1.0, 1.99])
+def test_a_screen_ratio_that_would_drop_honest_replies_is_refused(ratio: float) -> None:
+    with pytest.raises(ValueError, match=r"^invalid screen-ratio=.*use >= 2, or 0 \(off\)$"):
+        RunConfig.of(algorithm="fedavg", screen_ratio=ratio)
+    RunConfig.of(algorithm="fedavg", screen_ratio=0.0)  # off
+    RunConfig.of(algorithm="fedavg", screen_ratio=2.0)
+
+
 def test_weights_are_capped_at_a_multiple_of_the_median() -> None:
     assert cap_to_median([10.0, 12.0, 9.0, 11.0, 2.0**62], 10.0) == [10.0, 12.0, 9.0, 11.0, 110.0]
     honest = [10.0, 34.0, 3.0, 17.0]  # 34 / median 13.5 = 2.5: within
