@@ -11,8 +11,6 @@ one line; MOON (two model copies per client) is refused before round 1.
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
 from adaptfl.algorithms import wire
@@ -25,25 +23,11 @@ from adaptfl.server_app.loop import build_run, run_federated
 from flwr.app import ArrayRecord, ConfigRecord
 
 from tests.run_outputs import metric_rows
+from tests.user_package import write_user_package
 
 MODULE = '''
-import torch
-from adaptfl.workloads import Task
-
-class Rows:
-    def __init__(self, x, y):
-        self.x, self.labels = x, y
-    def __len__(self):
-        return len(self.labels)
-    def batch(self, idx):
-        return self.x[idx], self.labels[idx]
-
 def load(data_dir):
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(240, 6, generator=gen)
-    y = (x[:, 0] + x[:, 1] > 0).long() + 2 * (x[:, 2] > 0).long()
-    return Task(train=Rows(x[:200], y[:200]), test=Rows(x[200:], y[200:]), num_outputs=4,
-                input_shape=(6,), name="quadrants")
+    return quadrants(240, 200)
 
 torch.manual_seed(7)
 BASE = torch.nn.Linear(6, 16)  # the "pretrained" part, one object per process
@@ -71,14 +55,9 @@ ALGORITHMS = [a if a in FAST else pytest.param(a, marks=pytest.mark.slow)
 
 @pytest.fixture
 def user_package(tmp_path, monkeypatch):
-    package = tmp_path / "site" / "frozen_pkg"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "mod.py").write_text(textwrap.dedent(MODULE))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     import importlib
 
-    return importlib.import_module("frozen_pkg.mod")
+    return importlib.import_module(write_user_package(tmp_path, monkeypatch, "frozen_pkg", MODULE))
 
 
 def _cfg(tmp_path, algorithm: str, **kw) -> RunConfig:

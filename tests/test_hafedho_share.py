@@ -6,8 +6,6 @@ gives another trajectory, which the test checks too, so it can fail."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,21 +18,12 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.base import AdaptiveStrategy
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
+from tests.user_package import write_user_package
+
 SIZES = (3, 9)
 MU, LR, K, ROUNDS = 2.0, 0.2, 2, 4
 
 MODULE = '''
-import torch
-from adaptfl.workloads import Task
-
-class Rows:
-    def __init__(self, x, y):
-        self.x, self.labels = x, y
-    def __len__(self):
-        return len(self.labels)
-    def batch(self, idx):
-        return self.x[idx], self.labels[idx]
-
 def load(data_dir):
     x, y = torch.load(data_dir + "/rows.pt")
     return Task(train=Rows(x, y), test=Rows(x, y), num_outputs=3, input_shape=(4,), name="rows")
@@ -47,11 +36,7 @@ def build(task):
 @pytest.fixture
 def nodes(tmp_path, monkeypatch) -> tuple[str, list[str]]:
     """A user package (task + model by name) and one data-dir per node, of SIZES rows."""
-    package = tmp_path / "site" / "share_pkg"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "mod.py").write_text(textwrap.dedent(MODULE))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    module = write_user_package(tmp_path, monkeypatch, "share_pkg", MODULE)
     gen = torch.Generator().manual_seed(3)
     dirs = []
     for i, n in enumerate(SIZES):
@@ -60,7 +45,7 @@ def nodes(tmp_path, monkeypatch) -> tuple[str, list[str]]:
         torch.save((torch.randn(n, 4, generator=gen), torch.randint(0, 3, (n,), generator=gen)),
                    folder / "rows.pt")
         dirs.append(str(folder))
-    return "share_pkg.mod", dirs
+    return module, dirs
 
 
 def _user_app(msg: Message, context: Context) -> Message:

@@ -5,33 +5,17 @@ one line naming the problem, before round 1. (examples/own-data-model does the s
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
 
 from tests.run_outputs import metric_rows
+from tests.user_package import write_user_package
 
 MODULE = '''
-import torch
-from adaptfl.workloads import Task
-
-class Rows:
-    def __init__(self, x, y):
-        self.x, self.labels = x, y
-    def __len__(self):
-        return len(self.labels)
-    def batch(self, idx):
-        return self.x[idx], self.labels[idx]
-
 def load(data_dir):
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(400, 6, generator=gen)
-    y = (x[:, 0] + x[:, 1] > 0).long() + 2 * (x[:, 2] > 0).long()  # 4 classes, learnable
-    return Task(train=Rows(x[:300], y[:300]), test=Rows(x[300:], y[300:]), num_outputs=4,
-                input_shape=(6,), name="quadrants")
+    return quadrants(400, 300)
 
 def build(task):
     return torch.nn.Sequential(torch.nn.Linear(task.input_shape[0], 32), torch.nn.Tanh(),
@@ -56,12 +40,7 @@ def not_a_model(task):
 
 @pytest.fixture
 def user_package(tmp_path, monkeypatch) -> str:
-    package = tmp_path / "site" / "quadrants_pkg"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "mod.py").write_text(textwrap.dedent(MODULE))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    return "quadrants_pkg.mod"
+    return write_user_package(tmp_path, monkeypatch, "quadrants_pkg", MODULE)
 
 
 def _cfg(tmp_path, **kw) -> RunConfig:
