@@ -19,7 +19,7 @@ server state under `aggregator/<slot>`, so a checkpoint resumes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -79,6 +79,14 @@ def stacked(items: Items, name: str) -> torch.Tensor:
 def back(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A float64 result in the input's dtype (integer buffers rounded)."""
     return t.to(like.dtype) if like.is_floating_point() else t.round().to(like.dtype)
+
+
+def coordinatewise(items: Items, record: str, ctx: Combine,
+                   rule: Callable[[torch.Tensor], torch.Tensor]) -> Tensors:
+    """`rule` over dim 0 of each array's [n, *shape] replies, in float64; back in each array's
+    dtype and onto the record's domain (median, trimmed mean)."""
+    out = {name: back(rule(stacked(items, name)), like) for name, like in items[0].items()}
+    return ctx.project(record, out)
 
 
 def flat(item: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -21,8 +21,7 @@ from adaptfl.strategies.aggregators import (
     Combine,
     Items,
     Tensors,
-    back,
-    stacked,
+    coordinatewise,
 )
 
 
@@ -48,7 +47,6 @@ class Median(Aggregator):
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         if ctx.hostile is not None and 2 * ctx.hostile >= len(items):
             raise AggregationRefused(f"median of {len(items)} replies cannot tolerate {ctx.hostile} hostile")
-        out = {n: back(coordinate_median(stacked(items, n)), t) for n, t in items[0].items()}
         n = len(items)
         ctx.stats["aggregator-set-aside"] = float(n - 1 if n % 2 else n - 2)  # values per coordinate
-        return ctx.project(record, out)
+        return coordinatewise(items, record, ctx, coordinate_median)

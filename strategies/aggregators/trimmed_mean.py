@@ -20,8 +20,7 @@ from adaptfl.strategies.aggregators import (
     Combine,
     Items,
     Tensors,
-    back,
-    stacked,
+    coordinatewise,
 )
 
 
@@ -47,8 +46,5 @@ class TrimmedMean(Aggregator):
             raise AggregationRefused(f"trimmed-mean cannot cut {cut} at each end of {n} replies")
         ctx.stats["trimmed-per-end"] = float(cut)
         ctx.stats["aggregator-set-aside"] = float(2 * cut)  # values per coordinate
-        out = {}
-        for name, like in items[0].items():
-            ordered = stacked(items, name).sort(dim=0).values
-            out[name] = back(ordered[cut:n - cut].mean(dim=0), like)
-        return ctx.project(record, out)
+        return coordinatewise(items, record, ctx,
+                              lambda values: values.sort(dim=0).values[cut:n - cut].mean(dim=0))
