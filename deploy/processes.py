@@ -94,18 +94,30 @@ def process_tree() -> dict[int, list[int]]:
     return children
 
 
-def rss_mb_of_tree(pid: int, children: dict[int, list[int]]) -> float:
-    """Resident memory (MiB) of a process and its descendants now; 0 for a gone process."""
-    total, todo = 0, [pid]
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """`pid` and every process below it, each before its children (`children`: a
+    `process_tree()`, read now when not given)."""
+    children = process_tree() if children is None else children
+    out, todo = [], [pid]
     while todo:
         current = todo.pop()
+        out.append(current)
         todo.extend(children.get(current, []))
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-        except OSError:
-            continue
-        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    return total / 1024
+    return out
+
+
+def rss_kb(pid: int) -> int:
+    """Resident memory (KiB) of one process now; 0 for a gone process."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+
+
+def rss_mb_of_tree(pid: int, children: dict[int, list[int]]) -> float:
+    """Resident memory (MiB) of a process and its descendants now; 0 for a gone process."""
+    return sum(rss_kb(p) for p in descendants(pid, children)) / 1024
 
 
 class PeakMemory:

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from typing import Any
 
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.deploy.processes import descendants, free_port, rss_kb
 from adaptfl.server_app import source as where
 
 # Spec §8: what crosses the wire per sampled client and round, in model-sized arrays
@@ -46,37 +46,6 @@ def _config(**overrides: Any) -> RunConfig:
 def _seconds(run_dir: Path) -> list[float]:
     with (run_dir / "metrics.csv").open(newline="") as fh:
         return [float(r["seconds"]) for r in csv.DictReader(fh) if int(r["round"]) >= 1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        match = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
-    except OSError:
-        return 0
-    return int(match.group(1)) * 1024 if match else 0
 
 
 def _superlinks(flwr_home: Path) -> list[int]:
@@ -102,8 +71,8 @@ def flwr_run(num_nodes: int, run_config: dict[str, Any], timeout: float = 900) -
     home = Path(tempfile.mkdtemp(prefix="adaptfl-flwr-"))
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1",
            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+           "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
     overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
     app = where.checkout("the flwr-run systems figure")  # its pyproject.toml is the Flower app
     command = [flwr, "run", str(app), "--stream", "--federation-config",
@@ -112,7 +81,7 @@ def flwr_run(num_nodes: int, run_config: dict[str, Any], timeout: float = 900) -
 
     def sample() -> None:
         while not stop.is_set():
-            total = sum(_rss_bytes(p) for link in _superlinks(home) for p in _descendants(link))
+            total = sum(rss_kb(p) * 1024 for link in _superlinks(home) for p in descendants(link))
             peak[0] = max(peak[0], total)
             time.sleep(0.2)
 
@@ -125,7 +94,7 @@ def flwr_run(num_nodes: int, run_config: dict[str, Any], timeout: float = 900) -
         stop.set()
         sampler.join()
         for pid in _superlinks(home):
-            for child in reversed(_descendants(pid)):
+            for child in reversed(descendants(pid)):
                 try:
                     os.kill(child, signal.SIGTERM)
                 except ProcessLookupError:
