@@ -63,8 +63,17 @@ class RayCluster:
         self.stop()
 
     def kill_node(self, index: int) -> None:
-        """SIGKILL node `index` (not the head: 0) and everything it runs, as a machine that dies."""
+        """SIGKILL node `index` (not the head: 0) and everything it runs, as a machine that dies.
+        The raylet puts each worker in its own process group (Ray's process-group cleanup), so
+        killing the node's group alone leaves its actors serving calls for a while: every
+        descendant is killed too."""
+        doomed = _descendants(self.groups[index])
         _signal_group(self.groups[index], signal.SIGKILL)
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def stop(self) -> None:
         for group in reversed(self.groups):
@@ -82,6 +91,30 @@ def _signal_group(group: int, sig: signal.Signals) -> None:
         os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _descendants(group: int) -> set[int]:
+    """Every live process in process group `group` or descended from one (read from /proc)."""
+    parent: dict[int, int] = {}
+    members: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the ")" closing the command name: state, ppid, pgrp, ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        if int(fields[2]) == group:
+            members.add(pid)
+    found, grew = set(members), True
+    while grew:
+        children = {pid for pid, ppid in parent.items() if ppid in found} - found
+        found |= children
+        grew = bool(children)
+    return found
 
 
 def _alive(group: int) -> bool:
