@@ -74,7 +74,7 @@ class AdaptiveStrategy(Strategy):
         self.state: ServerState | None = None
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
-        self._sent: dict[str, int] = {}  # message id -> node, this round
+        self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
 
     # --- state ----------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ class AdaptiveStrategy(Strategy):
         shows a vanished node's error as sent by the SuperLink); None: not an instruction of ours.
         `sent`: instruction id -> node, built once a round (per reply, it made a round O(S²))."""
         if not sent:  # transports that set no ids: trust the sender, if it was sampled
-            sampled = {m.metadata.dst_node_id for m in getattr(self, "_messages", [])}
+            sampled = {m.metadata.dst_node_id for m in self._messages}
             return reply.metadata.src_node_id if reply.metadata.src_node_id in sampled else None
         return sent.get(reply.metadata.reply_to_message_id)
 
@@ -223,7 +223,7 @@ class AdaptiveStrategy(Strategy):
         max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
         by_node: dict[int | None, list[Message]] = {}
         sent = {m.metadata.message_id: m.metadata.dst_node_id
-                for m in getattr(self, "_messages", []) if m.metadata.message_id}
+                for m in self._messages if m.metadata.message_id}
         for msg in replies:
             by_node.setdefault(self._sender(msg, sent), []).append(msg)
         accepted: dict[int, DecodedReply] = {}
@@ -270,7 +270,7 @@ class AdaptiveStrategy(Strategy):
     def _latency(self, node: int, reply: Message) -> float:
         """Seconds from the instruction's creation to the reply's (the hosts' clocks may differ
         in a deployment: a skew shows up here too)."""
-        sent = next((m.metadata.created_at for m in getattr(self, "_messages", [])
+        sent = next((m.metadata.created_at for m in self._messages
                      if m.metadata.dst_node_id == node), reply.metadata.created_at)
         return max(0.0, float(reply.metadata.created_at) - float(sent))
 
