@@ -10,7 +10,7 @@ A round: sample nodes (seeded, the RNG in the state), send each the model (`arra
 components send; validate every reply against the algorithm's contract (records, shapes,
 dtypes, values within each record's domain, size, one reply per sampled node, sent by that node,
 a partition id its node holds) and drop a bad one with its reason (anything that fails to decode
-too: no reply can raise into the round); then the aggregator's combine of Δ
+too: no reply can raise into the round; strategies/intake.py); then the aggregator's combine of Δ
 (weights capped at max-weight-share) -> server optimizer -> each component's aggregation (through
 the same combine) -> the new `ServerState`, checked against its invariants (strategies/
 invariants.py) and only then replacing the old one; a round that fails is refused and the state
@@ -32,30 +32,22 @@ from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.algorithms.stage import Aggregation
 from adaptfl.privacy import server as dp
-from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
+from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.sampling import hostile_count, sample_size, wait_for_nodes
-from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
-from adaptfl.strategies.validation import (
-    DecodedReply,
-    ReplyRejected,
-    bind_partitions,
-    decode_reply,
-    reply_bound,
-    summation_order,
-)
+from adaptfl.strategies.validation import DecodedReply
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)  # strategies/intake.py logs here too
 LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
 
 
-class AdaptiveStrategy(Strategy):
+class AdaptiveStrategy(ReplyIntake, Strategy):
     """The strategy of every adaptfl algorithm; named subclasses only pick `algorithm`."""
 
     algorithm: str = "fedavg"
@@ -193,101 +185,7 @@ class AdaptiveStrategy(Strategy):
         self._messages = messages
         return messages
 
-    def _sender(self, reply: Message, sent: Mapping[str, int]) -> int | None:
-        """The sampled node a reply answers for, by the id of the instruction it replies to (Flower
-        shows a vanished node's error as sent by the SuperLink); None: not an instruction of ours.
-        `sent`: instruction id -> node, built once a round (per reply, it made a round O(S²))."""
-        if not sent:  # transports that set no ids: trust the sender, if it was sampled
-            sampled = {m.metadata.dst_node_id for m in self._messages}
-            return reply.metadata.src_node_id if reply.metadata.src_node_id in sampled else None
-        return sent.get(reply.metadata.reply_to_message_id)
-
-    @staticmethod
-    def _check_identity(node: int, msg: Message) -> None:
-        """A reply (not an error, which the SuperLink may send for a vanished node) must come from
-        the node its instruction went to, as a train reply."""
-        meta = msg.metadata
-        if msg.has_error():
-            return
-        if meta.src_node_id != node:
-            raise ReplyRejected(f"reply to node {node}'s instruction sent by node {meta.src_node_id}")
-        if meta.message_type != MessageType.TRAIN:
-            raise ReplyRejected(f"message type {meta.message_type!r}, expected {MessageType.TRAIN!r}")
-
     # --- aggregation -------------------------------------------------------------------------------
-    def _accept(self, replies: Iterable[Message]) -> list[tuple[int, DecodedReply]]:
-        contract = self.contract()
-        assert self.spec is not None
-        expected = contract.reply_spec(self.spec)
-        domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
-        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
-        by_node: dict[int | None, list[Message]] = {}
-        sent = {m.metadata.message_id: m.metadata.dst_node_id
-                for m in self._messages if m.metadata.message_id}
-        for msg in replies:
-            by_node.setdefault(self._sender(msg, sent), []).append(msg)
-        accepted: dict[int, DecodedReply] = {}
-        for node, msgs in by_node.items():
-            try:
-                if node is None:
-                    raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
-                                        "instruction of this round")
-                if len(msgs) > 1:  # one sampled node, one reply: a second one is not trusted
-                    raise ReplyRejected(f"{len(msgs)} replies from one node")
-                self._check_identity(node, msgs[0])
-                self.report.latency[str(node)] = self._latency(node, msgs[0])
-                decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics, domains,
-                                       metric_domains(contract, self.cfg.privacy))
-            except ReplyRejected as why:
-                self._reject("unknown" if node is None else str(node), str(why))
-                continue
-            except Exception as err:  # noqa: BLE001 - whatever one reply holds, it cannot stop the round
-                self._reject(str(node), f"undecodable reply ({type(err).__name__}: {err})")
-                continue
-            self.report.bytes_up += decoded.num_bytes
-            accepted[node] = decoded
-            self.report.note_client(node, decoded.metrics)
-        assert self.state is not None
-        dropped, self.state.partition_owners = bind_partitions(
-            accepted, self.state.partition_owners, self._connected)
-        for node, why in dropped.items():
-            accepted.pop(node)
-            self._reject(str(node), why)
-        pairs = sorted(accepted.items(), key=summation_order(accepted))
-        replies = [r for _, r in pairs]
-        factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
-        # under dp, clipping bounds every reply; a screen that drops by value would leak
-        limit = 0.0 if self.cfg.privacy.on else self.cfg.federation.screen_ratio
-        squared = {r for r, doms in self.contract().domains.items()
-                   if any(d.nonneg or d.psd for d in doms.values())}
-        kept, screened_out, self.report.screen_ratio_max = screened(
-            replies, factors, limit, squared, only={wire.DELTA})  # state: domain checks (screen.py)
-        for i, why in screened_out.items():
-            self._reject(str(pairs[i][0]), why)
-        self.report.screened = len(screened_out)
-        return [pairs[i] for i in kept]
-
-    def _latency(self, node: int, reply: Message) -> float:
-        """Seconds from the instruction's creation to the reply's (the hosts' clocks may differ
-        in a deployment: a skew shows up here too)."""
-        sent = next((m.metadata.created_at for m in self._messages
-                     if m.metadata.dst_node_id == node), reply.metadata.created_at)
-        return max(0.0, float(reply.metadata.created_at) - float(sent))
-
-    def _claims(self, replies: list[DecodedReply], capped: bool = True) -> list[float]:
-        """The replies' weights as claimed; `capped`: at max-weight-ratio × the round's median."""
-        fed = self.cfg.federation
-        claimed = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
-                   for r in replies]
-        # under dp the median cap is off: through the median one client's claim would move the
-        # others' weights, outside the share bound the noise is sized for (privacy/mechanism.py)
-        ratio = 0.0 if self.cfg.privacy.on else fed.max_weight_ratio
-        return cap_to_median(claimed, ratio) if capped else claimed
-
-    def _reject(self, node: str, why: str) -> None:
-        self.report.rejected[node] = why
-        log.warning("round reply from node %s dropped: %s", node, why)
-
     def _skip(self, server_round: int, why: str) -> tuple[None, MetricRecord]:
         self.report.skipped, self.report.skip_reason = True, why
         log.warning("round %d skipped, state unchanged: %s", server_round, why)
