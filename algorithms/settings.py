@@ -23,8 +23,9 @@ class Federation(Component):
     num_server_rounds: int = param(20, "number of rounds", within=(1, None))
     fraction_train: float = param(1.0, "share of the connected nodes sampled per round",
                                   within=(0.0, 1.0), open_low=True)
-    min_replies: int = param(1, "below this many accepted replies a round leaves the state unchanged",
-                             within=(1, None))
+    min_replies: int = param(1, "below this many replies from the sampled nodes (late, missing "
+                             "and failed ones do not count; ones the checks set aside do) a round "
+                             "leaves the state unchanged", within=(1, None))
     weighting: str = param("examples", "weights of the means over replies: examples (sample count) "
                            "or uniform", choices=("examples", "uniform"))
     round_timeout: float = param(600.0, "seconds to wait for a round's replies (later ones are "

@@ -197,9 +197,12 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         accepted = [r for _, r in self._accept(replies)]
         self.report.accepted = len(accepted)
         fed, algorithm = self.cfg.federation, self.cfg.algorithm
-        if len(accepted) < fed.min_replies:
-            return self._skip(server_round, f"{len(accepted)} accepted replies < "
-                              f"min-replies={fed.min_replies}")
+        answered = self.report.answered
+        if answered < fed.min_replies:
+            return self._skip(server_round, f"{answered} replies < min-replies={fed.min_replies} "
+                              f"({len(accepted)} accepted)")
+        if not accepted:
+            return self._skip(server_round, f"0 accepted replies of {answered}")
         claimed = self._claims(accepted, capped=False)
         bounded = self._claims(accepted)
         weights = cap_shares(bounded, fed.max_weight_share)
@@ -211,7 +214,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         combine = Combine(private or algorithm.aggregator, weights, contract.domains, memory,
                           new_memory={k: dict(v) for k, v in memory.items()},
                           hostile=hostile_count(fed.hostile_fraction, self.report.sampled)
-                          if fed.hostile_fraction > 0 else None)
+                          if fed.hostile_fraction > 0 else None,
+                          set_aside=answered - len(accepted))
         deltas = [r.arrays[wire.DELTA] for r in accepted]
         try:
             mean_delta = combine(deltas, wire.DELTA)

@@ -74,6 +74,10 @@ class ReplyIntake:
                 for m in self._messages if m.metadata.message_id}
         for msg in replies:
             by_node.setdefault(self._sender(msg, sent), []).append(msg)
+        # a node that replied, well-formed or not, is not a missing one (min-replies); a failure
+        # (Flower's error reply) is one: an honest client whose training crashed sends it
+        self.report.answered = sum(node is not None and any(not m.has_error() for m in msgs)
+                                   for node, msgs in by_node.items())
         accepted: dict[int, DecodedReply] = {}
         for node, msgs in by_node.items():
             try:

@@ -72,6 +72,7 @@ class RoundReport:
 
     sampled: int = 0
     accepted: int = 0
+    answered: int = 0  # sampled nodes that sent a reply (not a failure): what min-replies counts
     rejected: dict[str, str] = field(default_factory=dict)  # node id (or "unknown") -> reason
     skipped: bool = False
     skip_reason: str = ""  # why the state was kept: too few replies, or the round refused

@@ -14,9 +14,10 @@ from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
 from adaptfl.strategies.sampling import hostile_count
 from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.validation import DecodedReply
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message
 
 from tests.test_hostile_replies import (
+    GRID,
     HOSTILE,
     MODEL,
     UNSCREENED,
@@ -217,3 +218,46 @@ def test_hostile_fraction_sizes_each_rule_and_refuses_what_min_replies_cannot_su
                            min_replies=min_replies)
         with pytest.raises(ValueError, match=message):
             cfg.algorithm.aggregator.check_federation(min_replies, hostile_count(0.25, min_replies))
+
+
+# --- issue 21 §3: a reply the checks set aside is not a missing one ---------------------------------
+def _malformed(reply: dict) -> None:
+    reply["metrics"][wire.NUM_EXAMPLES] = [1, 2]  # issue 21 §1's reply: dropped as undecodable
+
+
+@pytest.mark.parametrize("attack", [_flip, _malformed], ids=["flip", "malformed"])
+@pytest.mark.parametrize("aggregator", ["krum", "mean"])
+def test_a_reply_set_aside_does_not_skip_a_round_whose_min_replies_is_every_node(aggregator, attack) -> None:
+    """Main: Krum (f = 1) with min-replies = 5 = the nodes; one screened or undecodable reply left
+    4 accepted < 5, every round was skipped and the run aborted (exit 3) by one client. Now the
+    five replied: the round goes on with the four, the set-aside one counted as Krum's one hostile
+    reply (Krum with f = 0 on the four, the same bytes); a missing or failed reply still skips."""
+    strategy = _strategy("fedavg", aggregator=aggregator, min_replies=5)
+    replies = {n: _honest(strategy, n) for n in range(1, 6)}
+    attack(replies[HOSTILE])
+    _round(strategy, replies)
+    assert list(strategy.report.rejected) == [str(HOSTILE)] and not strategy.report.skipped
+    four = _strategy("fedavg", aggregator=aggregator, min_replies=4,
+                     **({"krum_byzantine": 0} if aggregator == "krum" else {}))
+    _round(four, {n: replies[n] for n in range(1, 5)})
+    strategy.state.partition_owners.pop(HOSTILE - 1, None)  # a decoded reply binds its partition
+    assert _same_state(strategy, four)
+    missing = _strategy("fedavg", aggregator=aggregator, min_replies=5)
+    _round(missing, {n: replies[n] for n in range(1, 5)})  # node 5 silent: it may be honest
+    assert missing.report.skipped and "4 replies < min-replies=5" in missing.report.skip_reason
+    failed = _strategy("fedavg", aggregator=aggregator, min_replies=5)
+    sent = {m.metadata.dst_node_id: m for m in failed.configure_train(
+        1, ArrayRecord(failed.state.model), ConfigRecord(), GRID)}
+    failed.aggregate_train(1, [*(_message(sent[n], replies[n]) for n in range(1, 5)),
+                               Message(Error(code=2, reason="disk full"), reply_to=sent[HOSTILE])])
+    assert failed.report.skipped and "4 replies < min-replies=5" in failed.report.skip_reason
+
+
+def test_krum_refuses_a_round_with_more_replies_set_aside_than_it_supports() -> None:
+    """Krum f = 1 of 5: three set aside leave two, too few for Krum even with f = 0 (3)."""
+    strategy = _strategy("fedavg", aggregator="krum", min_replies=5)
+    replies = {n: _honest(strategy, n) for n in range(1, 6)}
+    for node in (3, 4, 5):
+        _malformed(replies[node])
+    _round(strategy, replies)
+    assert strategy.report.skipped and "Krum" in strategy.report.skip_reason

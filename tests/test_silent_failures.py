@@ -227,7 +227,7 @@ def test_a_run_shorter_than_the_skip_limit_that_never_trains_ends_non_zero(tiny_
 
     cfg = _cfg(tiny_data, tmp_path)
     with pytest.raises(RunAborted, match="all 2 rounds were skipped, the model is the initial one; "
-                                         "last round: 0 accepted replies"):
+                                         "last round: 0 replies < min-replies=1"):
         run_federated(InProcessGrid(2, cfg.to_flower(), handler=failing), cfg)
     out = tmp_path / "out" / "t"
     assert [r["skipped"] for r in metric_rows(out)] == [True, True] and not (out / "model.pt").exists()

@@ -48,6 +48,17 @@ class Combine:
     new_memory: dict[str, Tensors] = field(default_factory=dict)  # slots after it
     stats: dict[str, float] = field(default_factory=dict)  # per-round metrics of the rule
     hostile: int | None = None  # replies to tolerate this round (hostile-fraction); None: the rule's own
+    # replies the checks dropped before combining (screened, undecodable): each counts as one of
+    # the hostile replies tolerated, so a rule may lower its tolerance by as many (tolerance())
+    set_aside: int = 0
+
+    def tolerance(self, wanted: int, supported: int, refusal: str) -> int:
+        """The hostile replies to tolerate among the replies left: `wanted`, or the most they
+        support (`supported`, -1: none) where the replies set aside make up the difference;
+        else the round is refused with `refusal`."""
+        if supported < max(wanted - self.set_aside, 0):
+            raise AggregationRefused(refusal + (f" ({self.set_aside} set aside)" if self.set_aside else ""))
+        return min(wanted, supported)
 
     def __call__(self, items: Items, record: str) -> Tensors:
         if len(items) != len(self.weights):

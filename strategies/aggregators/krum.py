@@ -5,9 +5,12 @@
 
 f (`krum-byzantine`) is the number of hostile replies tolerated; Krum needs n ≥ 2f + 3. m
 (`krum-select`) = 1 is Krum, m > 1 multi-Krum, 0 takes n - f (Flower's `MultiKrum` default).
-Each record is scored on its own (flattened over its floating arrays), so a client that sends an
-honest Δ and a poisoned v loses its v. Ties go to the earlier reply (replies are in a fixed
-order). The selected replies keep their (capped) weights, as in Flower's `MultiKrum`.
+A reply the server's checks set aside (screened, undecodable) counts as one of the f: with
+d set aside, Krum runs on the n - d replies left with the largest f' ≤ f they support, and
+refuses the round when f' < f - d. Each record is scored on its own (flattened over its
+floating arrays), so a client that sends an honest Δ and a poisoned v loses its v. Ties go to
+the earlier reply (replies are in a fixed order). The selected replies keep their (capped)
+weights, as in Flower's `MultiKrum`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.params import component, param
 from adaptfl.strategies.aggregate import weighted_mean
 from adaptfl.strategies.aggregators import (
-    AggregationRefused,
     Aggregator,
     Combine,
     Items,
@@ -65,9 +67,9 @@ class Krum(Aggregator):
                              f"replies per round: set min-replies >= {self.needed()}")
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
-        n, f = len(items), self.krum_byzantine if ctx.hostile is None else ctx.hostile
-        if n < self.needed(f):
-            raise AggregationRefused(f"Krum with f={f} needs {self.needed(f)} replies, got {n}")
+        n, wanted = len(items), self.krum_byzantine if ctx.hostile is None else ctx.hostile
+        most = (n - 3) // 2 if n >= self.needed(0) else -1  # the largest f these n replies support
+        f = ctx.tolerance(wanted, most, f"Krum with f={wanted} needs {self.needed(wanted)} replies, got {n}")
         scores = krum_scores(torch.stack([flat(item) for item in items]), f)
         keep = self.krum_select or n - f
         # a stable order: equal scores keep the replies' fixed order
@@ -75,4 +77,5 @@ class Krum(Aggregator):
         if record == wire.DELTA:
             ctx.stats["krum-selected"] = float(len(chosen))
             ctx.stats["aggregator-set-aside"] = float(n - len(chosen))
+            ctx.stats["krum-byzantine-used"] = float(f)
         return weighted_mean([items[i] for i in chosen], [weights[i] for i in chosen])

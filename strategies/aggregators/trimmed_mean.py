@@ -5,6 +5,9 @@
 Unweighted, as in the paper and Flower's `FedTrimmedAvg` (β there is `beta`, 0.2 by default):
 up to ⌊β·n⌋ hostile replies are cut from every coordinate whatever values they send. With
 ⌊β·n⌋ = 0 (few replies) it is the plain unweighted mean, and says so in the round's metrics.
+With `hostile-fraction`, the cut is its count h each round; d replies the server's checks set
+aside count as hostile ones cut already: with fewer replies left than 2h + 1 it cuts the most
+they allow, and refuses the round below h - d.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from dataclasses import dataclass
 
 from adaptfl.algorithms.params import component, param
 from adaptfl.strategies.aggregators import (
-    AggregationRefused,
     Aggregator,
     Combine,
     Items,
@@ -41,9 +43,11 @@ class TrimmedMean(Aggregator):
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         n = len(items)
-        cut = math.floor(self.trim_fraction * n) if ctx.hostile is None else ctx.hostile
-        if n - 2 * cut < 1:
-            raise AggregationRefused(f"trimmed-mean cannot cut {cut} at each end of {n} replies")
+        if ctx.hostile is None:
+            cut = math.floor(self.trim_fraction * n)  # β < 0.5: always leaves one
+        else:  # hostile-fraction's count; replies set aside before count against it (Combine)
+            cut = ctx.tolerance(ctx.hostile, (n - 1) // 2,
+                                f"trimmed-mean cannot cut {ctx.hostile} at each end of {n} replies")
         ctx.stats["trimmed-per-end"] = float(cut)
         ctx.stats["aggregator-set-aside"] = float(2 * cut)  # values per coordinate
         return coordinatewise(items, record, ctx,
