@@ -5,6 +5,8 @@ screens, and the warning of a run that ends below its initial model."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from adaptfl.algorithms import wire
@@ -14,7 +16,7 @@ from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
 from adaptfl.strategies.sampling import hostile_count
 from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.validation import DecodedReply
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord
 
 from tests.test_hostile_replies import (
     GRID,
@@ -261,3 +263,46 @@ def test_krum_refuses_a_round_with_more_replies_set_aside_than_it_supports() -> 
         _malformed(replies[node])
     _round(strategy, replies)
     assert strategy.report.skipped and "Krum" in strategy.report.skip_reason
+
+
+def test_the_engine_ends_a_run_below_its_initial_model_with_the_warning_line(
+        tiny_data, tmp_path, monkeypatch, capsys) -> None:
+    """`python -m adaptfl.engine` end to end, screens off: round 1 honest, then one client's reply
+    claiming 2**62 examples sets the model to predict class 5 alone (16 of the 200 test images:
+    0.0800, below the initial MLP's). The run completes (exit 0) and its last line says so and
+    names round 2."""
+    from adaptfl.client_app.app import train_or_refuse
+    from adaptfl.engine import __main__ as engine
+    from adaptfl.engine import inprocess
+    from adaptfl.server_app.loop import run_federated
+
+    def handler(msg: Message, context) -> Message:  # noqa: ANN001
+        reply = train_or_refuse(msg, context)
+        if msg.content.config_records[wire.CONFIG]["server-round"] < 2 or \
+                context.node_config["partition-id"] != 0:
+            return reply
+        x = msg.content.array_records[wire.ARRAYS].to_torch_state_dict()
+        last_bias = [n for n in x if n.endswith("bias")][-1]
+        target = {n: torch.zeros_like(t) for n, t in x.items()}
+        target[last_bias][5] = 1.0  # every logit 0 but class 5's
+        reply.content[wire.DELTA] = ArrayRecord({n: target[n] - x[n] for n in x})
+        metrics = dict(reply.content.metric_records[wire.METRICS])
+        reply.content[wire.METRICS] = MetricRecord({**metrics, wire.NUM_EXAMPLES: 2**62})
+        return reply
+
+    monkeypatch.setattr(inprocess, "run_inprocess", lambda cfg, nodes, on_round=None: run_federated(
+        inprocess.InProcessGrid(nodes, cfg.to_flower(), handler=handler), cfg, on_round=on_round))
+    engine.main(["--num-nodes", "3", "--quiet", "algorithm='fedavg'", "model='mlp'",
+                 "num-server-rounds=2", "local-steps=3", "batch-size=16", "partitioning='iid'",
+                 f"data-dir='{tiny_data['fashion-mnist']}'", f"results-dir='{tmp_path}'",
+                 "run-name='t'", "screen-ratio=0", "max-weight-ratio=0", "seed=1"])  # returns: exit 0
+    lines = capsys.readouterr()
+
+    rows = [json.loads(r) for r in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["test-accuracy"] > 0.08 < rows[1]["test-accuracy"], rows  # or it proves nothing
+    assert rows[-1]["test-accuracy"] == pytest.approx(16 / 200)
+    assert lines.out.strip().splitlines()[-1].startswith("results: ")
+    assert lines.err.strip().splitlines()[-1] == (
+        f"warning: the final model's test accuracy 0.0800 is below the initial model's "
+        f"{rows[0]['test-accuracy']:.4f}: it fell below in round 2 and stayed there (see that "
+        "round's rejected replies, screen-ratio-max and weights-capped in metrics.jsonl)")
