@@ -98,7 +98,6 @@ class ReplyIntake:
                 continue
             self.report.bytes_up += decoded.num_bytes
             accepted[node] = decoded
-            self.report.note_client(node, decoded.metrics)
         assert self.state is not None
         dropped, self.state.partition_owners = bind_partitions(
             accepted, self.state.partition_owners, self._connected)
@@ -117,6 +116,8 @@ class ReplyIntake:
         for i, why in screened_out.items():
             self._reject(str(pairs[i][0]), why)
         self.report.screened = len(screened_out)
+        for i in kept:  # only now: a dropped claimer of another's partition id notes nothing
+            self.report.note_client(pairs[i][0], pairs[i][1].metrics)
         return [pairs[i] for i in kept]
 
     def _latency(self, node: int, reply: Message) -> float:

@@ -82,14 +82,16 @@ class RoundReport:
     screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
     latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
     metrics: dict[str, float] = field(default_factory=dict)
-    # partition id -> where each accepted reply's client ran and its state came from
-    # ("ray-node" as 12 hex digits, "client-state" 0/1/2, "peak-memory-mb"), for replies that
-    # report them
+    # partition id (node id for a reply without one) -> where each accepted reply's client ran
+    # and its state came from ("ray-node" as 12 hex digits, "client-state" 0/1/2,
+    # "peak-memory-mb"), for replies that report them, and its "node-id"
     clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
 
     def note_client(self, node: int, metrics: Mapping[str, float | int]) -> None:
-        """Per reply, not averaged: the Ray node it ran on, where its client state came from and
-        its peak memory."""
+        """Per accepted reply, not averaged: the Ray node it ran on, where its client state came
+        from and its peak memory. Keyed by the partition id (metrics.jsonl's readers count
+        partitions); noted after the partition binding, so a node that claimed another's id has
+        been dropped and cannot overwrite the owner's entry."""
         noted: dict[str, int | float | str] = {}
         if wire.RAY_NODE in metrics:
             noted[wire.RAY_NODE] = f"{int(metrics[wire.RAY_NODE]):012x}"
@@ -98,4 +100,5 @@ class RoundReport:
         if wire.PEAK_MEMORY in metrics:
             noted[wire.PEAK_MEMORY] = float(metrics[wire.PEAK_MEMORY])
         if noted:
+            noted["node-id"] = node  # what `latency` and `rejected` are keyed by
             self.clients[str(int(metrics.get(wire.PARTITION_ID, node)))] = noted

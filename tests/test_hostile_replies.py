@@ -140,6 +140,14 @@ def test_a_partition_stays_with_the_node_that_first_held_it() -> None:
     # bindings survive a checkpoint; an owner that left frees its id for whoever comes next
     again = ServerState.from_bytes(strategy.state.to_bytes())
     assert again.partition_owners == strategy.state.partition_owners
+    # the round's `clients` rows: the owner's, never overwritten by the claimer's
+    replies = {n: _honest(strategy, n) for n in range(1, 6)}
+    for reply in replies.values():
+        reply["metrics"][wire.CLIENT_STATE] = 1
+    replies[HOSTILE]["metrics"].update({wire.PARTITION_ID: 0, wire.CLIENT_STATE: 2})
+    _round(strategy, replies)
+    assert strategy.report.clients["0"] == {wire.CLIENT_STATE: 1, "node-id": 1}
+    assert sorted(strategy.report.clients) == ["0", "1", "2", "3"]
 
 
 def test_two_first_claims_of_one_partition_drop_nobody() -> None:
