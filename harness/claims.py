@@ -1,7 +1,7 @@
 """Does a paper's claimed ordering hold in our numbers? Read from the grid's [paper] table:
 
     better = ["fedact", "fedadamw"]      # claimed best first
-    metric = "final-test-loss"           # a table column; "...loss" columns: lower is better
+    metric = "final-test-loss"           # a table column; loss, perplexity, nll: lower is better
     gap-largest-at = "dirichlet-alpha=min"   # optional: where the claimed gap should be largest
     pairs = [["fedpac-soap", "local-soap"], ["fedpac-muon", "local-muon"]]  # instead of `better`:
                                                                             # independent pairs
@@ -36,7 +36,8 @@ class ClaimCheck:
 
 
 def lower_is_better(metric: str) -> bool:
-    return "loss" in metric
+    """Losses, perplexity and response NLL (SFT) are lower-better; accuracies higher-better."""
+    return any(word in metric for word in ("loss", "perplexity", "nll"))
 
 
 def check_claim(paper: dict, rows: list[Row]) -> ClaimCheck | None:

@@ -65,6 +65,45 @@ def results_table(rows: list[Row], target: str = "test-accuracy") -> str:
     return "\n".join(lines)
 
 
+SFT_COLUMNS = {"test-loss": "held-out loss", "test-perplexity": "perplexity",
+               "test-accuracy": "token accuracy", "test-response-nll": "response NLL"}
+
+
+def sft_table(rows: list[Row]) -> str:
+    """Table 11 of seed 000 for SFT grids (docs/llm-lora.md): the four held-out metrics of the
+    model before training (round 0, one value per seed) and after the last round."""
+    lines = ["| α | participation | model | seeds | " + " | ".join(SFT_COLUMNS.values()) + " |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (alpha, fraction), by_algorithm in group(rows).items():
+        by_seed = {r["seed"]: r for runs in by_algorithm.values() for r in runs}  # one per seed
+        if all(r.get(f"initial-{m}") for r in by_seed.values() for m in SFT_COLUMNS):
+            values = [str(final(list(by_seed.values()), f"initial-{m}")) for m in SFT_COLUMNS]
+            lines.append(f"| {alpha:g} | {fraction:g} | pretrained (round 0) | {len(by_seed)} | "
+                         + " | ".join(values) + " |")
+        for algorithm, runs in by_algorithm.items():
+            values = [str(final(runs, f"final-{m}")) for m in SFT_COLUMNS]
+            lines.append(f"| {alpha:g} | {fraction:g} | {algorithm} | {len(runs)} | "
+                         + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def claim_lines(paper: dict, rows: list[Row]) -> list[str]:
+    """The claim checked on `metric`, or on each of `metrics` (a list) when the grid names several."""
+    metrics = paper.get("metrics") or [paper.get("metric", "final-test-accuracy")]
+    parts: list[str] = []
+    for metric in metrics:
+        check = check_claim({**paper, "metric": metric}, rows)
+        if check is None:
+            continue
+        head = "**Does the ordering hold?**" + (f" On {metric}:" if len(metrics) > 1 else "")
+        parts += [f"{head} {check.verdict}", ""]
+        parts += [f"- α={c.setting[0]:g}, p={c.setting[1]:g}: {c.winner} {c.winner_value} vs "
+                  f"{c.loser} {c.loser_value} ({metric}; "
+                  f"gain in the claim's direction {c.gain:+.4f})" for c in check.comparisons]
+        parts.append("")
+    return parts
+
+
 def drift_metrics(rows: list[Row]) -> list[str]:
     """Per-round series whose name says drift (e.g. FedPAC's preconditioner drift), if any."""
     names = {k.removeprefix(SERIES_PREFIX) for r in rows for k, v in r.items()
@@ -118,15 +157,13 @@ def grid_section(grid: Grid, rows: list[Row], plot_dir: Path, page_dir: Path) ->
         return "\n".join(parts + ["No results yet.", ""])
     fixed = ", ".join(f"`{k}={v}`" for k, v in grid.fixed.items())
     seeds = len(grid.seeds)
-    parts += [f"**Setting.** {grid.num_nodes} clients, {fixed}; {seeds} seeds per cell.", "",
-              results_table(rows, paper.get("target", "test-accuracy")), ""]
-    check = check_claim(paper, rows)
-    if check is not None:
-        parts += [f"**Does the ordering hold?** {check.verdict}", ""]
-        parts += [f"- α={c.setting[0]:g}, p={c.setting[1]:g}: {c.winner} {c.winner_value} vs "
-                  f"{c.loser} {c.loser_value} ({paper.get('metric', 'final-test-accuracy')}; "
-                  f"gain in the claim's direction {c.gain:+.4f})" for c in check.comparisons]
-        parts.append("")
+    parts += [f"**Setting.** {grid.num_nodes} clients, {fixed}; {seeds} seeds per cell.", ""]
+    if paper.get("scale"):
+        parts += [f"**Scale.** {paper['scale']}", ""]
+    parts += [results_table(rows, paper.get("target", "test-accuracy")), ""]
+    if all(r.get("final-test-response-nll") for r in rows):  # SFT: Table 11's four metrics
+        parts += [sft_table(rows), ""]
+    parts += claim_lines(paper, rows)
     plot = plot_dir / f"{grid.name}.png"
     plot_grid(grid.name, rows, plot)
     parts += [f"![{grid.name}]({plot.relative_to(page_dir)})", ""]

@@ -27,6 +27,8 @@ from tqdm import tqdm
 # <checkout>/results/sweeps, or ~/.adaptfl/results/sweeps for an installed adaptfl
 DEFAULT_RESULTS_DIR = (where.source_checkout() or Path.home() / ".adaptfl") / "results" / "sweeps"
 CellRunner = Callable[[Cell, Path], dict[str, Any]]
+# Table 11 of seed 000 (docs/llm-lora.md): held-out loss, perplexity, token accuracy, response NLL
+SFT_METRICS = ("test-loss", "test-perplexity", "test-accuracy", "test-response-nll")
 
 
 def run_cell(cell: Cell, results_dir: Path) -> dict[str, Any]:
@@ -49,7 +51,9 @@ def summarise(cell: Cell, out: Path, seconds: float) -> dict[str, Any]:
     import csv
 
     with (out / "metrics.csv").open(newline="") as fh:
-        rounds = [r for r in csv.DictReader(fh) if int(r["round"]) >= 1]  # 0: the initial model
+        table = list(csv.DictReader(fh))
+    rounds = [r for r in table if int(r["round"]) >= 1]  # 0: the initial model
+    initial = next((r for r in table if int(r["round"]) == 0), {})
     if not rounds:
         raise RuntimeError(f"{out} recorded no rounds")
     last = rounds[-1]
@@ -60,6 +64,9 @@ def summarise(cell: Cell, out: Path, seconds: float) -> dict[str, Any]:
     for metric in ("test-perplexity", "test-response-nll"):  # SFT tasks (docs/llm-lora.md)
         if last.get(metric):
             row[f"final-{metric}"] = float(last[metric])
+    if initial.get("test-response-nll"):  # SFT: the pretrained model's Table 11 metrics too
+        for metric in SFT_METRICS:
+            row[f"initial-{metric}"] = float(initial[metric])
     for metric in rounds[0]:
         values = [_number(r.get(metric, "")) for r in rounds]
         if metric != "round" and any(v is not None for v in values):

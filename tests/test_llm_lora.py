@@ -262,3 +262,37 @@ def test_adapters_are_drawn_from_the_seed_and_the_base_is_shared(tiny_llama) -> 
     assert all(not p.any() for n, p in adapters[0].items() if "lora_B" in n)
     frozen = [[p for p in m.parameters() if not p.requires_grad] for m in (a, c)]
     assert all(p is q for p, q in zip(*frozen, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,message", [
+    (["model='hf:/no/such/model.gguf'"],
+     "model='hf:/no/such/model.gguf': /no/such/model.gguf does not exist"),
+    (["lora-targets='q_proj,w_gate'"], "invalid lora-targets='q_proj,w_gate': model"),
+    (["lora-rank=0"], "invalid lora-rank=0: must be >= 1"),
+    (["task='sft:records.jsonl'"], "record 1 has no 'output' text"),
+    (["max-length=20"], "max-length=20 leaves no response token for record 0"),
+])
+def test_engine_cli_refuses_llm_bad_input_with_exit_2(args, message, tiny_llama, tmp_path) -> None:
+    """The issue's bad LLM input through `python -m adaptfl.engine`: exit 2 (refused before
+    round 1), one line on stderr naming the problem, no run folder and no client state."""
+    import subprocess
+    import sys
+
+    (tmp_path / "records.jsonl").write_text(
+        json.dumps({"instruction": "Say hi.", "output": "hi"}) + "\n"
+        + json.dumps({"instruction": "Say bye.", "input": ""}) + "\n")
+    base = [f"model='hf:{tiny_llama}'", f"task='{TASK}'", "max-length=128", "lora-rank=4",
+            "num-server-rounds=1", "local-steps=1", "batch-size=2", "partitioning='natural-id'",
+            f"data-dir='{tmp_path}'", f"results-dir='{tmp_path / 'out'}'", "run-name='lora'",
+            f"client-state-dir='{tmp_path / 'state'}'"]
+    changed = {a.partition("=")[0] for a in args}
+    overrides = [a for a in base if a.partition("=")[0] not in changed] + args
+    done = subprocess.run([sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2",
+                           *overrides], capture_output=True, text=True, timeout=300)
+    # exit 2: refused before round 1 (server_app/exit_codes.py); 0 or 1 if the check were gone
+    assert done.returncode == 2, done.stderr[-3000:]
+    line = done.stderr.strip()
+    assert line.startswith("config error: ") and message in line, done.stderr[-3000:]
+    assert line.count("\n") == 0, done.stderr[-3000:]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "state").exists()

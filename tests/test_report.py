@@ -120,3 +120,47 @@ def test_rounds_to_a_target_loss(tmp_path: Path) -> None:
     assert "– (0/2 ≤ 0.21" in lines[("0.1", "0.2", "fedavg")]
     with pytest.raises(ValueError, match="target='perplexity'"):
         results_table(rows, "perplexity")
+
+
+def test_sft_grids_get_table_11_and_a_claim_per_metric(tmp_path: Path) -> None:
+    """SFT rows (docs/llm-lora.md) get the pretrained model's and each algorithm's held-out loss,
+    perplexity, token accuracy and response NLL; perplexity and NLL are lower-better."""
+    grid = parse_grid(GRID.replace('fraction-train = [0.2, 1.0]', 'fraction-train = [1.0]'))
+    # (algorithm, seed) -> final loss, token accuracy, response NLL; the initial model per seed
+    finals = {("fedavg", 0): (0.6, 0.70, 0.50), ("fedavg", 1): (0.8, 0.74, 0.70),
+              ("hafedho", 0): (0.5, 0.72, 0.40), ("hafedho", 1): (0.7, 0.70, 0.60)}
+    initial = {0: (0.9, 0.60, 1.0), 1: (1.1, 0.62, 1.2)}
+    for cell in grid.cells():
+        a = cell.axes
+        loss, acc, nll = finals[(a["algorithm"], a["seed"])]
+        loss0, acc0, nll0 = initial[a["seed"]]
+        append_row(tmp_path / "fixed.csv", {
+            "cell": cell.cell_id, **cell.run_config, "final-test-accuracy": acc,
+            "final-test-loss": loss, "final-test-perplexity": 2.0 ** loss,
+            "final-test-response-nll": nll, "initial-test-loss": loss0,
+            "initial-test-perplexity": 2.0 ** loss0, "initial-test-accuracy": acc0,
+            "initial-test-response-nll": nll0, "series:test-accuracy": [acc],
+            "series:test-loss": [loss], "series:bytes-down": [1e6], "series:bytes-up": [1e6]})
+    toml = GRID.replace('fraction-train = [0.2, 1.0]', 'fraction-train = [1.0]').replace(
+        'metric = "final-test-accuracy"\ngap-largest-at = "fraction-train=min"\n',
+        'metric = "final-test-response-nll"\nmetrics = ["final-test-loss", "final-test-perplexity",'
+        ' "final-test-accuracy", "final-test-response-nll"]\nscale = "tiny on purpose."\n')
+    (tmp_path / "fixed.toml").write_text(toml)
+    assert len(parse_grid(toml).paper["metrics"]) == 4
+    page = render([tmp_path / "fixed.toml"], tmp_path, tmp_path / "docs" / "results.md")
+    rows = {tuple(c.strip() for c in line.split("|")[3:5]): line for line in page.splitlines()
+            if "| 1 |" in line and "perplexity" not in line}
+    # means over seeds 0, 1; perplexity 2**loss: initial 2**0.9, 2**1.1 = 1.8661, 2.1435
+    assert "| 1.0000 ± 0.1414 | 2.0048 ± 0.1962 | 0.6100 ± 0.0141 | 1.1000 ± 0.1414 |" \
+        in rows[("pretrained (round 0)", "2")]
+    assert "| 0.6000 ± 0.1414 | 1.5194 ± 0.1487 | 0.7100 ± 0.0141 | 0.5000 ± 0.1414 |" \
+        in rows[("hafedho", "2")]
+    assert "**Scale.** tiny on purpose." in page
+    # hafedho: lower loss, perplexity and NLL (the claimed order, gaps within one sd: "not
+    # resolved"; "does not hold" were they higher-better), token accuracy 0.71 vs 0.72 (reversed)
+    verdicts = [line for line in page.splitlines() if line.startswith("**Does the ordering hold?**")]
+    assert len(verdicts) == 4
+    held = verdicts[:2] + verdicts[3:]
+    for verdict, metric in zip(held, ("loss", "perplexity", "response-nll"), strict=True):
+        assert f"On final-test-{metric}: **not resolved**" in verdict
+    assert "On final-test-accuracy: **does not hold**" in verdicts[2]
