@@ -1,5 +1,6 @@
 """`python -m adaptfl.harness.report grid.toml ... --out docs/results.md`: tables and PNG plots from the
-results tables of sweeps (harness/sweep.py), one section per grid.
+results tables of sweeps (harness/sweep.py), one section per grid. `--splice` puts the sections
+into an existing page instead (grids that `harness.reproduce` does not sweep, e.g. fedact-lora).
 
 Per grid: final accuracy / loss (mean ± std over seeds), rounds to a target accuracy, bytes per
 round, direction consistency, whether the paper's claimed ordering holds, and curves of
@@ -181,15 +182,48 @@ def render(grid_paths: list[Path], results_dir: Path, out: Path) -> str:
     return "\n".join(sections)
 
 
+def marked(name: str, section: str) -> str:
+    """A grid's section between markers, so that `splice` can replace it in a whole page."""
+    return f"<!-- grid {name} -->\n{section.rstrip()}\n<!-- end of grid {name} -->\n"
+
+
+def splice(page: str, name: str, section: str) -> str:
+    """The page with grid `name`'s marked section replaced, or inserted before the privacy
+    section (or "## Systems", or the end): grids that `harness.reproduce` does not sweep."""
+    start, end = f"<!-- grid {name} -->", f"<!-- end of grid {name} -->\n"
+    new = marked(name, section)
+    if start in page:
+        a, b = page.index(start), page.index(end) + len(end)
+        return page[:a] + new + page[b:]
+    at = next((page.index(m) for m in ("<!-- privacy section -->", "## Systems") if m in page),
+              len(page))
+    return page[:at] + new + "\n" + page[at:]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("grids", nargs="+", type=Path)
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    parser.add_argument("--splice", action="store_true",
+                        help="replace (or add) these grids' sections in the existing page and copy "
+                             "their tables to results-data/, instead of writing a new page")
     args = parser.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("# Results\n\n" + render(args.grids, args.results_dir, args.out.resolve()))
-    print(f"wrote {args.out}")
+    out = args.out.resolve()
+    if not args.splice:
+        args.out.write_text("# Results\n\n" + render(args.grids, args.results_dir, out))
+        print(f"wrote {args.out}")
+        return
+    page = args.out.read_text()
+    for path in args.grids:
+        name = load_grid(path, set(catalog())).name
+        page = splice(page, name, render([path], args.results_dir, out))
+        table = args.results_dir / f"{name}.csv"
+        (out.parent / "results-data").mkdir(exist_ok=True)
+        (out.parent / "results-data" / table.name).write_text(table.read_text())
+    args.out.write_text(page)
+    print(f"wrote the sections of {', '.join(p.stem for p in args.grids)} into {args.out}")
 
 
 if __name__ == "__main__":

