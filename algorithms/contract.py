@@ -15,6 +15,9 @@ server's spec carries a digest of the frozen weights that each client checks its
 from __future__ import annotations
 
 import hashlib
+import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -85,16 +88,44 @@ def federated_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def frozen_digest(model: torch.nn.Module) -> str:
     """SHA-256 over the frozen parameters' names, dtypes, shapes and bytes ("" if none): a node
     whose base differs from the server's (another file, another seed) would train adapters for
-    a model nobody evaluates, so it is refused instead."""
+    a model nobody evaluates, so it is refused instead.
+
+    A client checks it every round, and hashing a base takes seconds (SmolLM2-135M: ~1.5 s),
+    so the digest is kept while the same tensor objects hold the same storage at the same
+    version (every in-place write through autograd's tensors bumps it: load_state_dict, an
+    optimizer, `copy_` under no_grad) and a strided sample of their values is unchanged (it
+    catches a base rewritten through `.data` or numpy, which the version does not see)."""
     frozen = frozen_parameters(model)
     if not frozen:
         return ""
-    digest = hashlib.sha256()
-    for name in sorted(frozen):
-        t = frozen[name].detach()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
+    names = sorted(frozen)
+    tensors = [frozen[n].detach() for n in names]
+    stamp = (names, [(t.data_ptr(), t._version, t.dtype, tuple(t.shape), t.device) for t in tensors],
+             _probe(tensors))
+    with _DIGESTS_LOCK:  # the same live objects: not new tensors at freed ones' addresses
+        for refs, kept_stamp, kept in _DIGESTS:
+            if kept_stamp == stamp and all(r() is frozen[n] for r, n in zip(refs, names, strict=True)):
+                return kept
+    sha = hashlib.sha256()
+    for name, t in zip(names, tensors, strict=True):
+        sha.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        sha.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    digest = sha.hexdigest()
+    with _DIGESTS_LOCK:
+        _DIGESTS.appendleft(([weakref.ref(frozen[n]) for n in names], stamp, digest))
+    return digest
+
+
+# the few bases this process hashed last: (weak refs to their parameters, stamp, digest)
+_DIGESTS: deque[tuple[list[weakref.ref], tuple, str]] = deque(maxlen=4)
+_DIGESTS_LOCK = threading.Lock()  # clients of the in-process engine may run in threads
+PROBE = 64  # values sampled per tensor
+
+
+def _probe(tensors: list[torch.Tensor]) -> bytes:
+    """PROBE evenly spaced values of each tensor, as bytes (one small copy per tensor)."""
+    picks = [t.reshape(-1)[::max(1, t.numel() // PROBE)][:PROBE] for t in tensors]
+    return b"".join(p.cpu().contiguous().view(torch.uint8).numpy().tobytes() for p in picks)
 
 
 def load_federated(model: torch.nn.Module, arrays: Mapping[str, torch.Tensor]) -> None:

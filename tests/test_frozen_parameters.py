@@ -11,12 +11,16 @@ one line; MOON (two model copies per client) is refused before round 1.
 
 from __future__ import annotations
 
+import hashlib
+from collections import deque
+from types import SimpleNamespace
+
 import pytest
 import torch
-from adaptfl.algorithms import wire
+from adaptfl.algorithms import contract, wire
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_parameters
+from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_digest, frozen_parameters
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
@@ -124,6 +128,38 @@ def test_a_client_with_another_frozen_part_is_refused(user_package, tmp_path) ->
     reply = train_or_refuse(msg, context)
     assert reply.has_error() and "frozen parameters differ from the server's" in reply.error.reason
     assert "\n" not in reply.error.reason
+
+
+def test_the_frozen_digest_is_hashed_again_only_when_the_base_changes(user_package, monkeypatch) -> None:
+    """Clients check the digest every round: it is kept per base (SmolLM2-135M takes ~1.5 s to
+    hash), and must still follow every write to it, and never hold for another base."""
+    hashed = []
+
+    def sha256():  # noqa: ANN202 - counts the full hashes
+        hashed.append(1)
+        return hashlib.sha256()
+
+    monkeypatch.setattr(contract, "hashlib", SimpleNamespace(sha256=sha256))
+    monkeypatch.setattr(contract, "_DIGESTS", deque(maxlen=4))  # nothing kept by other tests
+    task, weight = user_package.load(""), user_package.BASE.weight
+    saved = weight.detach().clone()
+    first = frozen_digest(user_package.build(task))
+    assert len(hashed) == 1 and frozen_digest(user_package.build(task)) == first  # same base
+    assert len(hashed) == 1
+    try:
+        with torch.no_grad():  # a write autograd counts (load_state_dict, an optimizer)
+            weight[0, 0] += 1.0
+        assert frozen_digest(user_package.build(task)) != first and len(hashed) == 2
+        with torch.no_grad():
+            weight.copy_(saved)
+        assert frozen_digest(user_package.build(task)) == first and len(hashed) == 3
+        weight.data.mul_(2.0)  # through .data: not counted by the version, seen by the sample
+        assert frozen_digest(user_package.build(task)) != first and len(hashed) == 4
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    assert frozen_digest(user_package.build_other_base(task)) != first and len(hashed) == 5
+    assert frozen_digest(user_package.build(task)) == first and len(hashed) == 6  # restored: moved
 
 
 def test_moon_is_refused_for_a_frozen_base_before_round_1(user_package, tmp_path) -> None:
