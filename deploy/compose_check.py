@@ -5,17 +5,21 @@ tests/test_deploy_compose_check.py keeps the two equal) on a Docker engine of it
 images (Flower's, or stand-ins where Docker Hub is unreachable; the project image from the
 host-built wheelhouse), the insecure demo for 2 rounds, then TLS + SuperNode authentication +
 SuperExec secrets for 2 rounds with an unregistered SuperNode and an outsider holding only
-ca.crt refused, each torn down with `down -v`. Exits 0 and prints one summary line when every
+ca.crt refused, each torn down with `down -v`. `flwr` runs in the `operator` container on the
+compose network; the check also tries the SuperLink's port from the host, where it must be
+unreachable. Exits 0 and prints one summary line when every
 check held; exits 1 naming the first that did not; 2 when the machine cannot run it.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -35,45 +39,46 @@ MIN_FREE_GB = 16
 ROUNDS = 2
 # min-replies=2: round 1 waits until both SuperNodes have joined
 RUN_CONFIG = f"num-server-rounds={ROUNDS} min-replies=2 model='mlp' local-steps=3 batch-size=32"
-WAIT_FOR = "timeout 120 bash -c 'until flwr ls {} >/dev/null 2>&1; do sleep 2; done'   # SuperLink up"
-SUPERLINK_ADDRESS = "127.0.0.1:8000"  # published on loopback only: the operators' port
+# The operators' `flwr` runs in the `operator` container on the `server` network (its
+# connections: deploy/operator.toml); the SuperLink's port is published nowhere on this host.
+OPERATOR = "$COMPOSE {} --profile operator run --rm -T operator"
+WAIT_FOR = "timeout 120 bash -c 'until {} ls {} >/dev/null 2>&1; do sleep 2; done'   # SuperLink up"
+SUPERLINK_PORT = 8000  # the SuperLink's own port: Control, Fleet and Runtime APIs
 PUBLIC_ADDRESS = "127.0.0.1:9092"  # the Fleet API proxy, published on every interface
+INSECURE_FILES = "-f compose.yml"
 TLS_FILES = "-f compose.yml -f with-tls.yml"
-FLWR_CONFIG = f"""cat > "$FLWR_HOME/config.toml" <<EOF
-[superlink.adaptfl-demo]
-address = "{SUPERLINK_ADDRESS}"
-insecure = true
+APP = "/app/project"  # this repository, mounted read-only into the operator container
 
-[superlink.adaptfl-demo-tls]
-address = "{SUPERLINK_ADDRESS}"
-root-certificates = "$PWD/certs/ca.crt"
-EOF"""
 
-# Every command of the demo, run in deploy/ with bash, COMPOSE="docker compose" (v2) or
-# COMPOSE=docker-compose (v1) and FLWR_HOME set. Each phase's checks run between phases.
+def _operator(files: str) -> str:
+    return OPERATOR.format(files)
+
+
+# Every command of the demo, run in deploy/ with bash and COMPOSE="docker compose" (v2) or
+# COMPOSE=docker-compose (v1). Each phase's checks run between phases.
 PHASES: dict[str, list[str]] = {
     "images": [
         "python -m adaptfl.deploy.wheelhouse wheelhouse   # host-built wheels: the build dials nothing",
         "python -m adaptfl.deploy.stand_in   # Flower's images, or stand-ins without Docker Hub",
         "export DOCKER_BUILDKIT=1 COMPOSE_DOCKER_CLI_BUILD=1   # BuildKit, with docker-compose v1 too",
-        "$COMPOSE -f compose.yml build",
+        f"$COMPOSE {INSECURE_FILES} build",
     ],
     "insecure": [
-        'mkdir -p "$FLWR_HOME"',
-        FLWR_CONFIG,
-        "$COMPOSE -f compose.yml up -d",
-        WAIT_FOR.format("adaptfl-demo"),
-        f"flwr run .. adaptfl-demo --stream --run-config \"{RUN_CONFIG} run-name='compose-insecure'\"",
+        f"$COMPOSE {INSECURE_FILES} up -d",
+        WAIT_FOR.format(_operator(INSECURE_FILES), "adaptfl-demo"),
+        f"{_operator(INSECURE_FILES)} run {APP} adaptfl-demo --stream "
+        f"--run-config \"{RUN_CONFIG} run-name='compose-insecure'\"",
     ],
-    "insecure-down": ["$COMPOSE -f compose.yml down -v"],
+    "insecure-down": [f"$COMPOSE {INSECURE_FILES} down -v"],
     "tls": [
         "KEY_OWNER=49999:49999 ./generate-certs.sh certs 2   # as root: keys 0600, owned by `app`",
         f"$COMPOSE {TLS_FILES} up -d superlink fleet-proxy superexec-serverapp",
-        WAIT_FOR.format("adaptfl-demo-tls"),
-        "flwr supernode register certs/supernode-1/supernode.pub adaptfl-demo-tls",
-        "flwr supernode register certs/supernode-2/supernode.pub adaptfl-demo-tls",
+        WAIT_FOR.format(_operator(TLS_FILES), "adaptfl-demo-tls"),
+        f"{_operator(TLS_FILES)} supernode register /app/certificates/supernode-1.pub adaptfl-demo-tls",
+        f"{_operator(TLS_FILES)} supernode register /app/certificates/supernode-2.pub adaptfl-demo-tls",
         f"$COMPOSE {TLS_FILES} up -d   # the SuperNodes join now",
-        f"flwr run .. adaptfl-demo-tls --stream --run-config \"{RUN_CONFIG} run-name='compose-tls'\"",
+        f"{_operator(TLS_FILES)} run {APP} adaptfl-demo-tls --stream "
+        f"--run-config \"{RUN_CONFIG} run-name='compose-tls'\"",
     ],
     "tls-down": [f"$COMPOSE {TLS_FILES} down -v"],
 }
@@ -81,8 +86,7 @@ PHASES: dict[str, list[str]] = {
 
 def readme_block() -> str:
     """The compose section of docs/deployment.md: exactly the commands this check runs, in its order."""
-    lines = ['export FLWR_HOME="${FLWR_HOME:-$HOME/.flwr}" COMPOSE="docker compose"   '
-             "# or COMPOSE=docker-compose (v1)", "cd deploy"]
+    lines = ['export COMPOSE="docker compose"   # or COMPOSE=docker-compose (v1)', "cd deploy"]
     for name, commands in PHASES.items():
         lines += ["", f"# {name}", *commands]
     return "\n".join(lines)
@@ -199,6 +203,47 @@ def outsider_refused(runner: Runner) -> str:
     return "register, ls and run refused (403)"
 
 
+def superlink_answers(host: str, port: int, cafile: str = "") -> bool:
+    """Whether the SuperLink itself answers GET /health at host:port (200), over TLS signed by
+    our CA when `cafile` is given. Not a bare TCP connect: a network may accept any connection
+    (this project's machines have a gateway that does, and answers 404/426)."""
+    if cafile:
+        context = ssl.create_default_context(cafile=cafile)
+        context.check_hostname = False  # an IP address; the CA still vouches for the SuperLink
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(host, port, timeout=5,
+                                                                       context=context)
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def superlink_unreachable_from_host(runner: Runner, files: str, cafile: str = "") -> str:
+    """Issue 21 §5: no host process reaches the SuperLink's port: published nowhere (not on
+    127.0.0.1 either), and its container address on the `server` network has no route from the
+    host (inhibit_ipv4). The operator container reached it (the `flwr run` above)."""
+    container = runner.compose(f"{files} ps -q superlink").stdout.strip()
+    inspect = subprocess.run(
+        [dockerd.DOCKER, "inspect", "-f", "{{json .NetworkSettings.Ports}} "
+         "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", container],
+        capture_output=True, text=True, timeout=60, check=False)
+    if inspect.returncode != 0 or not container:
+        raise CheckFailed(f"cannot inspect the SuperLink's container: {inspect.stderr[-1000:]}")
+    ports, *addresses = inspect.stdout.split()
+    bindings = [b for b in (json.loads(ports) or {}).values() if b]
+    reached = [host for host in ("127.0.0.1", *addresses) if superlink_answers(host, SUPERLINK_PORT, cafile)]
+    if bindings or reached or not addresses:
+        raise CheckFailed(f"the SuperLink's port is reachable from the host: published {bindings}, "
+                          f"answered at {reached}, addresses {addresses}")
+    return (f"published nowhere, {', '.join(addresses)}:{SUPERLINK_PORT} and 127.0.0.1 unreachable "
+            "from the host")
+
+
 def release_build_cache() -> None:
     """BuildKit keeps a copy of the build context (the 3 GB wheelhouse) and every superseded
     image's layers; without this, each re-run after a source change leaks ~10 GB. The tagged
@@ -234,7 +279,8 @@ def run_check(workdir: Path) -> str:
                                          if line.startswith(stand_in.OUTCOMES)), "Flower images ?")
         try:
             runner.phase("insecure")
-            summary["insecure"] = f"rounds {results_in_volume(runner, '-f compose.yml', 'compose-insecure')}"
+            summary["insecure"] = f"rounds {results_in_volume(runner, INSECURE_FILES, 'compose-insecure')}"
+            summary["superlink-port"] = superlink_unreachable_from_host(runner, INSECURE_FILES)
         finally:
             runner.phase("insecure-down")
         try:
@@ -242,6 +288,7 @@ def run_check(workdir: Path) -> str:
             summary["tls"] = f"rounds {results_in_volume(runner, TLS_FILES, 'compose-tls')}"
             summary["intruder"] = intruder_refused(runner, workdir)
             summary["outsider"] = outsider_refused(runner)
+            superlink_unreachable_from_host(runner, TLS_FILES, str(DEPLOY / "certs" / "ca.crt"))
         finally:
             runner.phase("tls-down")
     finally:
@@ -250,7 +297,8 @@ def run_check(workdir: Path) -> str:
         if made_certs:
             shutil.rmtree(DEPLOY / "certs", ignore_errors=True)
     seconds = ", ".join(f"{k} {v:.0f}s" for k, v in runner.seconds.items())
-    return (f"compose-check OK: insecure {summary['insecure']}; tls {summary['tls']}; unregistered "
+    return (f"compose-check OK: insecure {summary['insecure']}; tls {summary['tls']}; SuperLink's port "
+            f"{summary['superlink-port']}; unregistered "
             f"SuperNode {summary['intruder']}; outsider via proxy {summary['outsider']}; "
             f"{summary['flower-images']}; times: {seconds}, total {time.perf_counter() - started:.0f}s; "
             f"peak disk +{runner.disk_peak / 2**30:.1f} GB")

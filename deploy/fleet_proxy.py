@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import ssl
 from dataclasses import dataclass
 
@@ -181,9 +182,16 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 async def serve(listen: str, upstream: Upstream, context: ssl.SSLContext | None) -> None:
-    host, port = split_address(listen)
-    server = await asyncio.start_server(lambda r, w: handle(r, w, upstream), host, port,
-                                        ssl=context, limit=MAX_HEAD)
+    """`listen` is HOST:PORT, or fd:N: a listening socket bound by whoever started the proxy, in
+    its own network namespace (deploy/netns.py: the proxy dials the SuperLink in another one)."""
+    if listen.startswith("fd:"):
+        sock = socket.socket(fileno=int(listen[3:]))
+        server = await asyncio.start_server(lambda r, w: handle(r, w, upstream), sock=sock,
+                                            ssl=context, limit=MAX_HEAD)
+    else:
+        host, port = split_address(listen)
+        server = await asyncio.start_server(lambda r, w: handle(r, w, upstream), host, port,
+                                            ssl=context, limit=MAX_HEAD)
     log.info("Fleet API proxy on %s -> %s:%s (TLS %s)", listen, upstream.host, upstream.port,
              "on" if context else "off")
     async with server:
@@ -192,7 +200,8 @@ async def serve(listen: str, upstream: Upstream, context: ssl.SSLContext | None)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--listen", required=True, help="HOST:PORT the SuperNodes dial")
+    parser.add_argument("--listen", required=True, help="HOST:PORT the SuperNodes dial, or fd:N "
+                        "(a socket already listening, inherited)")
     parser.add_argument("--upstream", required=True, help="HOST:PORT of the SuperLink")
     parser.add_argument("--certfile", default="", help="TLS certificate shown to SuperNodes")
     parser.add_argument("--keyfile", default="")

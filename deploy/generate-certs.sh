@@ -13,6 +13,8 @@
 #   OUT_DIR/superexec-serverapp/     ca.crt superexec.secret (the same secret as the SuperLink's)
 #   OUT_DIR/supernode-N/             ca.crt supernode.key supernode.pub superexec.secret
 #   OUT_DIR/superexec-clientapp-N/   superexec.secret (the same secret as supernode-N's)
+#   OUT_DIR/operator/                ca.crt supernode-N.pub (what an operator holds: the public
+#                                    keys the organisations sent, to register them)
 #
 # Private keys and secrets are 0600 in 0700 folders. KEY_OWNER=uid:gid (compose: 49999:49999,
 # the user `app` of Flower's images) hands each process folder to the user that runs it; the
@@ -86,6 +88,13 @@ for i in $(seq 1 "$num_nodes"); do
   secret "$node/superexec.secret"
   private_dir "$out/superexec-clientapp-$i"
   cp -p "$node/superexec.secret" "$out/superexec-clientapp-$i/superexec.secret"
+done
+
+# The operators' folder: nothing private, but 0700 like the others (the compose `operator`).
+private_dir "$out/operator"
+public "$out/ca.crt" "$out/operator/ca.crt"
+for i in $(seq 1 "$num_nodes"); do
+  public "$out/supernode-$i/supernode.pub" "$out/operator/supernode-$i.pub"
 done
 
 if [ -n "${KEY_OWNER:-}" ]; then

@@ -10,9 +10,15 @@ API), the Fleet API proxy whose port is the SuperNodes', N SuperNodes (+ one Sup
 their keys registered with `flwr supernode register`, then `flwr run` against it. Every process
 is stopped by its PID at the end, also when something fails.
 
+The SuperLink, its SuperExec, the proxy and the operator's `flwr` run in a network namespace of
+their own where the OS allows one (deploy/netns.py): no other local user's process reaches the
+SuperLink's port; the proxy's port, bound on the host's 127.0.0.1, is the only way in. Elsewhere
+the kit says so in one warning line and runs on the host's 127.0.0.1.
+
 `--intruder` also starts a SuperNode whose key was never registered (it must be refused);
 `--attacker` plays someone who holds only ca.crt and reaches only the public (proxy) port: it
-tries `flwr supernode register`, `flwr ls` and `flwr run`, and each must be refused.
+tries `flwr supernode register`, `flwr ls` and `flwr run`, and each must be refused; in a
+namespace it also tries them on the SuperLink's port from outside it (`local-*`: refused too).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -29,8 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaptfl.deploy import commands
-from adaptfl.deploy.processes import PeakMemory, ProcessGroup, free_port, wait_for_port
+from adaptfl.deploy import commands, netns
+from adaptfl.deploy.processes import PeakMemory, ProcessGroup, free_port, wait_for_line, wait_for_port
 from adaptfl.server_app import source as where
 
 # adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
@@ -38,6 +45,7 @@ from adaptfl.server_app import source as where
 PROJECT = where.source_checkout() or Path(__file__).resolve().parent.parent
 CONNECTION = "loopback"  # the operator's connection in $FLWR_HOME/config.toml: the SuperLink's port
 OUTSIDER = "outsider"  # the same ca.crt, but the public port: the Fleet API proxy's
+LOCAL_USER = "local-user"  # the SuperLink's address, dialled by a process outside its namespace
 
 
 @dataclass
@@ -52,6 +60,8 @@ class LoopbackResult:
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     more: list[subprocess.CompletedProcess[str]] = field(default_factory=list)  # `more_runs`
     more_peak_rss_mb: list[dict[str, float]] = field(default_factory=list)  # and their peaks
+    isolation: str = ""  # the SuperLink side's network namespace (netns.MODES), '' on the host
+    warning: str = ""  # netns.FALLBACK's line where the OS allowed no namespace
 
 
 @dataclass
@@ -96,11 +106,14 @@ def write_connections(flwr_home: Path, connections: dict[str, str], ca_cert: Pat
         for name, address in connections.items()))
 
 
-def flwr_cli(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def flwr_cli(args: list[str], env: dict[str, str], timeout: float,
+             enter: Callable[[list[str]], list[str]] | None = None) -> subprocess.CompletedProcess[str]:
+    """`flwr ARGS`; `enter` runs it in the SuperLink's namespace (the operator's)."""
     flwr = shutil.which("flwr")
     if flwr is None:
         raise FileNotFoundError("the `flwr` CLI is not on PATH (pip install flwr==1.42.0)")
-    return subprocess.run([flwr, *args], env=env, capture_output=True, text=True,
+    argv = [flwr, *args]
+    return subprocess.run(enter(argv) if enter else argv, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 
@@ -116,17 +129,18 @@ def _wait_exit(proc: subprocess.Popen[bytes], limit: float) -> int | None:
         return None
 
 
-def attack_with_ca_only(certs: Path, env: dict[str, str], timeout: float = 120
-                        ) -> dict[str, subprocess.CompletedProcess[str]]:
-    """What someone holding only ca.crt can try through the public port: each must fail."""
+def attack_with_ca_only(certs: Path, env: dict[str, str], timeout: float = 120,
+                        connection: str = OUTSIDER) -> dict[str, subprocess.CompletedProcess[str]]:
+    """What someone holding only ca.crt can try through `connection` (the public port, or the
+    SuperLink's from outside its namespace): each must fail."""
     attacker_key = certs / "attacker"
     if not attacker_key.exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f",
                         str(attacker_key)], check=True, capture_output=True, timeout=60)
     return {
-        "register": flwr_cli(["supernode", "register", f"{attacker_key}.pub", OUTSIDER], env, timeout),
-        "ls": flwr_cli(["ls", OUTSIDER], env, timeout),
-        "run": flwr_cli(["run", str(PROJECT), OUTSIDER, "--run-config", "num-server-rounds=1"],
+        "register": flwr_cli(["supernode", "register", f"{attacker_key}.pub", connection], env, timeout),
+        "ls": flwr_cli(["ls", connection], env, timeout),
+        "run": flwr_cli(["run", str(PROJECT), connection, "--run-config", "num-server-rounds=1"],
                         env, timeout),
     }
 
@@ -147,7 +161,10 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
     generate_certs(certs, num_nodes + (1 if intruder else 0))
     env = flower_env(flwr_home)
     group = ProcessGroup(workdir / "logs", env)
-    port, proxy_port = free_port(), free_port()
+    port = free_port()  # free on the host too: a local user's process dialling it finds nothing
+    # The proxy's socket, bound here on the host's loopback and handed to it (`--listen fd:N`).
+    public = socket.create_server(("127.0.0.1", 0))
+    proxy_port = public.getsockname()[1]
     address, public_address = f"127.0.0.1:{port}", f"127.0.0.1:{proxy_port}"
     link = certs / "superlink"
     tls = commands.Tls(ca_cert=str(link / "ca.crt"), server_cert=str(link / "server.pem"),
@@ -157,22 +174,27 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
                              server_cert=str(proxy_dir / "fleet-proxy.pem"),
                              server_key=str(proxy_dir / "fleet-proxy.key"))
     try:
+        ns, warning = netns.start(group, workdir, address)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         superlink = group.start("superlink", commands.superlink(
             "127.0.0.1", port, str(workdir / "state.db"), tls,
-            secret_file=str(link / "superexec.secret")), workdir)
-        wait_for_port(port, superlink, group.log_of("superlink"))
-        _, *proxy_args = commands.fleet_proxy(public_address, address, proxy_tls)
-        proxy = group.start("fleet-proxy", [sys.executable, *proxy_args], workdir)
-        wait_for_port(proxy_port, proxy, group.log_of("fleet-proxy"))
+            secret_file=str(link / "superexec.secret")), workdir, enter=ns.enter)
+        wait_for_port(port, superlink, group.log_of("superlink"), reaches=ns.reaches)
+        _, *proxy_args = commands.fleet_proxy(f"fd:{public.fileno()}", address, proxy_tls)
+        proxy = group.start("fleet-proxy", [sys.executable, *proxy_args], workdir, enter=ns.enter,
+                            pass_fds=(public.fileno(),))
+        public.close()
+        wait_for_line(proxy, group.log_of("fleet-proxy"), "Fleet API proxy on")
         serverapp_dir = certs / "superexec-serverapp"
         group.start("superexec-serverapp", commands.superexec_serverapp(
             address, commands.Tls(ca_cert=str(serverapp_dir / "ca.crt")),
-            secret_file=str(serverapp_dir / "superexec.secret")), workdir)
-        write_connections(flwr_home, {CONNECTION: address, OUTSIDER: public_address},
-                          certs / "ca.crt")
+            secret_file=str(serverapp_dir / "superexec.secret")), workdir, enter=ns.enter)
+        write_connections(flwr_home, {CONNECTION: address, OUTSIDER: public_address,
+                                      LOCAL_USER: address}, certs / "ca.crt")
         for i in range(1, num_nodes + 1):
             done = flwr_cli(["supernode", "register", str(certs / f"supernode-{i}" / "supernode.pub"),
-                             CONNECTION], env, timeout=60)
+                             CONNECTION], env, timeout=60, enter=ns.enter)
             if done.returncode != 0:
                 raise RuntimeError(f"registering supernode-{i} failed: {done.stdout}{done.stderr}")
         for i in range(1, num_nodes + 1):
@@ -183,6 +205,9 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
                                    None, name="supernode-intruder")
             intruder_exit = _wait_exit(stranger, limit=60)
         attacks = attack_with_ca_only(certs, env) if attacker else {}
+        if attacker and ns.mode:  # on the host's loopback (the fallback) these would succeed
+            local = attack_with_ca_only(certs, env, connection=LOCAL_USER)
+            attacks.update({f"local-{k}": v for k, v in local.items()})
         nodes = Nodes(group, workdir, certs, public_address, num_nodes)
         side = threading.Thread(target=during, args=(nodes,), daemon=True) if during else None
         started = time.perf_counter()
@@ -192,21 +217,22 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
                 side.start()
             if run_config is not None:
                 run = flwr_cli(["run", str(PROJECT), CONNECTION, "--stream", "--run-config", run_config],
-                               env, timeout=timeout)
+                               env, timeout=timeout, enter=ns.enter)
             seconds = time.perf_counter() - started
             if side is not None:
                 side.join(timeout=60)
         for app, config in more_runs:
             with PeakMemory(group) as other:
                 more.append(flwr_cli(["run", str(app), CONNECTION, "--stream", "--run-config", config],
-                                     env, timeout=timeout))
+                                     env, timeout=timeout, enter=ns.enter))
             peaks.append(other.peak_mb)
         return LoopbackResult(run=run, intruder_exit=intruder_exit, log_dir=group.log_dir,
                               seconds=seconds,
-                              commands={name: list(p.args) for name, p in group.procs.items()},
+                              commands={n: a for n, a in group.argv.items() if n != "netns"},
                               attacks=attacks, peak_rss_mb=memory.peak_mb, more=more,
-                              more_peak_rss_mb=peaks)
+                              more_peak_rss_mb=peaks, isolation=ns.mode, warning=warning)
     finally:
+        public.close()
         group.stop_all()
 
 
@@ -243,7 +269,8 @@ def main() -> None:
     print(result.run.stdout[-4000:], result.run.stderr[-4000:], sep="\n", file=sys.stderr)
     print(json.dumps({"flwr-run-exit": result.run.returncode, "seconds": round(result.seconds, 1),
                       "intruder-exit": result.intruder_exit, "logs": str(result.log_dir),
-                      "attacks-refused": {k: v.returncode != 0 for k, v in result.attacks.items()}}))
+                      "attacks-refused": {k: v.returncode != 0 for k, v in result.attacks.items()},
+                      "superlink-namespace": result.isolation or "none (fallback)"}))
     sys.exit(result.run.returncode)
 
 

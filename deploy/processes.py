@@ -8,6 +8,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -17,18 +18,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], log_file: Path, limit: float = 60) -> None:
-    """Until something listens on 127.0.0.1:port; raises if the process died first."""
+def listens(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], log_file: Path, limit: float = 60,
+                  reaches: Callable[[int], bool] = listens) -> None:
+    """Until something listens on 127.0.0.1:port (as `reaches` sees it: in a network namespace,
+    deploy/netns.py); raises if the process died first."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}: "
                                f"{log_file.read_text()[-2000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if reaches(port):
+            return
         time.sleep(0.2)
     raise TimeoutError(f"nothing listens on port {port} after {limit} s ({proc.args[0]})")
+
+
+def wait_for_line(proc: subprocess.Popen[bytes], log_file: Path, text: str, limit: float = 60) -> None:
+    """Until `text` is in the process's log; raises if the process died first."""
+    deadline = time.monotonic() + limit
+    while text not in log_file.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args[0]} never logged {text!r} (exit {proc.poll()}): "
+                               f"{log_file.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.2)
 
 
 class ProcessGroup:
@@ -38,18 +55,22 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.env = env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.argv: dict[str, list[str]] = {}  # what each runs, without a namespace's nsenter
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def log_of(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def start(self, name: str, argv: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str], cwd: Path,
+              enter: Callable[[list[str]], list[str]] | None = None,
+              pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+        """`enter` wraps argv to run it elsewhere (deploy/netns.py); `pass_fds` stay open in it."""
         if name in self.procs:
             raise ValueError(f"process name {name!r} already used")
         with self.log_of(name).open("wb") as log:
-            proc = subprocess.Popen(argv, cwd=cwd, env=self.env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name] = proc
+            proc = subprocess.Popen(enter(argv) if enter else argv, cwd=cwd, env=self.env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
+        self.procs[name], self.argv[name] = proc, argv
         return proc
 
     def kill(self, name: str) -> None:

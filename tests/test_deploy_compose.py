@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -21,7 +22,8 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is a test dependency: pip inst
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 FLOWER_IMAGES = {f"flwr/superlink:{FLOWER_TAG}": "flower-superlink",
-                 f"flwr/supernode:{FLOWER_TAG}": "flower-supernode"}
+                 f"flwr/supernode:{FLOWER_TAG}": "flower-supernode",
+                 f"flwr/superexec:{FLOWER_TAG}": "flower-superexec"}  # the operator's `flwr`
 OWN_IMAGES = {"adaptfl-superexec:0.2.0": "flower-superexec",
               "adaptfl-superexec:0.2.0-cuda": "flower-superexec"}
 NUM_NODES = 2
@@ -130,13 +132,32 @@ def _published(service: dict) -> list[str]:
     return [str(p) for p in service.get("ports", [])]
 
 
-@pytest.mark.parametrize("files", [["compose.yml"], ["compose.yml", "with-tls.yml"]])
-def test_only_the_fleet_proxy_is_published_and_the_control_api_stays_on_loopback(files) -> None:
+def _container_port(port: object) -> str:
+    """The container side of a `ports` entry: "8000", "IP:HOST:8000/tcp" or {target: 8000}."""
+    if isinstance(port, dict):
+        return str(port["target"])
+    return str(port).split("/")[0].rsplit(":", 1)[-1]
+
+
+@pytest.mark.parametrize("files", [["compose.yml"], ["compose.yml", "with-tls.yml"],
+                                   ["compose.yml", "with-tls.yml", "with-cuda.yml"]])
+def test_only_the_fleet_proxy_is_published_and_the_superlinks_port_nowhere(files) -> None:
+    """Issue 21 §5: the SuperLink's port serves the Control API (`flwr run` runs code on every
+    SuperNode), so no host process may reach it: not published, not even on 127.0.0.1."""
     services = merged(*files)["services"]
     published = {name: _published(s) for name, s in services.items() if _published(s)}
-    assert published == {"superlink": ["127.0.0.1:8000:8000"], "fleet-proxy": ["9092:9092"]}
+    assert published == {"fleet-proxy": ["9092:9092"]}
+    superlink = services["superlink"]
+    assert "ports" not in superlink and "network_mode" not in superlink  # no host networking
+    assert not [p for s in services.values() for p in s.get("ports", [])
+                if _container_port(p) == str(commands.SUPERLINK_PORT)]
+    # Nor through the container's address: `server` gives the host no address (so no route to
+    # it) and lets nothing out. compose-check measures both from the host.
+    server = load("compose.yml")["networks"]["server"]
+    assert server["internal"] is True
+    assert server["driver_opts"] == {"com.docker.network.bridge.inhibit_ipv4": "true"}
     # SuperNodes reach the SuperLink only through the proxy: they share no network with it.
-    assert services["superlink"]["networks"] == ["server"]
+    assert superlink["networks"] == ["server"]
     assert sorted(services["fleet-proxy"]["networks"]) == ["fleet", "server"]
     for i in range(1, NUM_NODES + 1):
         assert services[f"supernode-{i}"]["networks"] == ["fleet"]
@@ -144,6 +165,29 @@ def test_only_the_fleet_proxy_is_published_and_the_control_api_stays_on_loopback
         assert argv[argv.index("--host") + 1] == "127.0.0.1"  # its SuperExec API: loopback only
         clientapp = services[f"superexec-clientapp-{i}"]
         assert clientapp["network_mode"] == f"service:supernode-{i}" and "ports" not in clientapp
+
+
+def test_operators_reach_the_control_api_from_the_operator_container_only() -> None:
+    """`flwr` in the `operator` service, on the `server` network, on demand (a profile); its
+    connections name superlink:8000, and compose-check runs every `flwr` command through it."""
+    services = merged("compose.yml", "with-tls.yml")["services"]
+    operator = services["operator"]
+    assert operator["profiles"] == ["operator"] and operator["networks"] == ["server"]
+    assert operator["entrypoint"] == ["flwr"] and "ports" not in operator
+    assert "./operator.toml:/app/.flwr/config.toml:ro" in operator["volumes"]
+    assert "..:/app/project:ro" in operator["volumes"]
+    connections = tomllib.loads((DEPLOY / "operator.toml").read_text())["superlink"]
+    assert {name: c["address"] for name, c in connections.items()} == {
+        "adaptfl-demo": f"superlink:{commands.SUPERLINK_PORT}",
+        "adaptfl-demo-tls": f"superlink:{commands.SUPERLINK_PORT}"}
+    assert connections["adaptfl-demo"]["insecure"] is True
+    assert connections["adaptfl-demo-tls"]["root-certificates"] == f"{CERTS}/ca.crt"
+    from adaptfl.deploy import compose_check
+
+    demo = [c for cmds in compose_check.PHASES.values() for c in cmds]
+    via_operator = [c for c in demo if "--profile operator run --rm -T operator " in c]
+    assert len(via_operator) == 6  # 2 waits (`ls`), 2 `supernode register`, 2 `run`
+    assert not [c for c in demo if re.search(r"(^|[;&|(]\s*)flwr\s", c)]  # no `flwr` on the host
 
 
 def test_each_container_mounts_only_its_own_certificate_folder() -> None:
@@ -155,7 +199,7 @@ def test_each_container_mounts_only_its_own_certificate_folder() -> None:
             if source.startswith("./certs"):
                 assert mode == ["ro"] and target == CERTS, (name, volume)
                 mounted[name] = source
-    expected = {"superlink", "fleet-proxy", "superexec-serverapp",
+    expected = {"superlink", "fleet-proxy", "superexec-serverapp", "operator",
                 *(f"supernode-{i}" for i in range(1, NUM_NODES + 1)),
                 *(f"superexec-clientapp-{i}" for i in range(1, NUM_NODES + 1))}
     assert mounted == {name: f"./certs/{name}" for name in expected}
@@ -188,6 +232,12 @@ def test_no_flower_process_runs_as_root_in_the_images() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.M)
     assert users and users[-1] == "app", users
+    # The stand-ins for Flower's images too: every target builds on `base`, which ends as `app`.
+    stand_in = (DEPLOY / "flower-stand-in.Dockerfile").read_text()
+    stages = re.split(r"^FROM\s+", stand_in, flags=re.M)[1:]
+    assert [re.findall(r"^USER\s+(\S+)", stage, flags=re.M) for stage in stages][0][-1] == "app"
+    assert all(stage.startswith("base AS ") and "USER" not in stage for stage in stages[1:])
+    assert len(stages) == 4  # base, superlink, supernode, superexec
     services = merged("compose.yml", "with-tls.yml", "with-cuda.yml")["services"]
     as_root = sorted(name for name, s in services.items() if str(s.get("user", "")).split(":")[0]
                      in ("root", "0"))

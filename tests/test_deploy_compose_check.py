@@ -36,7 +36,7 @@ def test_the_documented_compose_section_is_what_the_check_runs() -> None:
 def test_every_phase_tears_down_with_down_v_after_it_brings_up() -> None:
     assert compose_check.PHASES["insecure-down"] == ["$COMPOSE -f compose.yml down -v"]
     assert compose_check.PHASES["tls-down"] == [f"$COMPOSE {compose_check.TLS_FILES} down -v"]
-    runs = [c for cmds in compose_check.PHASES.values() for c in cmds if c.startswith("flwr run")]
+    runs = [c for cmds in compose_check.PHASES.values() for c in cmds if " operator run /app/project " in c]
     assert len(runs) == 2 and all(f"num-server-rounds={compose_check.ROUNDS}" in r for r in runs)
 
 
@@ -64,6 +64,37 @@ def test_it_refuses_to_start_with_less_free_disk_than_its_measured_peak(monkeypa
     with pytest.raises(SystemExit, match="only 15.9 GB free .* it needs 16 GB"):
         compose_check.run_check(tmp_path)
     assert not started  # nothing was started or built
+
+
+@pytest.mark.parametrize("status,expected", [(200, True), (404, False), (None, False)])
+def test_the_host_probe_counts_only_an_answer_of_the_superlinks_own(status, expected) -> None:
+    """compose-check's probe of the SuperLink's port from the host (issue 21 §5): a 200 on
+    /health is the SuperLink; a gateway that accepts every connection (this machine's answers
+    404/426) or nothing listening is not."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(status if self.path == "/health" else 500)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    port = server.server_address[1]
+    if status is None:
+        server.server_close()  # nothing listens there any more
+        assert compose_check.superlink_answers("127.0.0.1", port) is expected
+        return
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert compose_check.superlink_answers("127.0.0.1", port) is expected
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _docker_can_run() -> str:

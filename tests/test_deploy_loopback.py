@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.deploy import netns
 from adaptfl.deploy.loopback import LoopbackResult, generate_certs, run_loopback
 from adaptfl.engine.inprocess import run_inprocess
 
@@ -115,6 +116,11 @@ def test_private_keys_and_secrets_are_0600_in_0700_folders(tmp_path) -> None:
         "superexec-serverapp/superexec.secret",
         *(f"supernode-{i}/{f}" for i in (1, 2) for f in ("supernode.key", "superexec.secret")),
         *(f"superexec-clientapp-{i}/superexec.secret" for i in (1, 2))])
+    # The operators' folder: the CA certificate and the public keys the organisations sent.
+    assert sorted(p.name for p in (tmp_path / "operator").iterdir()) == [
+        "ca.crt", "supernode-1.pub", "supernode-2.pub"]
+    assert (tmp_path / "operator" / "supernode-2.pub").read_bytes() == \
+        (tmp_path / "supernode-2" / "supernode.pub").read_bytes()
     for path in private:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700, path.parent
@@ -156,3 +162,25 @@ def test_a_supernode_with_trusted_entities_refuses_an_unsigned_app(attacked) -> 
                                         "metrics.jsonl").read_text().splitlines()) if r["round"] >= 1]
     assert rows and all(r["replies-accepted"] == 0 for r in rows)
     assert "flwr-clientapp" not in (attacked.log_dir / "superexec-clientapp-1.log").read_text()
+
+
+@pytest.mark.parametrize("attempt", ["register", "ls", "run"])
+def test_a_local_process_outside_the_namespace_cannot_reach_the_superlinks_port(attacked, attempt) -> None:
+    """Issue 21 §5: on the host's 127.0.0.1, any local process holding ca.crt reached the
+    SuperLink's own port and could enrol a key, list runs and `flwr run` its own app. Where the
+    OS allows it, the kit puts the SuperLink side in a network namespace: the same attempts from
+    outside it find nothing listening, while the operator's, inside, ran the app."""
+    mode, why = netns.choose_mode()
+    if not mode:  # the documented fallback: said in one line, never silently
+        proxy = attacked.commands["fleet-proxy"]
+        address = proxy[proxy.index("--upstream") + 1]  # the SuperLink's
+        assert attacked.isolation == ""
+        assert attacked.warning == netns.FALLBACK.format(why=why, address=address)
+        return
+    assert attacked.isolation == mode and attacked.warning == ""
+    tried = attacked.attacks[f"local-{attempt}"]
+    assert tried.returncode != 0, tried.stdout[-2000:]
+    assert "Connection to the SuperLink is unavailable" in tried.stdout + tried.stderr, tried.stdout[-2000:]
+    superlink_log = (attacked.log_dir / "superlink.log").read_text()
+    assert "/v1/control/list-runs" not in superlink_log  # the attacker's `ls` never got there
+    assert superlink_log.count("/v1/control/start-run") == 1  # the operator's run only
