@@ -24,6 +24,7 @@ selection may branch on counts:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,9 @@ class Selection(NamedTuple):
 
     t: torch.Tensor
     drop: torch.Tensor | None
+
+
+Counter = Callable[[float, float], "tuple[int, torch.Tensor, torch.Tensor] | None"]
 
 
 def _sample_band(x: torch.Tensor, k: int) -> tuple[float, float]:
@@ -64,21 +68,39 @@ def _key(x: torch.Tensor, k: int) -> tuple:
     return x.data_ptr(), x.numel(), k, x.dtype
 
 
-def select(x: torch.Tensor, k: int, ws: Workspace) -> Selection | None:
+def select(x: torch.Tensor, k: int, ws: Workspace, hint: bool = True) -> Selection | None:
     """The k-th largest of the 1-D x (1 <= k < n) and the ties it leaves out, or None if both
-    bands missed (the caller then selects otherwise and may `remember` its threshold)."""
+    bands missed (the caller then selects otherwise and may `remember` its threshold).
+    hint=False: the sample's band only (the previous threshold's missed already)."""
     n = x.numel()
     key = _key(x, k)
-    hint = ws.hints.get(key)
-    if hint is not None:  # the previous threshold's band, then the sample's
-        found = _in_band(x, k, hint[0] - hint[1], hint[0] + hint[1], ws)
+    previous = ws.hints.get(key) if hint else None
+    if previous is not None:  # the previous threshold's band, then the sample's
+        found = _in_band(x, k, previous[0] - previous[1], previous[0] + previous[1], ws)
         if found is None:
-            ws.hints[key] = (hint[0], hint[1] * _GROW)  # wider (`_adapt` or `remember` re-centre it)
+            ws.hints[key] = (previous[0], previous[1] * _GROW)  # wider (`_adapt` or `remember` re-centre it)
         else:
-            return _adapt(ws, key, found, n, hint[0] - hint[1], hint[0] + hint[1])
+            return _adapt(ws, key, found, n, previous[0] - previous[1], previous[0] + previous[1])
     lo, hi = _sample_band(x, k)
     found = _in_band(x, k, lo, hi, ws)
     return None if found is None else _adapt(ws, key, found, n, lo, hi)
+
+
+def select_counted(key: tuple, k: int, ws: Workspace, count: Counter) -> Selection | None:
+    """`select` for scores that are not stored (native.py counts them as it forms them), in the
+    previous threshold's band only: None if there is none or it missed (then widened; the
+    caller stores the scores and runs `select(..., hint=False)`). `count(lo, hi)` gives
+    #{s > hi}, the positions of the entries in [lo, hi] and their scores, or None (too many)."""
+    previous = ws.hints.get(key)
+    if previous is None:
+        return None
+    lo, hi = previous[0] - previous[1], previous[0] + previous[1]
+    counted = count(lo, hi)
+    found = None if counted is None else _pick(k, *counted)
+    if found is None:
+        ws.hints[key] = (previous[0], previous[1] * _GROW)
+        return None
+    return _adapt(ws, key, found, key[1], lo, hi)
 
 
 def _in_band(x: torch.Tensor, k: int, lo: float, hi: float, ws: Workspace
@@ -93,9 +115,15 @@ def _in_band(x: torch.Tensor, k: int, lo: float, hi: float, ws: Workspace
     torch.ge(x, lo, out=padded[:n]).logical_and_(over.logical_not_())
     padded[n:] = False
     index = _positions(padded)
-    if k > above + index.numel():
+    return _pick(k, above, index, x.index_select(0, index))
+
+
+def _pick(k: int, above: int, index: torch.Tensor, values: torch.Tensor
+          ) -> tuple[Selection, int] | None:
+    """The selection from #{x > hi} and the band's positions (ascending) and values, if the
+    k-th largest lies in the band."""
+    if above >= k or k > above + index.numel():
         return None
-    values = x.index_select(0, index)
     rank = k - above  # of the k-th largest among the band's entries, from the top
     t = torch.kthvalue(values, values.numel() - rank + 1).values + 0.0  # -0.0 -> +0.0
     need = rank - int(torch.count_nonzero(values > t))  # ties the top k keeps, >= 1

@@ -30,13 +30,17 @@ class Block:
                                                  self.params, strict=True)]
         return [x.view_as(self.params[0])]
 
+    def decay_factor(self) -> float | None:
+        """1 - δ where the flat move decays x, else None."""
+        return 1.0 - self.decay if self.decay and self.d is not None else None
+
     def move(self, u: torch.Tensor, alpha: float, phi: torch.Tensor | None = None) -> None:
         """x = (1-δ)·x + alpha·u (or + phi ⊙ u) on the flat parameters (decay before the move;
         a flat rule never decays after it). The same float operations, per entry, as the
         per-tensor calls of the chain."""
         assert self.bucket is not None and not self.decay_after
-        if self.decay and self.d is not None:
-            self.bucket.mul_(1.0 - self.decay)
+        if (decay := self.decay_factor()) is not None:
+            self.bucket.mul_(decay)
         if phi is None:
             self.bucket.add_(u, alpha=alpha)
         else:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from adaptfl.algorithms.params import Component, component, param
+from adaptfl.local_update.fused_act import act_step_
 from adaptfl.local_update.trust import phi_
 from adaptfl.local_update.workspace import Workspace
 
@@ -31,6 +32,12 @@ class Trust(Component):
         """scale·φ from the scores s = u ⊙ g, written over them (the step is x += scale·φ ⊙ u
         with scale = -lr, so the shell folds the lr in here and saves a pass)."""
         return scores.fill_(scale)
+
+    def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
+              decay: float | None, ws: Workspace) -> bool:
+        """x = decay·x + (scale·φ) ⊙ u from s = u ⊙ g in fewer passes than `phi_` and the step,
+        where a rule can (g may be overwritten); False, nothing touched, where it cannot."""
+        return False
 
 
 @component("trust", "none")
@@ -81,6 +88,11 @@ class ACT(_Ranked):
     @property
     def per_tensor(self) -> bool:  # type: ignore[override]
         return self.trust_scope == "per-tensor"
+
+    def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
+              decay: float | None, ws: Workspace) -> bool:
+        return not self.per_tensor and act_step_(x, u, g, self.tau, self.trust_alpha,
+                                                 self.trust_gamma, scale, decay, ws)
 
 
 @component("trust", "mgup")

@@ -281,6 +281,11 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 if dg is not None:
                     u.add_(dg, alpha=self.rho)
         phi = None  # with trust: -L·φ (the step's factor folded in), so x += phi ⊙ u is one pass
+        b = blocks[0]
+        if self.trust.active and not diagnose and len(blocks) == 1 and b.bucket is not None \
+                and not b.decay_after and self.trust.step_(b.bucket, u, g, -ref_lr * at_step,
+                                                           b.decay_factor(), self.work):
+            return  # the rule's own passes (FedACT on a CPU: two native loops, fused_act.py)
         if self.trust.active or diagnose:
             scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
             if diagnose:

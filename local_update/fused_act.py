@@ -1,0 +1,66 @@
+"""FedACT's trust modulation and step on the CPU in two native passes (native.py), the same
+numbers as the eager passes they replace (trust.act_phi_, then Block.move):
+
+1. `native.band` forms the scores s = u ⊙ g without storing them and counts the band around the
+   previous step's threshold (band.py); the k-th largest and its ties come from the band's few
+   entries (`band.select_counted`).
+2. `native.step` writes x = (1 - δ)·x + (-L·φ) ⊙ u, φ = α above the threshold (and on the ties
+   the top k keeps: those below the first dropped one), γ elsewhere.
+
+If that band misses, the scores are stored in g's buffer (as the eager passes do) and the
+sample's band tried (`band.select(..., hint=False)`); the step then reads them from there. If
+both miss, the eager passes finish the step (the radix selection).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from adaptfl.local_update import band, native
+from adaptfl.local_update.topk import _SMALL
+from adaptfl.local_update.trust import act_phi_
+from adaptfl.local_update.workspace import Workspace
+
+_CAP = 8  # band positions kept per thread: up to 1/_CAP of its entries (more: counted a miss)
+
+
+def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alpha: float,
+              gamma: float, scale: float, decay: float | None, ws: Workspace) -> bool:
+    """x = decay·x + (scale·φ) ⊙ u for `act` ranked over the whole vector, s = u ⊙ g (g may be
+    overwritten by s). True if done; False, nothing touched, where the eager passes must run:
+    no native loops, not float32 on the CPU's branch, ⌊τD⌋ not in (0, D), D below the sort's
+    size, or scale >= 0."""
+    n = u.numel()
+    k = math.floor(tau * n)
+    if not (0 < k < n and n >= _SMALL and scale < 0.0 and native.usable(x, u, g)):
+        return False
+    nt = native.threads(n)
+    cap = n // (_CAP * nt) + 256
+
+    def count(lo: float, hi: float) -> tuple[int, torch.Tensor, torch.Tensor] | None:
+        idx, val = ws.get("act.index", cap * nt, g, torch.int64), ws.get("act.values", cap * nt, g)
+        counts = ws.get("act.counts", 2 * nt, g, torch.int64)
+        native.band(u, None, g, lo, hi, idx, val, counts, nt)
+        c = counts.tolist()
+        inside = c[1::2]
+        if max(inside) > cap:
+            return None
+        if nt == 1:
+            return c[0], idx[:inside[0]], val[:inside[0]]
+        blocks = [slice(i * cap, i * cap + m) for i, m in enumerate(inside)]
+        return sum(c[0::2]), torch.cat([idx[b] for b in blocks]), torch.cat([val[b] for b in blocks])
+
+    sel = band.select_counted(band._key(g, k), k, ws, count)
+    scored = sel is None
+    if sel is None:
+        sel = band.select(g.mul_(u), k, ws, hint=False)  # the scores, stored in g's buffer
+        if sel is None:  # both bands missed: the eager passes (radix selection)
+            phi = act_phi_(g, tau, alpha, gamma, None, ws, scale)
+            if decay is not None:
+                x.mul_(decay)
+            x.addcmul_(u, phi)
+            return True
+    cut = n if sel.drop is None else int(sel.drop[0])
+    native.step(x, u, g, float(sel.t), cut, decay, alpha * scale, gamma * scale, scored)
+    return True

@@ -1,0 +1,107 @@
+/* FedACT's trust pass and step on the CPU, each one loop over the flat vectors (native.py
+   compiles this once per machine and checks it against torch's eager passes before use).
+
+   adaptfl_band:  u = a + u (if a), s = u * g; counts #(s > hi) and collects the positions and
+                  scores of lo <= s <= hi (the band selection of band.py, without storing s)
+   adaptfl_step:  x = x * dec (if decay), then x + u * f with f = ca on the top k (s > t, or
+                  s == t below position `cut`: ties to the lower index), cg elsewhere; as fused
+                  multiply-add or as product then sum, whichever torch's addcmul_ does here;
+                  s = u * g, or g itself where the caller has stored the scores there
+
+   Work is split into nt equal ranges, one per OpenMP thread (torch's own runtime when it is
+   loaded) or, compiled without OpenMP, run one after another. */
+#include <stdint.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* the positions of the set bits of `bits` (lanes of the block at i) */
+#define APPEND_BITS(bits)                                                        \
+  while (bits) {                                                                 \
+    int l_ = __builtin_ctz(bits);                                                \
+    if (inside < cap) { idx[inside] = i + l_; val[inside] = sv[l_]; }            \
+    inside++;                                                                    \
+    bits &= bits - 1;                                                            \
+  }
+
+static void band_range(float *restrict u, const float *restrict a, const float *restrict g,
+                       int64_t b, int64_t e, float lo, float hi, int64_t *restrict idx,
+                       float *restrict val, int64_t cap, int64_t *restrict counts) {
+  int64_t above = 0, inside = 0, i = b;
+  float sv[16];
+#if defined(__AVX512F__)
+  const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+  for (; i + 16 <= e; i += 16) {
+    __m512 uv = _mm512_loadu_ps(u + i);
+    if (a) { uv = _mm512_add_ps(_mm512_loadu_ps(a + i), uv); _mm512_storeu_ps(u + i, uv); }
+    __m512 s = _mm512_mul_ps(uv, _mm512_loadu_ps(g + i));
+    _mm512_storeu_ps(sv, s);
+    above += __builtin_popcount(_mm512_cmp_ps_mask(s, vhi, _CMP_GT_OQ));
+    unsigned bits = _mm512_cmp_ps_mask(s, vlo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(s, vhi, _CMP_LE_OQ);
+    APPEND_BITS(bits)
+  }
+#elif defined(__AVX2__)
+  const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+  for (; i + 8 <= e; i += 8) {
+    __m256 uv = _mm256_loadu_ps(u + i);
+    if (a) { uv = _mm256_add_ps(_mm256_loadu_ps(a + i), uv); _mm256_storeu_ps(u + i, uv); }
+    __m256 s = _mm256_mul_ps(uv, _mm256_loadu_ps(g + i));
+    _mm256_storeu_ps(sv, s);
+    above += __builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps(s, vhi, _CMP_GT_OQ)));
+    unsigned bits = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(s, vlo, _CMP_GE_OQ),
+                                                     _mm256_cmp_ps(s, vhi, _CMP_LE_OQ)));
+    APPEND_BITS(bits)
+  }
+#endif
+  for (; i < e; i++) {  /* the rest, or all of it without AVX */
+    float ui = a ? a[i] + u[i] : u[i];
+    if (a) u[i] = ui;
+    float s = ui * g[i];
+    above += s > hi;
+    if (s >= lo && s <= hi) {
+      if (inside < cap) { idx[inside] = i; val[inside] = s; }
+      inside++;
+    }
+  }
+  counts[0] = above;
+  counts[1] = inside;
+}
+
+/* counts: [2 * nt] (above, inside) per range; idx, val: nt blocks of cap positions, scores */
+void adaptfl_band(float *u, const float *a, const float *g, int64_t n, float lo, float hi,
+                  int64_t *idx, float *val, int64_t cap, int64_t *counts, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int t = 0; t < nt; t++)
+    band_range(u, a, g, n * t / nt, n * (t + 1) / nt, lo, hi, idx + t * cap, val + t * cap, cap,
+               counts + 2 * t);
+}
+
+#define STEP_LOOP(KEEP, COMBINE)                                          \
+  for (int64_t i = b; i < e; i++) {                                       \
+    float s = scored ? g[i] : u[i] * g[i];                                \
+    float f = (KEEP) ? ca : cg;                                           \
+    float xi = decay ? x[i] * dec : x[i];                                 \
+    x[i] = COMBINE;                                                       \
+  }
+
+static void step_range(float *restrict x, const float *restrict u, const float *restrict g,
+                       int64_t b, int64_t e, float t, float dec, int decay, float ca,
+                       float cg, int fused, int scored, int ties) {
+  /* ties: s == t counts as kept in this range (it lies below the cut); scored: g holds s */
+  if (fused && ties) STEP_LOOP(s >= t, __builtin_fmaf(u[i], f, xi))
+  else if (fused) STEP_LOOP(s > t, __builtin_fmaf(u[i], f, xi))
+  else if (ties) STEP_LOOP(s >= t, xi + u[i] * f)
+  else STEP_LOOP(s > t, xi + u[i] * f)
+}
+
+void adaptfl_step(float *x, const float *u, const float *g, int64_t n, float t, int64_t cut,
+                  float dec, int decay, float ca, float cg, int fused, int scored, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int k = 0; k < nt; k++) {
+    int64_t b = n * k / nt, e = n * (k + 1) / nt;
+    int64_t mid = cut < b ? b : (cut > e ? e : cut);
+    step_range(x, u, g, b, mid, t, dec, decay, ca, cg, fused, scored, 1);
+    step_range(x, u, g, mid, e, t, dec, decay, ca, cg, fused, scored, 0);
+  }
+}

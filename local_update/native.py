@@ -1,0 +1,203 @@
+"""FedACT's trust pass and step as two C loops on the CPU (native.c), compiled once per machine.
+
+Eager torch needs about a dozen passes over the D entries after the AdamW kernel (the scores,
+the band's compares and counts, φ, the decay and the step) and cannot fuse them. Two loops
+do the same work in two passes: `band` forms s = u ⊙ g and counts the band selection's entries
+without storing s; `step` writes x = (1 - δ)·x + φ ⊙ u with φ from the threshold compare.
+
+Built with the C compiler found (`$CC`, else cc, gcc or clang; about a second) on first use,
+kept under `$ADAPTFL_NATIVE_CACHE` (default ~/.cache/adaptfl/native), keyed by the source, the
+compiler and the CPU. Before first use, `library()` runs both loops on a small problem against
+the eager passes they replace and keeps them only if the results are bit for bit the same (the
+step as fused multiply-add or as product then sum, whichever matches torch's `addcmul_`).
+Without a compiler, or if that check fails, or with `ADAPTFL_NATIVE=0`, `library()` is None and
+the eager passes run: the same numbers, slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native.c")
+ENABLED = os.environ.get("ADAPTFL_NATIVE", "1") != "0"  # the tests switch it per test
+_GRAIN = 1 << 15  # entries per thread at least: below this a thread costs more than it does
+_FLAGS = (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], [])  # first that builds
+_log = logging.getLogger(__name__)
+_P, _I64, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+
+
+class Library:
+    """The loaded loops and whether the step fuses its multiply-add (as torch's addcmul_ here)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.dll = ctypes.CDLL(str(path))
+        self.dll.adaptfl_band.argtypes = [_P, _P, _P, _I64, _F, _F, _P, _P, _I64, _P, _INT]
+        self.dll.adaptfl_band.restype = None
+        self.dll.adaptfl_step.argtypes = [_P, _P, _P, _I64, _F, _I64, _F, _INT, _F, _F, _INT, _INT, _INT]
+        self.dll.adaptfl_step.restype = None
+        self.fused = 1
+
+    def band(self, u: torch.Tensor, a: torch.Tensor | None, g: torch.Tensor, lo: float,
+             hi: float, idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int) -> None:
+        self.dll.adaptfl_band(u.data_ptr(), None if a is None else a.data_ptr(), g.data_ptr(),
+                              u.numel(), lo, hi, idx.data_ptr(), val.data_ptr(),
+                              idx.numel() // nt, counts.data_ptr(), nt)
+
+    def step(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, t: float, cut: int,
+             decay: float | None, ca: float, cg: float, scored: bool, nt: int) -> None:
+        self.dll.adaptfl_step(x.data_ptr(), u.data_ptr(), g.data_ptr(), x.numel(), t, cut,
+                              1.0 if decay is None else decay, decay is not None, ca, cg,
+                              self.fused, int(scored), nt)
+
+
+_loaded: Library | None = None
+_tried = False
+
+
+def library() -> Library | None:
+    """The checked loops, built or loaded on first call; None where they cannot be used."""
+    global _loaded, _tried
+    if not ENABLED:
+        return None
+    if not _tried:
+        _tried = True
+        try:
+            path = _build()
+            _loaded = None if path is None else _checked(Library(path))
+        except (OSError, subprocess.SubprocessError) as exc:
+            _log.warning("native FedACT loops unavailable (%s); the eager passes run", exc)
+            _loaded = None
+    return _loaded
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the loops can run on these tensors: contiguous float32 on the CPU's branch."""
+    from adaptfl.local_update.devices import cpu_path
+
+    return library() is not None and all(
+        t.dtype == torch.float32 and t.is_contiguous() and cpu_path(t) for t in tensors)
+
+
+def threads(n: int) -> int:
+    return max(1, min(torch.get_num_threads(), n // _GRAIN))
+
+
+def band(u: torch.Tensor, a: torch.Tensor | None, g: torch.Tensor, lo: float, hi: float,
+         idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int) -> None:
+    """u += a (if given); counts[2i], counts[2i+1] = #(s > hi), #(lo <= s <= hi) in the i-th of
+    nt equal ranges of s = u ⊙ g, whose first idx.numel() // nt band positions and scores fill
+    the i-th block of idx and val."""
+    _required().band(u, a, g, lo, hi, idx, val, counts, nt)
+
+
+def step(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, t: float, cut: int,
+         decay: float | None, ca: float, cg: float, scored: bool = False) -> None:
+    """x = x·decay (if given), then x + f ⊙ u with f = ca where s > t or s == t at a position
+    below `cut`, cg elsewhere; s = u ⊙ g, or g itself if `scored`."""
+    _required().step(x, u, g, t, cut, decay, ca, cg, scored, threads(x.numel()))
+
+
+def _required() -> Library:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the native loops are not available here (check native.usable first)")
+    return lib
+
+
+# --- building and checking ---------------------------------------------------------------
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or next(
+        (found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("ADAPTFL_NATIVE_CACHE"):
+        return Path(os.environ["ADAPTFL_NATIVE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "adaptfl" / "native"
+
+
+def _cpu() -> str:
+    """What -march=native builds for: the CPU's model and flags (Linux), else the platform."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text(errors="replace").splitlines() if info.is_file() else []
+    wanted = [ln for ln in lines if ln.lower().startswith(("model name", "flags", "features"))][:2]
+    return "\n".join(wanted) or platform.platform()
+
+
+def _build() -> Path | None:
+    """The cached library, compiled into the cache if absent; None without a compiler."""
+    cc = _compiler()
+    if cc is None:
+        _log.info("no C compiler found: FedACT's trust step runs its eager passes")
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, cc.encode(), _cpu().encode(),
+                                     platform.machine().encode()])).hexdigest()[:20]
+    target = _cache_dir() / f"adaptfl_native_{key}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for extra in _FLAGS:
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            cmd = [cc, "-O3", "-std=gnu11", "-ffp-contract=off", "-fPIC", "-shared", *extra,
+                   str(SOURCE), "-o", str(out)]
+            if subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0:
+                os.replace(out, target)  # atomic: concurrent processes see a whole file or none
+                return target
+    _log.warning("%s could not compile %s: FedACT's trust step runs its eager passes", cc, SOURCE)
+    return None
+
+
+def _checked(lib: Library) -> Library | None:
+    """lib if both loops reproduce the eager passes bit for bit on a small problem with ties
+    at the threshold and a tail shorter than a vector, else None."""
+    gen = torch.Generator().manual_seed(0)
+    n = 3 * _GRAIN + 37  # several threads where there are several
+    u, a, x = (torch.randn(n, generator=gen) for _ in range(3))
+    g = torch.randn(n, generator=gen)
+    for v in (u, a, g):  # ties: every fifth score equal
+        v[::5] = v[5]
+    uu = u.clone()
+    s = torch.add(a, u) * g
+    t = float(s[5])
+    lo, hi = t - 0.5, t + 0.5
+    nt = threads(n)
+    idx, val = torch.empty(n * nt, dtype=torch.int64), torch.empty(n * nt)
+    counts = torch.empty(2 * nt, dtype=torch.int64)
+    lib.band(uu, a, g, lo, hi, idx, val, counts, nt)
+    blocks = [slice(i * n, i * n + int(counts[2 * i + 1])) for i in range(nt)]
+    inside = ((s >= lo) & (s <= hi)).nonzero().squeeze(1)
+    if not (torch.equal(uu, torch.add(a, u)) and int(counts[0::2].sum()) == int((s > hi).sum())
+            and torch.equal(torch.cat([idx[b] for b in blocks]), inside)
+            and torch.equal(torch.cat([val[b] for b in blocks]), s[inside])):
+        _log.warning("native band pass differs from torch's: not used")
+        return None
+    cut = int((s == t).nonzero()[1])  # the second tie at t and later ones drop
+    keep = s >= t
+    keep[cut:] &= s[cut:] > t
+    ca, cg, dec = -2.5e-3, -4e-4, 1.0 - 1e-4
+    expected = x.clone().mul_(dec).addcmul_(uu, torch.where(keep, ca, cg))
+    for fused in (1, 0):
+        lib.fused = fused
+        results = []
+        for scored in (False, True):
+            got = x.clone()
+            lib.step(got, uu, s if scored else g, t, cut, dec, ca, cg, scored, nt)
+            results.append(torch.equal(got, expected))
+        if all(results):
+            return lib
+    _log.warning("native step differs from torch's addcmul_ either way: not used")
+    return None

@@ -1,0 +1,164 @@
+"""FedACT's native trust pass and step (local_update/native.c, fused_act.py) against the eager
+passes they replace: the same parameters and moments bit for bit, step after step, whether the
+band hits, misses to the sample's band or to the radix selection; the loops alone against
+torch's compares, counts and `torch.topk`'s set (ties to the lower index) at any thread split;
+and the eager passes where no compiler is found or the loops fail their check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from adaptfl.local_update import LocalUpdate, band, fused_act, native
+from adaptfl.local_update.workspace import Workspace
+
+N = 40_000  # above topk._SMALL: the band path
+_STEP = native.step
+
+
+@pytest.fixture
+def fresh_native(monkeypatch: pytest.MonkeyPatch, tmp_path):  # noqa: ANN001, ANN201
+    """native.py as on first use, building into an empty cache."""
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setenv("ADAPTFL_NATIVE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _lib() -> native.Library:
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler here: the eager passes run (tested below)")
+    return lib
+
+
+def _model(gen: torch.Generator) -> dict[str, torch.nn.Parameter]:
+    shapes = {"w0": (150, 200), "b0": (150,), "w1": (60, 150), "b1": (60,), "tail": (37,)}
+    return {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in shapes.items()}
+
+
+def _run(native_on: bool, monkeypatch: pytest.MonkeyPatch, gamma: float | None, wd: float,
+         tau: float) -> tuple[list[torch.Tensor], list[bool]]:
+    """Ten FedACT steps: drifting gradients (the band hits), a jump in scale (it misses to the
+    sample's band), one with every score tied at zero, one where the sample's band misses too
+    (the radix selection), ties at the threshold. Returns the parameters and moments after
+    every step, and which band each native step's selection came from."""
+    monkeypatch.setattr(native, "ENABLED", native_on)
+    calls: list[bool] = []  # per native step: whether it read stored scores (a band missed)
+    monkeypatch.setattr(native, "step", lambda *a: calls.append(a[-1]) or _STEP(*a))
+    gen = torch.Generator().manual_seed(3)
+    params = _model(gen)
+    opt = LocalUpdate(params.items(), preconditioner="adamw", lr=1e-2, weight_decay=wd, rho=0.5,
+                      trust="act", tau=tau, gamma=gamma, parameters_as_bucket_view=True)
+    opt.set_global_direction({n: 1e-3 * torch.randn(p.shape, generator=gen) for n, p in params.items()})
+    base = {n: torch.randn(p.shape, generator=gen) for n, p in params.items()}
+    out = []
+    for step in range(10):
+        for n, p in params.items():
+            grad = base[n] + 0.01 * step * torch.randn(p.shape, generator=gen)
+            if step == 6:
+                grad = grad * 1e3  # the scores' scale jumps: the previous band misses
+            if step == 8:
+                grad = torch.zeros_like(grad)  # u ⊙ g = 0 everywhere: ties, both bands miss
+            grad.view(-1)[::97] = grad.view(-1)[0]  # repeated values: ties among the scores
+            p.grad = grad
+        real = band._sample_band
+        if step == 9:  # far above every score: the radix selection
+            monkeypatch.setattr(band, "_sample_band", lambda *a: (1e30, 2e30))
+        opt.step()
+        monkeypatch.setattr(band, "_sample_band", real)
+        out.append(torch.cat([t.detach().reshape(-1) for t in params.values()]))
+        out.append(torch.cat([opt.state[p]["exp_avg_sq"].reshape(-1) for p in params.values()]))
+    return out, calls
+
+
+@pytest.mark.parametrize(("gamma", "wd", "tau"), [(None, 0.01, 0.5), (0.0, 0.0, 0.1), (0.3, 0.1, 0.9)])
+def test_native_steps_are_the_eager_steps_bit_for_bit(monkeypatch: pytest.MonkeyPatch,
+                                                      gamma: float | None, wd: float, tau: float) -> None:
+    _lib()
+    eager, none = _run(False, monkeypatch, gamma, wd, tau)
+    fast, used = _run(True, monkeypatch, gamma, wd, tau)
+    # the previous threshold's band, the sample's, and the radix selection (no native step)
+    assert none == [] and len(used) == 9 and used.count(False) >= 4 and used.count(True) >= 2
+    for i, (a, b) in enumerate(zip(eager, fast, strict=True)):
+        assert torch.equal(a, b), f"step {i // 2 + 1}, {'x' if i % 2 == 0 else 'v'}"
+
+
+def _scores(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    u, g = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    u[::13], g[::13] = 0.5, 0.25  # ties
+    u[5::101] = -0.0
+    g[7::211] = math.inf
+    u[7::211] = 1.0
+    return u, g
+
+
+@pytest.mark.parametrize("nt", [1, 3])
+def test_the_band_loop_counts_as_torch_does(nt: int) -> None:
+    lib = _lib()
+    gen = torch.Generator().manual_seed(1)
+    u, g = _scores(N + 5, gen)
+    a = torch.randn(N + 5, generator=gen)
+    s = (a + u) * g
+    for lo, hi in [(-0.1, 0.2), (0.125, 0.125), (-math.inf, 0.0), (1.0, math.inf)]:
+        uu = u.clone()
+        cap = N
+        idx, val = torch.empty(cap * nt, dtype=torch.int64), torch.empty(cap * nt)
+        counts = torch.empty(2 * nt, dtype=torch.int64)
+        lib.band(uu, a, g, lo, hi, idx, val, counts, nt)
+        assert torch.equal(uu, a + u)
+        blocks = [slice(i * cap, i * cap + int(counts[2 * i + 1])) for i in range(nt)]
+        inside = ((s >= lo) & (s <= hi)).nonzero().squeeze(1)
+        assert int(counts[0::2].sum()) == int((s > hi).sum())
+        assert torch.equal(torch.cat([idx[b] for b in blocks]), inside)
+        assert torch.equal(torch.cat([val[b] for b in blocks]), s[inside])
+
+
+@pytest.mark.parametrize("nt", [1, 4])
+@pytest.mark.parametrize("k_frac", [0.01, 0.5, 0.97])
+def test_the_step_loop_keeps_torch_topk_set(nt: int, k_frac: float) -> None:
+    # x = 0 and no decay: x + u·f is the rounded product u·f with or without a fused multiply-
+    # add, so the kept set shows exactly: α·u on the top k (ties to the lower index), γ·u elsewhere
+    lib = _lib()
+    gen = torch.Generator().manual_seed(2)
+    u, g = _scores(N, gen)
+    u[u == 0] = 1.0  # every coordinate shows its factor
+    s = u * g
+    k = math.floor(k_frac * N)
+    top = torch.zeros(N, dtype=torch.bool)
+    top[torch.sort(s, descending=True, stable=True).indices[:k]] = True
+    t = s[top].min()
+    ties = ((s == t) & ~top).nonzero()
+    cut = N if ties.numel() == 0 else int(ties[0])
+    ca, cg = -2.0, -0.5
+    for scored in (False, True):
+        x = torch.zeros(N)
+        lib.step(x, u, s if scored else g, float(t), cut, None, ca, cg, scored, nt)
+        assert torch.equal(x, u * torch.where(top, ca, cg))
+
+
+def test_without_a_compiler_the_eager_passes_run(fresh_native, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("CC", str(fresh_native / "no-such-compiler"))
+    assert native.library() is None and not native.usable(torch.zeros(1))
+    assert not list(fresh_native.iterdir())
+    gen = torch.Generator().manual_seed(0)
+    x, u, g = (torch.randn(N, generator=gen) for _ in range(3))
+    assert not fused_act.act_step_(x, u, g, 0.5, 2.0, 0.5, -1e-3, None, Workspace())
+
+
+def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa: ANN001
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    _lib()
+    built = list(fresh_native.glob("*.so"))
+    assert len(built) == 1
+    monkeypatch.setattr(native, "_tried", False)
+    assert native._build() == built[0]  # from the cache: nothing compiled again
+    # loops that round differently from torch are refused, and the eager passes run
+    monkeypatch.setattr(native.Library, "step", lambda self, x, *rest: x.add_(1e-3))
+    monkeypatch.setattr(native, "_tried", False)
+    assert native.library() is None
+
+
+def test_the_accelerator_branch_never_runs_the_loops(accelerator_paths: None) -> None:
+    assert not native.usable(torch.zeros(N))
