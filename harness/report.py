@@ -182,6 +182,36 @@ def render(grid_paths: list[Path], results_dir: Path, out: Path) -> str:
     return "\n".join(sections)
 
 
+def held_line(grid: Grid, rows: list[Row]) -> str:
+    """The grid's line under "Which claims held" (on `metric`, the headline one of `metrics`)."""
+    paper = grid.paper
+    title = paper.get("title", grid.name) + (f" (seed {paper['seed']})" if "seed" in paper else "")
+    check = check_claim(paper, rows)
+    if check is None:
+        return (f"- {title}: not tested — its algorithms "
+                f"({', '.join(grid.skipped_algorithms) or 'none'}) have not landed.")
+    on = f"on {paper['metric']}, " if len(paper.get("metrics") or []) > 1 else ""
+    return f"- {title}: {on}{check.verdict}"
+
+
+def splice_held(page: str, line: str) -> str:
+    """The page with `line` replacing the same grid's line under "## Which claims held" (or
+    added after that list's last line); unchanged when the page has no such list."""
+    head = "## Which claims held"
+    lines = page.split("\n")
+    if head not in lines:
+        return page
+    start = lines.index(head)
+    prefix = line.split(": ")[0] + ": "
+    same = [i for i in range(start, len(lines)) if lines[i].startswith(prefix)]
+    if same:
+        lines[same[0]] = line
+    else:
+        last = max((i for i in range(start, len(lines)) if lines[i].startswith("- ")), default=start + 1)
+        lines.insert(last + 1, line)
+    return "\n".join(lines)
+
+
 def marked(name: str, section: str) -> str:
     """A grid's section between markers, so that `splice` can replace it in a whole page."""
     return f"<!-- grid {name} -->\n{section.rstrip()}\n<!-- end of grid {name} -->\n"
@@ -217,8 +247,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     page = args.out.read_text()
     for path in args.grids:
-        name = load_grid(path, set(catalog())).name
+        grid = load_grid(path, set(catalog()))
+        name, known = grid.name, {c.cell_id for c in grid.cells()}
         page = splice(page, name, render([path], args.results_dir, out))
+        rows = [r for r in read_table(args.results_dir / f"{name}.csv") if r["cell"] in known]
+        page = splice_held(page, held_line(grid, rows))
         table = args.results_dir / f"{name}.csv"
         (out.parent / "results-data").mkdir(exist_ok=True)
         (out.parent / "results-data" / table.name).write_text(table.read_text())

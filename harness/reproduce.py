@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from adaptfl.algorithms.catalog import catalog
-from adaptfl.harness.claims import check_claim
 from adaptfl.harness.grid import load_grid
 from adaptfl.harness.privacy import NAME as PRIVACY
 from adaptfl.harness.privacy import section as privacy_section
 from adaptfl.harness.privacy import splice
-from adaptfl.harness.report import render
+from adaptfl.harness.report import held_line, render
 from adaptfl.harness.report import splice as splice_grid
 from adaptfl.harness.sweep import DEFAULT_RESULTS_DIR, run_sweep
 from adaptfl.harness.systems import main as systems_main
@@ -116,16 +115,9 @@ def closing_note(grid_paths: list[Path], results_dir: Path,
     lines = ["## Which claims held", ""]
     for path, results_dir in [*((p, results_dir) for p in grid_paths), *spliced]:
         grid = load_grid(path, set(catalog()))
-        seed = grid.paper.get("seed")
-        title = grid.paper.get("title", grid.name) + (f" (seed {seed})" if seed else "")
         known = {c.cell_id for c in grid.cells()}
         rows = [r for r in read_table(results_dir / f"{grid.name}.csv") if r["cell"] in known]
-        check = check_claim(grid.paper, rows)
-        if check is None:
-            lines.append(f"- {title}: not tested — its algorithms "
-                         f"({', '.join(grid.skipped_algorithms) or 'none'}) have not landed.")
-        else:
-            lines.append(f"- {title}: {check.verdict}")
+        lines.append(held_line(grid, rows))
     return "\n".join(lines) + "\n"
 
 

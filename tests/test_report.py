@@ -178,3 +178,14 @@ def test_splice_replaces_a_grids_section_and_keeps_the_rest() -> None:
     twice = splice(once, "lora", "## LoRA\n\nnew numbers\n")
     assert twice == once.replace("old numbers", "new numbers")
     assert splice("## Systems\n", "x", "## X\n").startswith("<!-- grid x -->\n## X\n<!-- end of grid x -->")
+
+
+def test_splice_held_adds_then_replaces_the_grids_line() -> None:
+    from adaptfl.harness.report import splice_held
+
+    page = "## Systems\n\n## Which claims held\n\n- FedACT (seed 000): **holds**.\n- B: x.\n"
+    once = splice_held(page, "- FedACT on LoRA (seed 000): **does not hold**.")
+    assert once.endswith("- B: x.\n- FedACT on LoRA (seed 000): **does not hold**.\n")
+    twice = splice_held(once, "- FedACT on LoRA (seed 000): **holds**.")
+    assert twice == once.replace("**does not hold**", "**holds**")
+    assert splice_held("## Systems\n", "- A: b.") == "## Systems\n"
