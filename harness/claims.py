@@ -76,6 +76,11 @@ def _gap_where_claimed(where: str, comparisons: list[Comparison]) -> bool | None
     return largest.setting[index] == target
 
 
+def _tied(c: Comparison) -> bool:
+    """Equal means up to float rounding (a mean of counts, summed in another order)."""
+    return abs(c.gain) <= 1e-9 * max(1.0, abs(c.winner_value.mean), abs(c.loser_value.mean))
+
+
 def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison]) -> str:
     noisy = sum(c.within_noise for c in comparisons)
     if holds and noisy == len(comparisons):
@@ -86,6 +91,11 @@ def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison]) -> st
         text = "**holds**: the claimed order appears in every comparison"
     elif any(c.gain > 0 for c in comparisons):
         text = "**holds only in part**: the claimed order appears in some comparisons, not in others"
+    elif all(_tied(c) for c in comparisons):  # e.g. the same count of correct tokens
+        text = "**tied**: the means are equal in every comparison"
+        noisy, gap = 0, None  # no gap to place
+    elif any(_tied(c) for c in comparisons):
+        text = "**does not hold** here: the claimed order is reversed or tied in every comparison"
     else:
         text = "**does not hold** here: the claimed order is reversed in every comparison"
     if noisy:

@@ -80,6 +80,9 @@ def test_claim_verdict_and_gap_location(tmp_path: Path) -> None:
     gains = {c.setting: round(c.gain, 4) for c in check.comparisons}
     assert gains == {(0.1, 0.2): 0.2, (0.1, 1.0): 0.01}
     assert check.comparisons[1].within_noise  # 0.01 < std 0.0141
+    tie = [{**r, "final-test-accuracy": "0.5"} for r in rows]  # the same mean everywhere
+    verdict = check_claim(parse_grid(GRID).paper, tie).verdict
+    assert verdict == "**tied**: the means are equal in every comparison."
     reversed_claim = {**parse_grid(GRID).paper, "better": ["fedavg", "hafedho"]}
     assert "does not hold" in check_claim(reversed_claim, rows).verdict
     loss_claim = {**parse_grid(GRID).paper, "metric": "final-test-loss"}  # lower is better
