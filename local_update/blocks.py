@@ -11,8 +11,11 @@ class Block:
     def __init__(self, params: list[torch.Tensor], d: torch.Tensor | None, g: torch.Tensor,
                  coef: float, decay: float, decay_after: bool,
                  global_direction: torch.Tensor | None, flat: bool = False,
-                 corrected: bool = False, bucket: torch.Tensor | None = None) -> None:
+                 corrected: bool = False, bucket: torch.Tensor | None = None,
+                 grads: list[torch.Tensor] | None = None,
+                 grad_views: list[torch.Tensor] | None = None) -> None:
         self.params, self.d, self.g, self.coef, self.flat = params, d, g, coef, flat
+        self.grads, self.grad_views = grads, grad_views  # g still to be filled from grads, or None
         self.corrected = corrected  # d is u: the correction is in it already
         self.bucket = bucket  # the flat parameters the params are views of (bucket view), or None
         self.decay, self.decay_after, self.global_direction = decay, decay_after, global_direction
@@ -29,6 +32,12 @@ class Block:
             return [v.view_as(p) for v, p in zip(x.split([p.numel() for p in self.params]),
                                                  self.params, strict=True)]
         return [x.view_as(self.params[0])]
+
+    def fill_g(self) -> None:
+        """Copy the gradients into g where the step left them in place (`grads`)."""
+        if self.grads is not None:
+            torch._foreach_copy_(self.grad_views, self.grads)
+            self.grads = None
 
     def decay_factor(self) -> float | None:
         """1 - δ where the flat move decays x, else None."""

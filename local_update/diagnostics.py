@@ -50,6 +50,8 @@ class Diagnostics:
             return False
         if chain and len(measured) == len(blocks):
             return True
+        for b in measured:
+            b.fill_g()
         self._record(self._scores(measured))
         return False
 

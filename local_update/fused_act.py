@@ -14,6 +14,7 @@ both miss, the eager passes finish the step (the radix selection).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -25,23 +26,38 @@ from adaptfl.local_update.workspace import Workspace
 _CAP = 8  # band positions kept per thread: up to 1/_CAP of its entries (more: counted a miss)
 
 
+def applies(tau: float, scale: float, *tensors: torch.Tensor) -> bool:
+    """Whether `act_step_` steps these tensors (x, u, g and any gradients) natively: the loops
+    are built and checked, the tensors are float32 on the CPU's branch, ⌊τD⌋ lies in (0, D),
+    D is not below the sort's size, and scale < 0."""
+    n = tensors[1].numel()
+    k = math.floor(tau * n)
+    return 0 < k < n and n >= _SMALL and scale < 0.0 and native.usable(*tensors)
+
+
 def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alpha: float,
-              gamma: float, scale: float, decay: float | None, ws: Workspace) -> bool:
+              gamma: float, scale: float, decay: float | None, ws: Workspace,
+              grads: list[torch.Tensor] | None = None,
+              grad_views: list[torch.Tensor] | None = None) -> bool:
     """x = decay·x + (scale·φ) ⊙ u for `act` ranked over the whole vector, s = u ⊙ g (g may be
-    overwritten by s). True if done; False, nothing touched, where the eager passes must run:
-    no native loops, not float32 on the CPU's branch, ⌊τD⌋ not in (0, D), D below the sort's
-    size, or scale >= 0."""
+    overwritten by s). With `grads`, g is not filled yet: the loops read the gradients where
+    they are, and a band that misses copies them into g (its `grad_views`) first. True if
+    done; False, nothing touched, where `applies` says no."""
+    if not applies(tau, scale, x, u, g, *(grads or ())):
+        return False
     n = u.numel()
     k = math.floor(tau * n)
-    if not (0 < k < n and n >= _SMALL and scale < 0.0 and native.usable(x, u, g)):
-        return False
     nt = native.threads(n)
     cap = n // (_CAP * nt) + 256
+    segments = native.Segments.flat(g) if grads is None else native.Segments(
+        grads, ws.filled("act.offsets", len(grads) + 1, g, torch.int64, tuple(t.numel() for t in grads),
+                         lambda buf: buf.copy_(torch.tensor([0, *itertools.accumulate(
+                             t.numel() for t in grads)]))))
 
     def count(lo: float, hi: float) -> tuple[int, torch.Tensor, torch.Tensor] | None:
         idx, val = ws.get("act.index", cap * nt, g, torch.int64), ws.get("act.values", cap * nt, g)
         counts = ws.get("act.counts", 2 * nt, g, torch.int64)
-        native.band(u, None, g, lo, hi, idx, val, counts, nt)
+        native.band(u, None, segments, lo, hi, idx, val, counts, nt)
         c = counts.tolist()
         inside = c[1::2]
         if max(inside) > cap:
@@ -54,6 +70,8 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
     sel = band.select_counted(band._key(g, k), k, ws, count)
     scored = sel is None
     if sel is None:
+        if grads is not None:
+            torch._foreach_copy_(grad_views, grads)
         sel = band.select(g.mul_(u), k, ws, hint=False)  # the scores, stored in g's buffer
         if sel is None:  # both bands missed: the eager passes (radix selection)
             phi = act_phi_(g, tau, alpha, gamma, None, ws, scale)
@@ -61,6 +79,7 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
                 x.mul_(decay)
             x.addcmul_(u, phi)
             return True
+        segments = native.Segments.flat(g)
     cut = n if sel.drop is None else int(sel.drop[0])
-    native.step(x, u, g, float(sel.t), cut, decay, alpha * scale, gamma * scale, scored)
+    native.step(x, u, segments, float(sel.t), cut, decay, alpha * scale, gamma * scale, scored)
     return True

@@ -34,10 +34,13 @@ class Trust(Component):
         return scores.fill_(scale)
 
     def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
-              decay: float | None, ws: Workspace) -> bool:
+              decay: float | None, ws: Workspace, grads: list[torch.Tensor] | None = None,
+              grad_views: list[torch.Tensor] | None = None) -> bool:
         """x = decay·x + (scale·φ) ⊙ u from s = u ⊙ g in fewer passes than `phi_` and the step,
-        where a rule can (g may be overwritten); False, nothing touched, where it cannot."""
+        where a rule can (g may be overwritten; with `grads`, g is still to be filled from
+        them, into its `grad_views`); False, nothing touched, where it cannot."""
         return False
+
 
 
 @component("trust", "none")
@@ -90,9 +93,11 @@ class ACT(_Ranked):
         return self.trust_scope == "per-tensor"
 
     def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
-              decay: float | None, ws: Workspace) -> bool:
+              decay: float | None, ws: Workspace, grads: list[torch.Tensor] | None = None,
+              grad_views: list[torch.Tensor] | None = None) -> bool:
         return not self.per_tensor and act_step_(x, u, g, self.tau, self.trust_alpha,
-                                                 self.trust_gamma, scale, decay, ws)
+                                                 self.trust_gamma, scale, decay, ws, grads,
+                                                 grad_views)
 
 
 @component("trust", "mgup")

@@ -8,8 +8,9 @@
                   multiply-add or as product then sum, whichever torch's addcmul_ does here;
                   s = u * g, or g itself where the caller has stored the scores there
 
-   Work is split into nt equal ranges, one per OpenMP thread (torch's own runtime when it is
-   loaded) or, compiled without OpenMP, run one after another. */
+   g comes as segments (the parameters' own gradients, or one flat vector). Work is split into
+   nt equal ranges, one per OpenMP thread (torch's own runtime when it is loaded) or, compiled
+   without OpenMP, run one after another. */
 #include <stdint.h>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -25,10 +26,11 @@
     bits &= bits - 1;                                                            \
   }
 
+/* g[i] for i in [b, e): entries of one segment, addressed by their position in the vector */
 static void band_range(float *restrict u, const float *restrict a, const float *restrict g,
                        int64_t b, int64_t e, float lo, float hi, int64_t *restrict idx,
                        float *restrict val, int64_t cap, int64_t *restrict counts) {
-  int64_t above = 0, inside = 0, i = b;
+  int64_t above = counts[0], inside = counts[1], i = b;
   float sv[16];
 #if defined(__AVX512F__)
   const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
@@ -68,13 +70,35 @@ static void band_range(float *restrict u, const float *restrict a, const float *
   counts[1] = inside;
 }
 
+/* g as segments: entries off[j] .. off[j+1] - 1 of the vector at gp[j] (j < nseg); the
+   segment that holds position b */
+static int64_t segment_of(const int64_t *off, int64_t nseg, int64_t b) {
+  int64_t lo = 0, hi = nseg - 1;
+  while (lo < hi) {
+    int64_t mid = (lo + hi + 1) / 2;
+    if (off[mid] <= b) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+#define FOR_SEGMENTS(b, e, CALL)                                                   \
+  for (int64_t j = segment_of(off, nseg, b); j < nseg && off[j] < e; j++) {        \
+    int64_t sb = off[j] > b ? off[j] : b, se = off[j + 1] < e ? off[j + 1] : e;    \
+    const float *g = gp[j] - off[j];                                               \
+    if (sb < se) CALL;                                                             \
+  }
+
 /* counts: [2 * nt] (above, inside) per range; idx, val: nt blocks of cap positions, scores */
-void adaptfl_band(float *u, const float *a, const float *g, int64_t n, float lo, float hi,
-                  int64_t *idx, float *val, int64_t cap, int64_t *counts, int nt) {
+void adaptfl_band(float *u, const float *a, const float *const *gp, const int64_t *off,
+                  int64_t nseg, int64_t n, float lo, float hi, int64_t *idx, float *val,
+                  int64_t cap, int64_t *counts, int nt) {
 #pragma omp parallel for schedule(static) num_threads(nt)
-  for (int t = 0; t < nt; t++)
-    band_range(u, a, g, n * t / nt, n * (t + 1) / nt, lo, hi, idx + t * cap, val + t * cap, cap,
-               counts + 2 * t);
+  for (int t = 0; t < nt; t++) {
+    int64_t b = n * t / nt, e = n * (t + 1) / nt;
+    counts[2 * t] = counts[2 * t + 1] = 0;
+    FOR_SEGMENTS(b, e, band_range(u, a, g, sb, se, lo, hi, idx + t * cap, val + t * cap, cap,
+                                  counts + 2 * t))
+  }
 }
 
 #define STEP_LOOP(KEEP, COMBINE)                                          \
@@ -95,13 +119,14 @@ static void step_range(float *restrict x, const float *restrict u, const float *
   else STEP_LOOP(s > t, xi + u[i] * f)
 }
 
-void adaptfl_step(float *x, const float *u, const float *g, int64_t n, float t, int64_t cut,
-                  float dec, int decay, float ca, float cg, int fused, int scored, int nt) {
+void adaptfl_step(float *x, const float *u, const float *const *gp, const int64_t *off,
+                  int64_t nseg, int64_t n, float t, int64_t cut, float dec, int decay, float ca,
+                  float cg, int fused, int scored, int nt) {
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int k = 0; k < nt; k++) {
     int64_t b = n * k / nt, e = n * (k + 1) / nt;
     int64_t mid = cut < b ? b : (cut > e ? e : cut);
-    step_range(x, u, g, b, mid, t, dec, decay, ca, cg, fused, scored, 1);
-    step_range(x, u, g, mid, e, t, dec, decay, ca, cg, fused, scored, 0);
+    FOR_SEGMENTS(b, mid, step_range(x, u, g, sb, se, t, dec, decay, ca, cg, fused, scored, 1))
+    FOR_SEGMENTS(mid, e, step_range(x, u, g, sb, se, t, dec, decay, ca, cg, fused, scored, 0))
   }
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -42,23 +43,41 @@ class Library:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.dll = ctypes.CDLL(str(path))
-        self.dll.adaptfl_band.argtypes = [_P, _P, _P, _I64, _F, _F, _P, _P, _I64, _P, _INT]
+        self.dll.adaptfl_band.argtypes = [_P, _P, _P, _P, _I64, _I64, _F, _F, _P, _P, _I64, _P, _INT]
         self.dll.adaptfl_band.restype = None
-        self.dll.adaptfl_step.argtypes = [_P, _P, _P, _I64, _F, _I64, _F, _INT, _F, _F, _INT, _INT, _INT]
+        self.dll.adaptfl_step.argtypes = [_P, _P, _P, _P, _I64, _I64, _F, _I64, _F, _INT, _F, _F, _INT, _INT,
+                                          _INT]
         self.dll.adaptfl_step.restype = None
         self.fused = 1
 
-    def band(self, u: torch.Tensor, a: torch.Tensor | None, g: torch.Tensor, lo: float,
+    def band(self, u: torch.Tensor, a: torch.Tensor | None, g: Segments, lo: float,
              hi: float, idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int) -> None:
-        self.dll.adaptfl_band(u.data_ptr(), None if a is None else a.data_ptr(), g.data_ptr(),
+        self.dll.adaptfl_band(u.data_ptr(), None if a is None else a.data_ptr(), *g.args(),
                               u.numel(), lo, hi, idx.data_ptr(), val.data_ptr(),
                               idx.numel() // nt, counts.data_ptr(), nt)
 
-    def step(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, t: float, cut: int,
+    def step(self, x: torch.Tensor, u: torch.Tensor, g: Segments, t: float, cut: int,
              decay: float | None, ca: float, cg: float, scored: bool, nt: int) -> None:
-        self.dll.adaptfl_step(x.data_ptr(), u.data_ptr(), g.data_ptr(), x.numel(), t, cut,
+        self.dll.adaptfl_step(x.data_ptr(), u.data_ptr(), *g.args(), x.numel(), t, cut,
                               1.0 if decay is None else decay, decay is not None, ca, cg,
                               self.fused, int(scored), nt)
+
+
+class Segments:
+    """g as the loops read it: consecutive tensors (the parameters' own gradients, where the
+    step leaves them, or one flat vector), by their addresses and offsets."""
+
+    def __init__(self, tensors: list[torch.Tensor], offsets: torch.Tensor) -> None:
+        self.tensors = tensors  # held: the addresses stay valid while the loops run
+        self.pointers = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+        self.offsets = offsets  # int64 [len(tensors) + 1]: 0, then the running sizes
+
+    @classmethod
+    def flat(cls, g: torch.Tensor) -> Segments:
+        return cls([g], torch.tensor([0, g.numel()], dtype=torch.int64))
+
+    def args(self) -> tuple[int, int, int]:
+        return self.pointers.data_ptr(), self.offsets.data_ptr(), len(self.tensors)
 
 
 _loaded: Library | None = None
@@ -93,7 +112,7 @@ def threads(n: int) -> int:
     return max(1, min(torch.get_num_threads(), n // _GRAIN))
 
 
-def band(u: torch.Tensor, a: torch.Tensor | None, g: torch.Tensor, lo: float, hi: float,
+def band(u: torch.Tensor, a: torch.Tensor | None, g: Segments, lo: float, hi: float,
          idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int) -> None:
     """u += a (if given); counts[2i], counts[2i+1] = #(s > hi), #(lo <= s <= hi) in the i-th of
     nt equal ranges of s = u ⊙ g, whose first idx.numel() // nt band positions and scores fill
@@ -101,7 +120,7 @@ def band(u: torch.Tensor, a: torch.Tensor | None, g: torch.Tensor, lo: float, hi
     _required().band(u, a, g, lo, hi, idx, val, counts, nt)
 
 
-def step(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, t: float, cut: int,
+def step(x: torch.Tensor, u: torch.Tensor, g: Segments, t: float, cut: int,
          decay: float | None, ca: float, cg: float, scored: bool = False) -> None:
     """x = x·decay (if given), then x + f ⊙ u with f = ca where s > t or s == t at a position
     below `cut`, cg elsewhere; s = u ⊙ g, or g itself if `scored`."""
@@ -161,6 +180,12 @@ def _build() -> Path | None:
     return None
 
 
+def _split(g: torch.Tensor) -> Segments:
+    """g in uneven segments (one empty), as a model's gradients come."""
+    sizes = [0, 7, 1000, 0, g.numel() - 1007]
+    return Segments(list(g.split(sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
+
+
 def _checked(lib: Library) -> Library | None:
     """lib if both loops reproduce the eager passes bit for bit on a small problem with ties
     at the threshold and a tail shorter than a vector, else None."""
@@ -177,7 +202,7 @@ def _checked(lib: Library) -> Library | None:
     nt = threads(n)
     idx, val = torch.empty(n * nt, dtype=torch.int64), torch.empty(n * nt)
     counts = torch.empty(2 * nt, dtype=torch.int64)
-    lib.band(uu, a, g, lo, hi, idx, val, counts, nt)
+    lib.band(uu, a, _split(g), lo, hi, idx, val, counts, nt)
     blocks = [slice(i * n, i * n + int(counts[2 * i + 1])) for i in range(nt)]
     inside = ((s >= lo) & (s <= hi)).nonzero().squeeze(1)
     if not (torch.equal(uu, torch.add(a, u)) and int(counts[0::2].sum()) == int((s > hi).sum())
@@ -195,7 +220,8 @@ def _checked(lib: Library) -> Library | None:
         results = []
         for scored in (False, True):
             got = x.clone()
-            lib.step(got, uu, s if scored else g, t, cut, dec, ca, cg, scored, nt)
+            lib.step(got, uu, Segments.flat(s) if scored else _split(g), t, cut, dec, ca, cg,
+                     scored, nt)
             results.append(torch.equal(got, expected))
         if all(results):
             return lib

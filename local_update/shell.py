@@ -103,6 +103,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self.bucket_view = parameters_as_bucket_view
         self._buckets: dict[int, tuple[torch.Tensor, list[int]]] = {}  # group -> (flat x, data_ptrs)
         self._grad_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # group -> (g, views)
+        self._out_views: dict[int, tuple[tuple, list[torch.Tensor]]] = {}  # group -> (key, views of u)
         self._reset_diagnostics()
         self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
         self._scaled_key: tuple | None = None
@@ -208,8 +209,13 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         if rule.elementwise and len(active) == len(group["params"]) and len(steps) == 1:
             k = steps.pop()
             g, views = self._flat_grad(gi, active)
-            torch._foreach_copy_(views, [p.grad for p in active])
             n, like = g.numel(), g
+            out = self.work.get(f"u{gi}", n, like)
+            bucket = self._bucket(gi, active) if self.bucket_view else None
+            grads = [p.grad for p in active]
+            in_place = self._grads_stay(rule, wd, g, grads)
+            if not in_place:
+                torch._foreach_copy_(views, grads)
             if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
                 g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
                        alpha=wd)
@@ -218,13 +224,16 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             # itself (lr/L = 1 unless this group runs at its own lr, as Muon's AdamW half does).
             fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
             mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
-            step = Step(k, self.step_offset + k, self.mix_lambda, self.bs,
-                        out=self.work.get(f"u{gi}", n, like), mix=mix,
+            step = Step(k, self.step_offset + k, self.mix_lambda, self.bs, out=out, mix=mix,
                         addend=self._scaled_direction(st["global_direction"]) if fuse else None)
+            if in_place:
+                step.grads = grads
+                step.views = {"out": self._views_of(gi, out, active),
+                              **{slot: [self.state[p][slot] for p in active] for slot in rule.slots}}
             d, scale, corrected = rule.direction(g, st, step)
             return [Block(active, d, g, lr * scale, decay, rule.decay_after,
                            st.get("global_direction"), flat=True, corrected=corrected,
-                           bucket=self._bucket(gi, active) if self.bucket_view else None)]
+                           bucket=bucket, grads=grads if in_place else None, grad_views=views)]
         grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
         if hasattr(rule, "directions") and len(steps) == 1:  # the whole group at once (Muon)
             k = steps.pop()
@@ -238,6 +247,24 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         return [Block([p], d, g, lr * scale, decay, rule.decay_after,
                        self.state[p].get("global_direction"))
                 for p, g, (d, scale, _) in zip(active, grads, directions, strict=True)]
+
+    def _grads_stay(self, rule: Preconditioner, wd: float, g: torch.Tensor,
+                    grads: list[torch.Tensor]) -> bool:
+        """Whether the gradients stay where backward left them, unflattened: the rule reads them
+        per tensor (torch's fused AdamW kernel, as `AdamW(fused=True)` runs it) and the chain
+        copies them into g only where it reads g (`Block.fill_g`: the scores, the
+        diagnostics); FedACT's native step reads them in place. One group only."""
+        return len(self.param_groups) == 1 and not (rule.coupled_decay and wd) \
+            and rule.splits(g) and all(t.is_contiguous() and t.dtype == g.dtype for t in grads)
+
+    def _views_of(self, gi: int, out: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Views of the group's flat `out` shaped like its parameters (made once per buffer)."""
+        key = (gi, out.data_ptr(), len(params))
+        if self._out_views.get(gi, (None,))[0] != key:
+            views = [v.view_as(p) for v, p in zip(out.split([p.numel() for p in params]), params,
+                                                  strict=True)]
+            self._out_views[gi] = (key, views)
+        return self._out_views[gi][1]
 
     def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
         """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""
@@ -284,9 +311,11 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         b = blocks[0]
         if self.trust.active and not diagnose and len(blocks) == 1 and b.bucket is not None \
                 and not b.decay_after and self.trust.step_(b.bucket, u, g, -ref_lr * at_step,
-                                                           b.decay_factor(), self.work):
+                                                           b.decay_factor(), self.work, b.grads,
+                                                           b.grad_views):
             return  # the rule's own passes (FedACT on a CPU: two native loops, fused_act.py)
         if self.trust.active or diagnose:
+            b.fill_g()  # where the gradients stayed in place
             scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
             if diagnose:
                 self._record(scores)

@@ -94,8 +94,9 @@ def _scores(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return u, g
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("nt", [1, 3])
-def test_the_band_loop_counts_as_torch_does(nt: int) -> None:
+def test_the_band_loop_counts_as_torch_does(nt: int, split: bool) -> None:
     lib = _lib()
     gen = torch.Generator().manual_seed(1)
     u, g = _scores(N + 5, gen)
@@ -106,7 +107,8 @@ def test_the_band_loop_counts_as_torch_does(nt: int) -> None:
         cap = N
         idx, val = torch.empty(cap * nt, dtype=torch.int64), torch.empty(cap * nt)
         counts = torch.empty(2 * nt, dtype=torch.int64)
-        lib.band(uu, a, g, lo, hi, idx, val, counts, nt)
+        lib.band(uu, a, native._split(g) if split else native.Segments.flat(g), lo, hi, idx,
+                 val, counts, nt)
         assert torch.equal(uu, a + u)
         blocks = [slice(i * cap, i * cap + int(counts[2 * i + 1])) for i in range(nt)]
         inside = ((s >= lo) & (s <= hi)).nonzero().squeeze(1)
@@ -134,7 +136,8 @@ def test_the_step_loop_keeps_torch_topk_set(nt: int, k_frac: float) -> None:
     ca, cg = -2.0, -0.5
     for scored in (False, True):
         x = torch.zeros(N)
-        lib.step(x, u, s if scored else g, float(t), cut, None, ca, cg, scored, nt)
+        segments = native.Segments.flat(s) if scored else native._split(g)  # g: uneven pieces
+        lib.step(x, u, segments, float(t), cut, None, ca, cg, scored, nt)
         assert torch.equal(x, u * torch.where(top, ca, cg))
 
 

@@ -41,6 +41,10 @@ class Step:
     out: torch.Tensor | None = None  # a buffer the direction may be written to
     mix: float = 1.0  # weight of the local direction when the rule fuses the correction: 1-ρ
     addend: torch.Tensor | None = None  # ρ·Δ_G to fuse in (None: the shell corrects)
+    # the gradients where backward left them, g not filled (only for a rule that `splits`),
+    # and per-tensor views of `out` and of the state slots ("out", "exp_avg", ...)
+    grads: list[torch.Tensor] | None = None
+    views: dict[str, list[torch.Tensor]] | None = None
 
 
 class Direction(NamedTuple):
@@ -67,6 +71,11 @@ class Preconditioner(Component):
 
     def init(self, p: torch.Tensor) -> dict[str, Any]:
         return {}
+
+    def splits(self, g: torch.Tensor) -> bool:
+        """Whether `direction` can read the gradients per tensor (step.grads, step.views) instead
+        of the flat g, on tensors like g."""
+        return False
 
     def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         raise NotImplementedError

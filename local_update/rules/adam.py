@@ -31,10 +31,16 @@ def bias_steps(mode: str, k: int, t: int) -> tuple[int, int]:
     return {"paper": (k, t), "single-counter": (t, t), "local": (k, k), "off": (0, 0)}[mode]
 
 
+def fuses(g: torch.Tensor) -> bool:
+    """Whether `adam_direction_` runs torch's fused kernel on tensors like g."""
+    return not EAGER and g.dtype in FUSED_DTYPES and g.device.type in ("cpu", "cuda")
+
+
 def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Tensor,
                     beta1: float, beta2: float, eps: float, n_m: int, n_v: int,
                     out: torch.Tensor | None = None, mix: float = 1.0,
-                    addend: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+                    addend: torch.Tensor | None = None,
+                    split: tuple[list[torch.Tensor], ...] | None = None) -> tuple[torch.Tensor, float]:
     """(d, scale) with scale·d = m̂ / (sqrt(v̂) + ε); updates m and v in place; d is written to
     `out` (fresh if None). With `addend`, d is addend + mix·m̂ / (sqrt(v̂) + ε) and scale 1.
     n_m, n_v: the exponents of the bias corrections 1-β^n (0: none).
@@ -44,10 +50,12 @@ def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Te
     negative lr: it leaves addend + mix·m̂/(sqrt(v̂)+ε) there, m and v updated. The kernel takes
     one step count for both corrections: it gets n_v, and lr carries bc1(n_v)/bc1(n_m) for m.
     `EAGER` (the tests' bit-exact reference) computes the same in six eager passes instead.
+    `split` (fused kernel only, `fuses`): (out, g, m, v) as per-tensor lists of the same memory
+    as out, m and v, g the gradients where they lie; g itself is then not read.
     """
     if out is None:
         out = torch.empty_like(g)
-    if not EAGER and g.dtype in FUSED_DTYPES and g.device.type in ("cpu", "cuda"):
+    if fuses(g):
         if addend is None:
             out.zero_()
         elif addend is not out:
@@ -56,7 +64,8 @@ def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Te
         step = torch.full((), float(n_v) if n_v else math.inf, dtype=torch.float32, device=g.device)
         m_over_v = (1.0 - beta1**n_v if n_v else 1.0) / (1.0 - beta1**n_m if n_m else 1.0)
         weight = mix if addend is not None else 1.0
-        torch._fused_adamw_([out], [g], [exp_avg], [exp_avg_sq], [], [step], lr=-weight * m_over_v,
+        lists = ([out], [g], [exp_avg], [exp_avg_sq]) if split is None else split
+        torch._fused_adamw_(*lists, [], [step] * len(lists[0]), lr=-weight * m_over_v,
                             beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
                             maximize=False)
         return out, 1.0
@@ -90,10 +99,16 @@ class AdamW(Preconditioner):
     default_weight_decay = 0.01
     slots = ("exp_avg", "exp_avg_sq")
 
+    def splits(self, g: torch.Tensor) -> bool:
+        return fuses(g)
+
     def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         n_m, n_v = bias_steps(self.bias_correction, step.k, step.t)
+        split = None if step.grads is None or step.views is None else (
+            step.views["out"], step.grads, step.views["exp_avg"], step.views["exp_avg_sq"])
         d, scale = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1, self.beta2,
-                                   self.eps, n_m, n_v, out=step.out, mix=step.mix, addend=step.addend)
+                                   self.eps, n_m, n_v, out=step.out, mix=step.mix, addend=step.addend,
+                                   split=split)
         return Direction(d, scale, corrected=step.addend is not None)
 
 
