@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from adaptfl.local_update.workspace import Workspace
 
@@ -35,6 +36,7 @@ _Z = 5.0  # its half-width in binomial standard deviations of the sampled quanti
 _TARGET = 1 / 128  # share of the entries a band should hold (at least `_MIN_BAND`)
 _MIN_BAND = 1024
 _GROW = 4.0  # the most a band widens or narrows from one call to the next
+_NUMPY = (torch.float32, torch.float64)  # `_pick` selects these with numpy
 
 
 class Selection(NamedTuple):
@@ -125,9 +127,17 @@ def _pick(k: int, above: int, index: torch.Tensor, values: torch.Tensor
     if above >= k or k > above + index.numel():
         return None
     rank = k - above  # of the k-th largest among the band's entries, from the top
-    t = torch.kthvalue(values, values.numel() - rank + 1).values + 0.0  # -0.0 -> +0.0
-    need = rank - int(torch.count_nonzero(values > t))  # ties the top k keeps, >= 1
-    ties = index[values == t]  # ascending positions
+    j = values.numel() - rank  # its place in ascending order
+    if values.dtype in _NUMPY:  # numpy's introselect, ~10x torch.kthvalue's speed on a CPU
+        v = values.numpy()
+        t = torch.tensor(np.partition(v, j)[j]) + 0.0  # -0.0 -> +0.0
+        tied = v == t.item()
+        need = rank - int(np.count_nonzero(v > t.item()))  # ties the top k keeps, >= 1
+        ties = torch.from_numpy(index.numpy()[tied])  # ascending positions
+    else:
+        t = torch.kthvalue(values, j + 1).values + 0.0
+        need = rank - int(torch.count_nonzero(values > t))
+        ties = index[values == t]
     return Selection(t, ties[need:] if ties.numel() > need else None), values.numel()
 
 
