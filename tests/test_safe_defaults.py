@@ -239,6 +239,7 @@ def test_a_reply_set_aside_does_not_skip_a_round_whose_min_replies_is_every_node
     attack(replies[HOSTILE])
     _round(strategy, replies)
     assert list(strategy.report.rejected) == [str(HOSTILE)] and not strategy.report.skipped
+    assert strategy.report.metrics.get("krum-byzantine-used") == (0.0 if aggregator == "krum" else None)
     four = _strategy("fedavg", aggregator=aggregator, min_replies=4,
                      **({"krum_byzantine": 0} if aggregator == "krum" else {}))
     _round(four, {n: replies[n] for n in range(1, 5)})
