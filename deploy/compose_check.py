@@ -132,6 +132,11 @@ class Runner:
     def note_disk(self) -> None:
         self.disk_peak = max(self.disk_peak, shutil.disk_usage(DEPLOY).used - self.disk_start)
 
+    def keep_logs(self, files: str, name: str) -> None:
+        """The containers' logs, before `down -v` removes them (kept only when a check fails)."""
+        done = self.compose(f"{files} logs --no-color --timestamps")
+        (self.log_dir / f"{name}-containers.log").write_text(done.stdout + done.stderr)
+
     def compose(self, args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", "-c", f"$COMPOSE {args}"], cwd=DEPLOY, env=self.env,
                               capture_output=True, text=True, timeout=timeout, check=False)
@@ -282,6 +287,7 @@ def run_check(workdir: Path) -> str:
             summary["insecure"] = f"rounds {results_in_volume(runner, INSECURE_FILES, 'compose-insecure')}"
             summary["superlink-port"] = superlink_unreachable_from_host(runner, INSECURE_FILES)
         finally:
+            runner.keep_logs(INSECURE_FILES, "insecure")
             runner.phase("insecure-down")
         try:
             runner.phase("tls")
@@ -290,6 +296,7 @@ def run_check(workdir: Path) -> str:
             summary["outsider"] = outsider_refused(runner)
             superlink_unreachable_from_host(runner, TLS_FILES, str(DEPLOY / "certs" / "ca.crt"))
         finally:
+            runner.keep_logs(TLS_FILES, "tls")
             runner.phase("tls-down")
     finally:
         release_build_cache()
