@@ -13,7 +13,8 @@ selection may branch on counts:
 2. #{x > hi}, and the positions of the entries in [lo, hi] (two compares, one count, and a
    `nonzero` over the mask's int64 words, then over the words that hold any). If the k-th
    largest lies in the band it is the (k - #above)-th largest of the band's entries, found
-   by `kthvalue`; the entries tied with it that the top k leaves out are the highest-indexed
+   by numpy's partition (`torch.kthvalue` for 16-bit floats); the entries tied with it that
+   the top k leaves out are the highest-indexed
    ones, all inside the band.
 3. If both bands miss, `select` returns None and the caller runs the radix selection. The
    answer is exact either way; the bands decide only the speed. The next band is centred on

@@ -103,7 +103,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self.bucket_view = parameters_as_bucket_view
         self._buckets: dict[int, tuple[torch.Tensor, list[int]]] = {}  # group -> (flat x, data_ptrs)
         self._grad_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # group -> (g, views)
-        self._out_views: dict[int, tuple[tuple, list[torch.Tensor]]] = {}  # group -> (key, views of u)
+        self._views: dict[tuple[int, str], tuple[tuple, list[torch.Tensor]]] = {}  # per-tensor views
         self._reset_diagnostics()
         self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
         self._scaled_key: tuple | None = None
@@ -228,8 +228,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                         addend=self._scaled_direction(st["global_direction"]) if fuse else None)
             if in_place:
                 step.grads = grads
-                step.views = {"out": self._views_of(gi, out, active),
-                              **{slot: [self.state[p][slot] for p in active] for slot in rule.slots}}
+                step.views = {"out": self._views_of(gi, "out", out, active),
+                              **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
             d, scale, corrected = rule.direction(g, st, step)
             return [Block(active, d, g, lr * scale, decay, rule.decay_after,
                            st.get("global_direction"), flat=True, corrected=corrected,
@@ -257,14 +257,17 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         return len(self.param_groups) == 1 and not (rule.coupled_decay and wd) \
             and rule.splits(g) and all(t.is_contiguous() and t.dtype == g.dtype for t in grads)
 
-    def _views_of(self, gi: int, out: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Views of the group's flat `out` shaped like its parameters (made once per buffer)."""
-        key = (gi, out.data_ptr(), len(params))
-        if self._out_views.get(gi, (None,))[0] != key:
-            views = [v.view_as(p) for v, p in zip(out.split([p.numel() for p in params]), params,
+    def _views_of(self, gi: int, name: str, flat: torch.Tensor, params: list[torch.Tensor]
+                  ) -> list[torch.Tensor]:
+        """Views of one of the group's flat buffers shaped like its parameters (the same memory
+        as `state[p][name]` for a slot), made once per buffer."""
+        key = (flat.data_ptr(), flat.numel(), len(params))
+        made = self._views.get((gi, name))
+        if made is None or made[0] != key:
+            views = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params,
                                                   strict=True)]
-            self._out_views[gi] = (key, views)
-        return self._out_views[gi][1]
+            self._views[(gi, name)] = made = (key, views)
+        return made[1]
 
     def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
         """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""
