@@ -35,7 +35,8 @@ def superlink(host: str, port: int, database: str, tls: Tls | None, secret_file:
     `fleet_proxy` to SuperNodes. With `secret_file`, its Runtime API serves only a SuperExec
     holding the same secret.
     """
-    argv = ["flower-superlink", "--isolation", "process", "--database", database,
+    argv = ["flower-superlink", "--isolation", "process",
+            *(["--database", database] if database else []),  # "": Flower's in-memory state
             "--disable-runtime-dependency-installation", "--host", host, "--port", str(port),
             *_secret(secret_file)]
     if tls is None:

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,10 @@ class Nodes:
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # Flower's programs from this Python's environment first: a version manager's shim on PATH
+    # (pyenv: a bash script, ~0.4 s) would run again at every `flwr-clientapp` process, one
+    # per message (docs/scale.md)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update({"FLWR_HOME": str(flwr_home), "FLWR_DISABLE_UPDATE_CHECK": "1",
                 "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
     return env
@@ -109,7 +114,7 @@ def write_connections(flwr_home: Path, connections: dict[str, str], ca_cert: Pat
 def flwr_cli(args: list[str], env: dict[str, str], timeout: float,
              enter: Callable[[list[str]], list[str]] | None = None) -> subprocess.CompletedProcess[str]:
     """`flwr ARGS`; `enter` runs it in the SuperLink's namespace (the operator's)."""
-    flwr = shutil.which("flwr")
+    flwr = shutil.which("flwr", path=env.get("PATH"))
     if flwr is None:
         raise FileNotFoundError("the `flwr` CLI is not on PATH (pip install flwr==1.42.0)")
     argv = [flwr, *args]
@@ -148,11 +153,14 @@ def attack_with_ca_only(certs: Path, env: dict[str, str], timeout: float = 120,
 def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder: bool = False,
                  timeout: float = 600, attacker: bool = False,
                  trusted_entities: Path | None = None, during: Callable[[Nodes], None] | None = None,
-                 more_runs: Sequence[tuple[Path, str]] = ()) -> LoopbackResult:
+                 more_runs: Sequence[tuple[Path, str]] = (), state_db: bool = True) -> LoopbackResult:
     """Deploy, run once (unless run_config is None), tear down. Raises if a step before
     `flwr run` fails. `trusted_entities` is given to every SuperNode. `during(nodes)` runs in a
     thread beside `flwr run` (to kill and restart SuperNodes); `more_runs` are (app, run config)
-    pairs run after it on the same deployment (another Flower app: a baseline)."""
+    pairs run after it on the same deployment (another Flower app: a baseline). `state_db`: the
+    SuperLink keeps its state in an SQLite file, as the compose demo does; False: in memory
+    (Flower's default), which a loaded machine needs for many SuperNodes: there, writers waited
+    past SQLite's 5 s lock timeout and the SuperLink failed the run (docs/scale.md)."""
     where.checkout("python -m adaptfl.deploy.loopback")
     if num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes} must be >= 1")
@@ -178,7 +186,7 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
         if warning:
             print(warning, file=sys.stderr, flush=True)
         superlink = group.start("superlink", commands.superlink(
-            "127.0.0.1", port, str(workdir / "state.db"), tls,
+            "127.0.0.1", port, str(workdir / "state.db") if state_db else "", tls,
             secret_file=str(link / "superexec.secret")), workdir, enter=ns.enter)
         wait_for_port(port, superlink, group.log_of("superlink"), reaches=ns.reaches)
         _, *proxy_args = commands.fleet_proxy(f"fd:{public.fileno()}", address, proxy_tls)
@@ -192,11 +200,13 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
             secret_file=str(serverapp_dir / "superexec.secret")), workdir, enter=ns.enter)
         write_connections(flwr_home, {CONNECTION: address, OUTSIDER: public_address,
                                       LOCAL_USER: address}, certs / "ca.crt")
-        for i in range(1, num_nodes + 1):
-            done = flwr_cli(["supernode", "register", str(certs / f"supernode-{i}" / "supernode.pub"),
-                             CONNECTION], env, timeout=60, enter=ns.enter)
-            if done.returncode != 0:
-                raise RuntimeError(f"registering supernode-{i} failed: {done.stdout}{done.stderr}")
+        register = lambda i: flwr_cli(["supernode", "register",  # noqa: E731
+                                       str(certs / f"supernode-{i}" / "supernode.pub"), CONNECTION],
+                                      env, timeout=120, enter=ns.enter)
+        with ThreadPoolExecutor(max_workers=4) as pool:  # 16 CLI starts one by one took ~30 s
+            for i, done in enumerate(pool.map(register, range(1, num_nodes + 1)), start=1):
+                if done.returncode != 0:
+                    raise RuntimeError(f"registering supernode-{i} failed: {done.stdout}{done.stderr}")
         for i in range(1, num_nodes + 1):
             _start_node(group, workdir, certs, i, public_address, num_nodes, trusted_entities)
         intruder_exit = None

@@ -47,6 +47,14 @@ CORRECTIONS = ("mix", "after-step")
 Tensors = dict[str, torch.Tensor]
 
 
+def eager(method: Any) -> Any:
+    """torch.optim.Optimizer's method without its `torch._disable_dynamo` wrapper, which imports
+    torch._dynamo (sympy, triton: ~80 MB and ~1 s of CPU) on its first call. A deployed
+    ClientApp is a fresh process per message and never compiles, so it paid that on every
+    message (docs/scale.md); in eager mode the wrapper only runs the method."""
+    return getattr(method, "__wrapped__", method)
+
+
 class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
     """precondition → mix → correct → modulate → step (see the module docstring).
 
@@ -127,10 +135,13 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             base = fields_from_group(cls, self.defaults) if same_rule else {}
             values = [group.pop(f) if f in group else base.get(f, field_default(cls, f)) for f in fields]
             group[key] = tuple(values) if len(fields) > 1 else values[0]
-        super().add_param_group(group)
+        eager(torch.optim.Optimizer.add_param_group)(self, group)
         if hasattr(self, "_flat"):  # after the constructor: the new group's state and buffers
             self._flat.append({})
             self._init_group(len(self.param_groups) - 1)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        eager(torch.optim.Optimizer.zero_grad)(self, set_to_none)
 
     def _init_group(self, gi: int) -> None:
         group = self.param_groups[gi]

@@ -83,8 +83,8 @@ class RoundReport:
     latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
     metrics: dict[str, float] = field(default_factory=dict)
     # partition id (node id for a reply without one) -> where each accepted reply's client ran
-    # and its state came from ("ray-node" as 12 hex digits, "client-state" 0/1/2,
-    # "peak-memory-mb"), for replies that report them, and its "node-id"
+    # and its state came from ("ray-node" as 12 hex digits, "client-state" and
+    # "local-state-source" 0/1/2, "peak-memory-mb"), for replies that report them, and its "node-id"
     clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
 
     def note_client(self, node: int, metrics: Mapping[str, float | int]) -> None:
@@ -95,8 +95,9 @@ class RoundReport:
         noted: dict[str, int | float | str] = {}
         if wire.RAY_NODE in metrics:
             noted[wire.RAY_NODE] = f"{int(metrics[wire.RAY_NODE]):012x}"
-        if wire.CLIENT_STATE in metrics:
-            noted[wire.CLIENT_STATE] = int(metrics[wire.CLIENT_STATE])
+        for source in (wire.CLIENT_STATE, wire.LOCAL_STATE_SOURCE):  # durable state: 0/1/2
+            if source in metrics:
+                noted[source] = int(metrics[source])
         if wire.PEAK_MEMORY in metrics:
             noted[wire.PEAK_MEMORY] = float(metrics[wire.PEAK_MEMORY])
         if noted:

@@ -6,6 +6,9 @@ the server's process) is bounded by `client-state-memory`."""
 from __future__ import annotations
 
 import gc
+import pickle
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -121,3 +124,36 @@ def test_a_node_keeps_its_rows_and_recomputes_them_when_the_split_changes(monkey
                     (data, 7, labels.flip(0))]:  # another α, seed, or data: computed again
         client_app._partition(context, *changed)
     assert len(calls) == 4
+
+
+CHILD = """
+import pickle, sys
+from adaptfl.client_app import app
+msg, context = pickle.load(open(sys.argv[1], "rb"))
+reply = app.handle_train(msg, context)
+assert not reply.has_error(), reply.error
+print(sorted(m for m in ("torch._dynamo", "sympy", "triton", "datasets", "pyarrow") if m in sys.modules))
+"""
+
+
+def test_a_fresh_clientapp_process_trains_without_dynamo_or_arrow(tmp_path, tiny_data, monkeypatch) -> None:
+    """A deployed ClientApp is a fresh process per message, so what a round imports it pays on
+    every message: torch.optim's dynamo wrapper (torch._dynamo, sympy, triton: ~80 MB and ~1 s
+    of CPU) and flwr-datasets' Arrow tables for an iid split (~130 MB) stay out of a FedACT
+    round with durable local state (docs/scale.md)."""
+    cfg = _cfg(tmp_path, tiny_data, algorithm="fedact", local_state="persist", bias_correction="local",
+               num_server_rounds=1, fraction_train=1.0)
+    captured = tmp_path / "message.pkl"
+    real = client_app.handle_train
+
+    def keep_first(msg, context):
+        if not captured.exists():
+            captured.write_bytes(pickle.dumps((msg, context)))
+        return real(msg, context)
+
+    monkeypatch.setattr(client_app, "handle_train", keep_first)
+    run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    child = subprocess.run([sys.executable, "-c", CHILD, str(captured)], capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.strip().splitlines()[-1] == "[]", child.stdout

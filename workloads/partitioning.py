@@ -60,7 +60,8 @@ def partition_indices(
     # of equal length can never share a cached partitioner.
     partitioner = _cached_partitioner(label_array.tobytes(), num_partitions, scheme, alpha, seed)
     partition = partitioner.load_partition(partition_id)
-    return np.asarray(partition[:]["idx"], dtype=np.int64)
+    rows = partition["idx"] if isinstance(partition, dict) else partition[:]["idx"]
+    return np.asarray(rows, dtype=np.int64)
 
 
 def _as_label_array(labels: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -92,27 +93,39 @@ def _check_partition_args(
         raise ValueError(f"seed must be >= 0, got {seed!r}")
 
 
+class IidShards:
+    """flwr-datasets' `IidPartitioner` without importing `datasets`: the contiguous shards
+    of `datasets.Dataset.shard(contiguous=True)` (the first `len % N` shards one row longer,
+    which is `np.array_split`) of the rows in their seeded order. A deployed ClientApp is a
+    fresh process per message, and `datasets` + Arrow cost it ~130 MB of its own memory and a
+    second (docs/scale.md); tests/test_workloads.py checks equality with `IidPartitioner`."""
+
+    def __init__(self, order: np.ndarray, num_partitions: int) -> None:
+        self.order, self.num_partitions = order, num_partitions
+
+    def load_partition(self, partition_id: int) -> dict[str, np.ndarray]:
+        return {"idx": np.array_split(self.order, self.num_partitions)[partition_id]}
+
+
 @lru_cache(maxsize=8)
 def _cached_partitioner(
     label_bytes: bytes, num_partitions: int, scheme: str, alpha: float, seed: int
-) -> Partitioner:
-    import datasets
-    from flwr_datasets.partitioner import IidPartitioner, PathologicalPartitioner
-
+) -> Partitioner | IidShards:
     labels = np.frombuffer(label_bytes, dtype=np.int64)
     if scheme == "natural-id":
         return _natural_id(labels)
-    # IidPartitioner cuts contiguous shards, so store the rows in a seeded
-    # random order to make them random; harmless for the other schemes.
+    # IID shards are contiguous, so the rows are stored in a seeded random order to make them
+    # random; harmless for the other schemes.
     order = np.random.default_rng(seed).permutation(len(labels))
+    if scheme == "iid":
+        return IidShards(order, num_partitions)
+    import datasets
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
     table = datasets.Dataset.from_dict({"label": labels[order], "idx": order})
     # Arrow format: columns come back as Arrow arrays, which numpy converts
     # without a Python-level loop (the default format takes ~0.5 s on 60k).
     table = table.with_format("arrow")
-    if scheme == "iid":
-        partitioner = IidPartitioner(num_partitions=num_partitions)
-        partitioner.dataset = table
-        return partitioner
     if scheme == "pathological":
         pathological = PathologicalPartitioner(
             num_partitions=num_partitions, partition_by="label",
