@@ -72,8 +72,16 @@ class ReplyIntake:
         by_node: dict[int | None, list[Message]] = {}
         sent = {m.metadata.message_id: m.metadata.dst_node_id
                 for m in self._messages if m.metadata.message_id}
+        forged: list[tuple[int, Message]] = []
         for msg in replies:
-            by_node.setdefault(self._sender(msg, sent), []).append(msg)
+            node = self._sender(msg, sent)
+            if node is not None and not msg.has_error() and msg.metadata.src_node_id != node:
+                forged.append((node, msg))  # kept out of the victim's bucket: it must not drop its reply
+                continue
+            by_node.setdefault(node, []).append(msg)
+        for node, msg in forged:
+            self._reject(f"{msg.metadata.src_node_id}->{node}", f"reply to node {node}'s "
+                         f"instruction sent by node {msg.metadata.src_node_id}")
         # a node that replied, well-formed or not, is not a missing one (min-replies); a failure
         # (Flower's error reply) is one: an honest client whose training crashed sends it
         self.report.answered = sum(node is not None and any(not m.has_error() for m in msgs)

@@ -171,9 +171,23 @@ def test_a_reply_must_come_from_the_node_its_instruction_went_to() -> None:
     wrong_type = _message(sent[3], _honest(strategy, 3))
     wrong_type.metadata.__dict__["_message_type"] = MessageType.EVALUATE
     strategy.aggregate_train(1, [forged, wrong_type, _message(sent[1], _honest(strategy, 1))])
-    assert "reply to node 2's instruction sent by node 5" in strategy.report.rejected["2"]
+    assert "reply to node 2's instruction sent by node 5" in strategy.report.rejected["5->2"]
     assert "message type" in strategy.report.rejected["3"]
     assert strategy.report.accepted == 1
+    assert strategy.report.answered == 2  # node 2 sent nothing: the forgery is not its answer
+
+
+def test_a_forged_reply_does_not_drop_the_victims_own() -> None:
+    strategy = _strategy("fedavg")
+    sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
+        1, ArrayRecord(MODEL), ConfigRecord(), GRID)}
+    for node, msg in sent.items():
+        msg.metadata.__dict__["_message_id"] = f"instruction-{node}"
+    forged = _message(sent[2], _honest(strategy, 2))
+    forged.metadata.__dict__["_src_node_id"] = HOSTILE
+    honest = [_message(sent[n], _honest(strategy, n)) for n in (1, 2, 3, 4)]
+    strategy.aggregate_train(1, [forged, *honest])  # before it, node 2's bucket held two replies
+    assert strategy.report.accepted == 4 and list(strategy.report.rejected) == ["5->2"]
 
 
 # --- finite values that overflow later: the invariant check keeps them out of the state ------------
