@@ -26,6 +26,9 @@ MIN_REPLIES = NODES - len(KILLED)  # round 2 has exactly enough
 pytestmark = [
     pytest.mark.flower,
     pytest.mark.slow,
+    # Its own xdist group: ~7 min, mostly Flower's heartbeat waits and process starts, run beside
+    # the other Flower tests' chain (conftest.py) rather than after it; its own ports and folders.
+    pytest.mark.xdist_group("flower-16-supernodes"),
     pytest.mark.skipif(any(shutil.which(b) is None for b in BINARIES), reason="Flower binaries needed"),
     pytest.mark.skipif(shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
                        reason="openssl and ssh-keygen are needed for the certificates and node keys"),
