@@ -41,10 +41,11 @@ _NUMPY = (torch.float32, torch.float64)  # `_pick` selects these with numpy
 
 
 class Selection(NamedTuple):
-    """The k-th largest t (0-dim, +0.0 for a zero) and the positions of the entries equal to t
-    that the top k leaves out (the highest-indexed ties), or None if it keeps them all."""
+    """The k-th largest t (a Python float, exactly the entry's value; +0.0 for a zero) and the
+    positions of the entries equal to t that the top k leaves out (the highest-indexed ties),
+    or None if it keeps them all."""
 
-    t: torch.Tensor
+    t: float
     drop: torch.Tensor | None
 
 
@@ -131,12 +132,12 @@ def _pick(k: int, above: int, index: torch.Tensor, values: torch.Tensor
     j = values.numel() - rank  # its place in ascending order
     if values.dtype in _NUMPY:  # numpy's introselect, ~10x torch.kthvalue's speed on a CPU
         v = values.numpy()
-        t = torch.tensor(np.partition(v, j)[j]) + 0.0  # -0.0 -> +0.0
-        tied = v == t.item()
-        need = rank - int(np.count_nonzero(v > t.item()))  # ties the top k keeps, >= 1
+        t = float(np.partition(v, j)[j]) + 0.0  # -0.0 -> +0.0; a float32 or float64 exactly
+        tied = v == t
+        need = rank - int(np.count_nonzero(v > t))  # ties the top k keeps, >= 1
         ties = torch.from_numpy(index.numpy()[tied])  # ascending positions
     else:
-        t = torch.kthvalue(values, j + 1).values + 0.0
+        t = float(torch.kthvalue(values, j + 1).values) + 0.0
         need = rank - int(torch.count_nonzero(values > t))
         ties = index[values == t]
     return Selection(t, ties[need:] if ties.numel() > need else None), values.numel()

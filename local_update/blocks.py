@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -13,12 +15,30 @@ class Block:
                  global_direction: torch.Tensor | None, flat: bool = False,
                  corrected: bool = False, bucket: torch.Tensor | None = None,
                  grads: list[torch.Tensor] | None = None,
-                 grad_views: list[torch.Tensor] | None = None) -> None:
-        self.params, self.d, self.g, self.coef, self.flat = params, d, g, coef, flat
+                 grad_views: list[torch.Tensor] | None = None, pending: Any = None) -> None:
+        self.params, self._d, self.g, self.coef, self.flat = params, d, g, coef, flat
+        self.pending = pending  # the pass that writes d, not run yet (`Direction.pending`)
         self.grads, self.grad_views = grads, grad_views  # g still to be filled from grads, or None
         self.corrected = corrected  # d is u: the correction is in it already
         self.bucket = bucket  # the flat parameters the params are views of (bucket view), or None
         self.decay, self.decay_after, self.global_direction = decay, decay_after, global_direction
+
+    @property
+    def d(self) -> torch.Tensor | None:
+        """The direction, written first if its pass is still pending."""
+        self.settle()
+        return self._d
+
+    def settle(self) -> None:
+        """Run the pass that writes d, if it is still pending."""
+        if self.pending is not None:
+            self.pending.run()
+            self.pending = None
+
+    @property
+    def moves(self) -> bool:
+        """Whether the rule moves on its own this step (SOAP's first step does not)."""
+        return self._d is not None
 
     def scaled_direction(self, ref_lr: float) -> torch.Tensor:
         """(c/L)·d: this block's direction in the units of the reference lr L."""
@@ -41,7 +61,7 @@ class Block:
 
     def decay_factor(self) -> float | None:
         """1 - δ where the flat move decays x, else None."""
-        return 1.0 - self.decay if self.decay and self.d is not None else None
+        return 1.0 - self.decay if self.decay and self.moves else None
 
     def move(self, u: torch.Tensor, alpha: float, phi: torch.Tensor | None = None) -> None:
         """x = (1-δ)·x + alpha·u (or + phi ⊙ u) on the flat parameters (decay before the move;

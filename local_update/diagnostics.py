@@ -44,7 +44,7 @@ class Diagnostics:
         otherwise they are formed here, in scratch buffers, and the step is left alone."""
         due = self.diagnostics_every > 0 and (
             (self.steps - 1) % self.diagnostics_every == 0 or self._diag_pending)
-        measured = [b for b in blocks if b.d is not None] if due else []
+        measured = [b for b in blocks if b.moves] if due else []
         self._diag_pending = due and not measured
         if not measured:
             return False

@@ -17,8 +17,10 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import torch
 from adaptfl.local_update import band, native
+from adaptfl.local_update.rules.adam import FusedAdamPass
 from adaptfl.local_update.topk import _SMALL
 from adaptfl.local_update.trust import act_phi_
 from adaptfl.local_update.workspace import Workspace
@@ -26,38 +28,73 @@ from adaptfl.local_update.workspace import Workspace
 _CAP = 8  # band positions kept per thread: up to 1/_CAP of its entries (more: counted a miss)
 
 
-def applies(tau: float, scale: float, *tensors: torch.Tensor) -> bool:
-    """Whether `act_step_` steps these tensors (x, u, g and any gradients) natively: the loops
-    are built and checked, the tensors are float32 on the CPU's branch, ⌊τD⌋ lies in (0, D),
-    D is not below the sort's size, and scale < 0."""
-    n = tensors[1].numel()
+def applies(tau: float, scale: float, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether `act_step_` steps these tensors natively: the loops are built and checked, x, u
+    and g are float32 on the CPU's branch (gradients given with them are like g: the shell's
+    `_grads_stay` checks), ⌊τD⌋ lies in (0, D), D is not below the sort's size, and scale < 0."""
+    n = u.numel()
     k = math.floor(tau * n)
-    return 0 < k < n and n >= _SMALL and scale < 0.0 and native.usable(*tensors)
+    return 0 < k < n and n >= _SMALL and scale < 0.0 and native.usable(x, u, g)
+
+
+def _adam_fuses(kernel: FusedAdamPass, u: torch.Tensor, g: torch.Tensor,
+                grads: list[torch.Tensor] | None) -> bool:
+    """Whether `native.adam_band` can do this pending kernel pass: a form of the kernel matched
+    here, u is its output, its tensors are g's segments, a Δ_G to add (the optimizer's flat
+    float32 buffers, as u), and m's update the kernel's small-weight lerp (1-β1 < 0.5 in
+    float, as for every β1 in use)."""
+    return (native.adam_usable() and kernel.out is u and kernel.addend is not None
+            and (kernel.lists[1] is grads if grads is not None else kernel.lists[1][0] is g)
+            and np.float32(1.0 - kernel.beta1) < 0.5
+            and kernel.addend.dtype == kernel.exp_avg.dtype == kernel.exp_avg_sq.dtype == torch.float32)
+
+
+def _segments(g: torch.Tensor, grads: list[torch.Tensor] | None, ws: Workspace) -> native.Segments:
+    """g as the loops read it: the gradients where they lie, else g itself; the addresses and
+    offsets in workspace buffers (no tensor made per step)."""
+    tensors = [g] if grads is None else grads
+    pointers = ws.get("act.pointers", len(tensors), g, torch.int64)
+    pointers.numpy()[:] = [t.data_ptr() for t in tensors]
+    offsets = ws.filled("act.offsets", len(tensors) + 1, g, torch.int64,
+                        sizes := tuple(t.numel() for t in tensors),
+                        lambda buf: buf.numpy().__setitem__(slice(None), [0, *itertools.accumulate(sizes)]))
+    return native.Segments(tensors, offsets, pointers)
 
 
 def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alpha: float,
               gamma: float, scale: float, decay: float | None, ws: Workspace,
               grads: list[torch.Tensor] | None = None,
-              grad_views: list[torch.Tensor] | None = None) -> bool:
+              grad_views: list[torch.Tensor] | None = None,
+              pending: FusedAdamPass | None = None) -> bool:
     """x = decay·x + (scale·φ) ⊙ u for `act` ranked over the whole vector, s = u ⊙ g (g may be
     overwritten by s). With `grads`, g is not filled yet: the loops read the gradients where
-    they are, and a band that misses copies them into g (its `grad_views`) first. True if
-    done; False, nothing touched, where `applies` says no."""
-    if not applies(tau, scale, x, u, g, *(grads or ())):
+    they are, and a band that misses copies them into g (its `grad_views`) first. With
+    `pending`, u is not written yet: the band's pass does the kernel's work where it can
+    (`native.adam_band`), else the kernel runs first. True if done; False, nothing touched
+    (nor run), where `applies` says no."""
+    if not applies(tau, scale, x, u, g):
         return False
+    kernel = pending if pending is not None and _adam_fuses(pending, u, g, grads) else None
+    if pending is not None and kernel is None:
+        pending.run()
     n = u.numel()
     k = math.floor(tau * n)
     nt = native.threads(n)
     cap = n // (_CAP * nt) + 256
-    segments = native.Segments.flat(g) if grads is None else native.Segments(
-        grads, ws.filled("act.offsets", len(grads) + 1, g, torch.int64, tuple(t.numel() for t in grads),
-                         lambda buf: buf.copy_(torch.tensor([0, *itertools.accumulate(
-                             t.numel() for t in grads)]))))
+    segments = _segments(g, grads, ws)
+    idx, val = ws.get("act.index", cap * nt, g, torch.int64), ws.get("act.values", cap * nt, g)
+    counts = ws.get("act.counts", 2 * nt, g, torch.int64)
 
     def count(lo: float, hi: float) -> tuple[int, torch.Tensor, torch.Tensor] | None:
-        idx, val = ws.get("act.index", cap * nt, g, torch.int64), ws.get("act.values", cap * nt, g)
-        counts = ws.get("act.counts", 2 * nt, g, torch.int64)
-        native.band(u, None, segments, lo, hi, idx, val, counts, nt)
+        nonlocal kernel
+        if kernel is None:
+            native.band(u, None, segments, lo, hi, idx, val, counts, nt)
+        else:
+            coef = native.adam_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr,
+                                            kernel.step, ws.get("act.adam", 6, g))
+            native.adam_band(u, kernel.addend, kernel.exp_avg, kernel.exp_avg_sq, segments, coef,
+                             lo, hi, idx, val, counts, nt)
+            kernel = None
         c = counts.tolist()
         inside = c[1::2]
         if max(inside) > cap:
@@ -68,6 +105,8 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
         return sum(c[0::2]), torch.cat([idx[b] for b in blocks]), torch.cat([val[b] for b in blocks])
 
     sel = band.select_counted(band._key(g, k), k, ws, count)
+    if kernel is not None:  # no band to count yet (the first step): u from the kernel itself
+        kernel.run()
     scored = sel is None
     if sel is None:
         if grads is not None:
@@ -81,5 +120,5 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
             return True
         segments = native.Segments.flat(g)
     cut = n if sel.drop is None else int(sel.drop[0])
-    native.step(x, u, segments, float(sel.t), cut, decay, alpha * scale, gamma * scale, scored)
+    native.step(x, u, segments, sel.t, cut, decay, alpha * scale, gamma * scale, scored)
     return True

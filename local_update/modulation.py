@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from adaptfl.algorithms.params import Component, component, param
@@ -26,6 +27,7 @@ class Trust(Component):
     """Base: φ ≡ 1."""
 
     active = False  # whether φ is not 1 (the shell skips the scores otherwise)
+    takes_pending = False  # whether `step_` may run the rule's pending last pass itself
 
     def phi_(self, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
              scale: float = 1.0) -> torch.Tensor:
@@ -35,10 +37,12 @@ class Trust(Component):
 
     def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
               decay: float | None, ws: Workspace, grads: list[torch.Tensor] | None = None,
-              grad_views: list[torch.Tensor] | None = None) -> bool:
+              grad_views: list[torch.Tensor] | None = None, pending: Any = None) -> bool:
         """x = decay·x + (scale·φ) ⊙ u from s = u ⊙ g in fewer passes than `phi_` and the step,
         where a rule can (g may be overwritten; with `grads`, g is still to be filled from
-        them, into its `grad_views`); False, nothing touched, where it cannot."""
+        them, into its `grad_views`; with `pending`, u is still to be written by that pass,
+        which step_ then runs, maybe as part of its own); False, nothing touched (nor run),
+        where it cannot."""
         return False
 
 
@@ -92,12 +96,16 @@ class ACT(_Ranked):
     def per_tensor(self) -> bool:  # type: ignore[override]
         return self.trust_scope == "per-tensor"
 
+    @property
+    def takes_pending(self) -> bool:  # type: ignore[override]
+        return not self.per_tensor
+
     def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
               decay: float | None, ws: Workspace, grads: list[torch.Tensor] | None = None,
-              grad_views: list[torch.Tensor] | None = None) -> bool:
+              grad_views: list[torch.Tensor] | None = None, pending: Any = None) -> bool:
         return not self.per_tensor and act_step_(x, u, g, self.tau, self.trust_alpha,
                                                  self.trust_gamma, scale, decay, ws, grads,
-                                                 grad_views)
+                                                 grad_views, pending)
 
 
 @component("trust", "mgup")

@@ -3,6 +3,10 @@
 
    adaptfl_band:  u = a + u (if a), s = u * g; counts #(s > hi) and collects the positions and
                   scores of lo <= s <= hi (the band selection of band.py, without storing s)
+   adaptfl_adam_band: torch's fused AdamW kernel on u (holding a) and adaptfl_band in one pass:
+                  m, v updated, u = a + q * m / (sqrt(v) / b + e), then the band of s = u * g;
+                  the same float operations per entry as torch's kernel (native.py checks which
+                  of its possible contractions into fused multiply-adds this torch has)
    adaptfl_step:  x = x * dec (if decay), then x + u * f with f = ca on the top k (s > t, or
                   s == t below position `cut`: ties to the lower index), cg elsewhere; as fused
                   multiply-add or as product then sum, whichever torch's addcmul_ does here;
@@ -12,6 +16,8 @@
    nt equal ranges, one per OpenMP thread (torch's own runtime when it is loaded) or, compiled
    without OpenMP, run one after another. */
 #include <stdint.h>
+
+#include <math.h>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -128,5 +134,62 @@ void adaptfl_step(float *x, const float *u, const float *const *gp, const int64_
     int64_t mid = cut < b ? b : (cut > e ? e : cut);
     FOR_SEGMENTS(b, mid, step_range(x, u, g, sb, se, t, dec, decay, ca, cg, fused, scored, 1))
     FOR_SEGMENTS(mid, e, step_range(x, u, g, sb, se, t, dec, decay, ca, cg, fused, scored, 0))
+  }
+}
+
+/* torch's fused AdamW kernel, entry by entry: its vector body and its scalar tail (the last
+   len % vec entries of each tensor) may contract different products into fused multiply-adds,
+   so `kind` says how each does (found by native.py against the kernel): bit 0, the body's
+   m = m + w (g - m) as one fma; bits 1-2, the body's v = v b2 + (c2 g) g as no fma (0), as
+   fma(c2 g, g, v b2) (1) or as fma(v, b2, (c2 g) g) (2); bit 3, bits 4-5 the same for the tail. */
+#define ADAM_LOOP(MNEW, VNEW)                                                      \
+  for (int64_t i = b; i < e; i++) {                                                \
+    float gi = g[i], mi = m[i], vi = v[i], cg = c2 * gi;                           \
+    float mn = MNEW, vn = VNEW;                                                    \
+    m[i] = mn; v[i] = vn;                                                          \
+    u[i] = a[i] + (q * mn) / (sqrtf(vn) / bc2 + eps);                              \
+  }
+
+static void adam_range(float *restrict u, const float *restrict a, float *restrict m,
+                       float *restrict v, const float *restrict g, int64_t b, int64_t e,
+                       float w, float b2, float c2, float bc2, float eps, float q, int mk,
+                       int vk) {
+  switch (mk * 3 + vk) {
+    case 0: ADAM_LOOP(mi + w * (gi - mi), vi * b2 + cg * gi) break;
+    case 1: ADAM_LOOP(mi + w * (gi - mi), fmaf(cg, gi, vi * b2)) break;
+    case 2: ADAM_LOOP(mi + w * (gi - mi), fmaf(vi, b2, cg * gi)) break;
+    case 3: ADAM_LOOP(fmaf(w, gi - mi, mi), vi * b2 + cg * gi) break;
+    case 4: ADAM_LOOP(fmaf(w, gi - mi, mi), fmaf(cg, gi, vi * b2)) break;
+    default: ADAM_LOOP(fmaf(w, gi - mi, mi), fmaf(vi, b2, cg * gi)) break;
+  }
+}
+
+#define ADAM_BLOCK 2048 /* entries per sub-pass: the band then reads u and g from L1/L2 */
+
+/* coef: w = 1 - beta1, b2, c2 = 1 - beta2, bc2 = sqrt(1 - beta2^t), eps, q = -lr / bc1 (as
+   torch's kernel rounds them to float); vec: the kernel's vector length; the rest as
+   adaptfl_band (a: the addend, never NULL) */
+void adaptfl_adam_band(float *u, const float *a, float *m, float *v, const float *const *gp,
+                       const int64_t *off, int64_t nseg, int64_t n, const float *coef,
+                       int vec, int kind, float lo, float hi, int64_t *idx, float *val,
+                       int64_t cap, int64_t *counts, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int t = 0; t < nt; t++) {
+    int64_t rb = n * t / nt, re = n * (t + 1) / nt;
+    counts[2 * t] = counts[2 * t + 1] = 0;
+    for (int64_t j = segment_of(off, nseg, rb); j < nseg && off[j] < re; j++) {
+      const float *g = gp[j] - off[j];
+      int64_t body = off[j] + (off[j + 1] - off[j]) / vec * vec;
+      int64_t sb = off[j] > rb ? off[j] : rb, se = off[j + 1] < re ? off[j + 1] : re;
+      for (int64_t bb = sb; bb < se; bb += ADAM_BLOCK) {
+        int64_t be = bb + ADAM_BLOCK < se ? bb + ADAM_BLOCK : se;
+        int64_t mid = body < bb ? bb : (body > be ? be : body);
+        adam_range(u, a, m, v, g, bb, mid, coef[0], coef[1], coef[2], coef[3], coef[4],
+                   coef[5], kind & 1, (kind >> 1) & 3);
+        adam_range(u, a, m, v, g, mid, be, coef[0], coef[1], coef[2], coef[3], coef[4],
+                   coef[5], (kind >> 3) & 1, (kind >> 4) & 3);
+        band_range(u, 0, g, bb, be, lo, hi, idx + t * cap, val + t * cap, cap, counts + 2 * t);
+      }
+    }
   }
 }

@@ -20,6 +20,7 @@ import ctypes
 import hashlib
 import itertools
 import logging
+import math
 import os
 import platform
 import shutil
@@ -27,6 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -48,13 +50,26 @@ class Library:
         self.dll.adaptfl_step.argtypes = [_P, _P, _P, _P, _I64, _I64, _F, _I64, _F, _INT, _F, _F, _INT, _INT,
                                           _INT]
         self.dll.adaptfl_step.restype = None
+        self.dll.adaptfl_adam_band.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _INT, _INT, _F,
+                                               _F, _P, _P, _I64, _P, _INT]
+        self.dll.adaptfl_adam_band.restype = None
         self.fused = 1
+        self.adam: tuple[int, int] | None = None  # (vector length, kind) of torch's AdamW kernel here
 
     def band(self, u: torch.Tensor, a: torch.Tensor | None, g: Segments, lo: float,
              hi: float, idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int) -> None:
         self.dll.adaptfl_band(u.data_ptr(), None if a is None else a.data_ptr(), *g.args(),
                               u.numel(), lo, hi, idx.data_ptr(), val.data_ptr(),
                               idx.numel() // nt, counts.data_ptr(), nt)
+
+    def adam_band(self, u: torch.Tensor, a: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                  g: Segments, coef: torch.Tensor, lo: float, hi: float, idx: torch.Tensor,
+                  val: torch.Tensor, counts: torch.Tensor, nt: int,
+                  adam: tuple[int, int] | None = None) -> None:
+        vec, kind = adam or self.adam
+        self.dll.adaptfl_adam_band(u.data_ptr(), a.data_ptr(), m.data_ptr(), v.data_ptr(), *g.args(),
+                                   u.numel(), coef.data_ptr(), vec, kind, lo, hi, idx.data_ptr(),
+                                   val.data_ptr(), idx.numel() // nt, counts.data_ptr(), nt)
 
     def step(self, x: torch.Tensor, u: torch.Tensor, g: Segments, t: float, cut: int,
              decay: float | None, ca: float, cg: float, scored: bool, nt: int) -> None:
@@ -67,9 +82,11 @@ class Segments:
     """g as the loops read it: consecutive tensors (the parameters' own gradients, where the
     step leaves them, or one flat vector), by their addresses and offsets."""
 
-    def __init__(self, tensors: list[torch.Tensor], offsets: torch.Tensor) -> None:
+    def __init__(self, tensors: list[torch.Tensor], offsets: torch.Tensor,
+                 pointers: torch.Tensor | None = None) -> None:
         self.tensors = tensors  # held: the addresses stay valid while the loops run
-        self.pointers = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+        self.pointers = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64) \
+            if pointers is None else pointers  # int64: the tensors' addresses
         self.offsets = offsets  # int64 [len(tensors) + 1]: 0, then the running sizes
 
     @classmethod
@@ -106,6 +123,33 @@ def usable(*tensors: torch.Tensor) -> bool:
 
     return library() is not None and all(
         t.dtype == torch.float32 and t.is_contiguous() and cpu_path(t) for t in tensors)
+
+
+def adam_usable() -> bool:
+    """Whether `adam_band` can run: the loops are usable and one of their forms of torch's
+    fused AdamW kernel matched it here bit for bit."""
+    lib = library()
+    return lib is not None and lib.adam is not None
+
+
+def adam_coefficients(beta1: float, beta2: float, eps: float, lr: float, step: float,
+                      out: torch.Tensor) -> torch.Tensor:
+    """`adam_band`'s coefficients as torch's fused kernel derives them from its arguments (in
+    double from the float32 step count, then rounded to float): 1-β1, β2, 1-β2,
+    sqrt(1-β2^t), ε and -lr/(1-β1^t)."""
+    t = float(np.float32(step))  # the kernel reads its step count as a float
+    out.numpy()[:] = (1.0 - beta1, beta2, 1.0 - beta2, math.sqrt(1.0 - beta2**t), eps,
+                      -(lr / (1.0 - beta1**t)))
+    return out
+
+
+def adam_band(u: torch.Tensor, a: torch.Tensor, m: torch.Tensor, v: torch.Tensor, g: Segments,
+              coef: torch.Tensor, lo: float, hi: float, idx: torch.Tensor, val: torch.Tensor,
+              counts: torch.Tensor, nt: int) -> None:
+    """torch._fused_adamw_([u], g, [m], [v], lr, β1, β2, ε at step t, no weight decay) with u
+    holding `a` beforehand, per tensor of g's segments, bit for bit; then `band` on the new
+    u (without adding anything) in the same pass. `coef`: `adam_coefficients`."""
+    _required().adam_band(u, a, m, v, g, coef, lo, hi, idx, val, counts, nt)
 
 
 def threads(n: int) -> int:
@@ -171,8 +215,8 @@ def _build() -> Path | None:
     for extra in _FLAGS:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            cmd = [cc, "-O3", "-std=gnu11", "-ffp-contract=off", "-fPIC", "-shared", *extra,
-                   str(SOURCE), "-o", str(out)]
+            cmd = [cc, "-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
+                   "-shared", *extra, str(SOURCE), "-o", str(out), "-lm"]
             if subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0:
                 os.replace(out, target)  # atomic: concurrent processes see a whole file or none
                 return target
@@ -224,6 +268,48 @@ def _checked(lib: Library) -> Library | None:
                      scored, nt)
             results.append(torch.equal(got, expected))
         if all(results):
+            lib.adam = _adam_form(lib)
             return lib
     _log.warning("native step differs from torch's addcmul_ either way: not used")
     return None
+
+
+# torch's kernel: vector length (8 or 16 floats) and which products its compiler fused
+# (native.c, ADAM_LOOP); the forms seen first: AVX2/AVX-512 builds, then plain C
+_ADAM_FORMS = [(8, 43), (16, 43), (8, 0), (16, 0)] + [(vec, kind) for vec in (8, 16, 4) for kind in range(64)
+                                                      if (kind >> 1) & 3 < 3 and (kind >> 4) & 3 < 3]
+
+
+def _adam_form(lib: Library) -> tuple[int, int] | None:
+    """The (vector length, kind) for which `adam_band` reproduces torch._fused_adamw_ bit for
+    bit on tensors with tails of every length, both β1 regimes the loops serve; None if none."""
+    gen = torch.Generator().manual_seed(1)
+    sizes = [0, 7, 1000, 0, 37, 13, 3 * _GRAIN + 5]
+    n = sum(sizes)
+    g = torch.randn(n, generator=gen)
+    m, v, a = 0.1 * torch.randn(n, generator=gen), 0.01 * torch.rand(n, generator=gen), torch.randn(n, generator=gen)
+    nt = threads(n)
+    idx, val = torch.empty(n * nt, dtype=torch.int64), torch.empty(n * nt)
+    counts, coef = torch.empty(2 * nt, dtype=torch.int64), torch.empty(6)
+    cases = []
+    for beta1, beta2, eps, lr, step in ((0.9, 0.999, 1e-8, -0.7, 3.0), (0.6, 0.95, 1e-3, -1e-3, 1.0)):
+        u, mm, vv = a.clone(), m.clone(), v.clone()
+        lists = [list(t.split(sizes)) for t in (u, g, mm, vv)]
+        torch._fused_adamw_(*lists, [], [torch.tensor(step)] * len(sizes), lr=lr, beta1=beta1,
+                            beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+        cases.append((adam_coefficients(beta1, beta2, eps, lr, step, coef.clone()), u, mm, vv))
+    segments = Segments(list(g.split(sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
+    for form in _ADAM_FORMS:
+        if all(_adam_matches(lib, form, a, m, v, segments, c, (idx, val, counts, nt)) for c in cases):
+            return form
+    _log.warning("no native form of torch's fused AdamW kernel matches it here: FedACT runs the "
+                 "kernel, then its native loops")
+    return None
+
+
+def _adam_matches(lib: Library, form: tuple[int, int], a: torch.Tensor, m: torch.Tensor,
+                  v: torch.Tensor, g: Segments, case: tuple, scratch: tuple) -> bool:
+    coef, u_ref, m_ref, v_ref = case
+    u, mm, vv = torch.empty_like(a), m.clone(), v.clone()
+    lib.adam_band(u, a, mm, vv, g, coef, 0.0, -1.0, *scratch, adam=form)
+    return torch.equal(u, u_ref) and torch.equal(mm, m_ref) and torch.equal(vv, v_ref)

@@ -236,15 +236,17 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
             mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
             step = Step(k, self.step_offset + k, self.mix_lambda, self.bs, out=out, mix=mix,
-                        addend=self._scaled_direction(st["global_direction"]) if fuse else None)
+                        addend=self._scaled_direction(st["global_direction"]) if fuse else None,
+                        defer=self.trust.takes_pending)
             if in_place:
                 step.grads = grads
                 step.views = {"out": self._views_of(gi, "out", out, active),
                               **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
-            d, scale, corrected = rule.direction(g, st, step)
-            return [Block(active, d, g, lr * scale, decay, rule.decay_after,
-                           st.get("global_direction"), flat=True, corrected=corrected,
-                           bucket=bucket, grads=grads if in_place else None, grad_views=views)]
+            d = rule.direction(g, st, step)
+            return [Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
+                           st.get("global_direction"), flat=True, corrected=d.corrected,
+                           bucket=bucket, grads=grads if in_place else None, grad_views=views,
+                           pending=d.pending)]
         grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
         if hasattr(rule, "directions") and len(steps) == 1:  # the whole group at once (Muon)
             k = steps.pop()
@@ -257,7 +259,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                           for p, g in zip(active, grads, strict=True)]
         return [Block([p], d, g, lr * scale, decay, rule.decay_after,
                        self.state[p].get("global_direction"))
-                for p, g, (d, scale, _) in zip(active, grads, directions, strict=True)]
+                for p, g, (d, scale, *_) in zip(active, grads, directions, strict=True)]
 
     def _grads_stay(self, rule: Preconditioner, wd: float, g: torch.Tensor,
                     grads: list[torch.Tensor]) -> bool:
@@ -295,7 +297,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         at_step = 1.0  # a factor of u left to the step itself (the scores are scale-invariant)
         if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
             b = blocks[0]
-            u, g = b.d, b.g
+            # corrected: u's pass may still be pending; the trust step below may run it itself
+            u, g = b._d if b.corrected else b.d, b.g
             ratio = b.coef / ref_lr if ref_lr else 1.0
             sizes = [p.numel() for p in b.params]
             dg = None
@@ -326,8 +329,9 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         if self.trust.active and not diagnose and len(blocks) == 1 and b.bucket is not None \
                 and not b.decay_after and self.trust.step_(b.bucket, u, g, -ref_lr * at_step,
                                                            b.decay_factor(), self.work, b.grads,
-                                                           b.grad_views):
-            return  # the rule's own passes (FedACT on a CPU: two native loops, fused_act.py)
+                                                           b.grad_views, b.pending):
+            return  # the rule's own passes (FedACT on a CPU: native loops, fused_act.py)
+        b.settle()  # u written, if its pass was left to the trust step
         if self.trust.active or diagnose:
             b.fill_g()  # where the gradients stayed in place
             scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)

@@ -143,7 +143,7 @@ def kth_largest(x: torch.Tensor, k: int, ws: Workspace | None = None) -> torch.T
     if cpu_path(x) and k < n:
         sel = band.select(x, k, ws)
         if sel is not None:
-            return sel.t
+            return torch.tensor(sel.t, dtype=x.dtype)
     t = radix.threshold(x, k, ws, in_place=False).t
     if cpu_path(x) and k < n:
         band.remember(x, k, t, ws)

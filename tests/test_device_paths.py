@@ -119,7 +119,7 @@ def test_the_fused_kernel_takes_a_device_step_count_and_a_negative_lr(
         m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
         for k, g in enumerate(grads, start=1):
             n_m, n_v = adam.bias_steps(mode, k, 40 + k)
-            d, scale = adam.adam_direction_(m, v, g.to(device), 0.9, 0.999, 1e-8, n_m, n_v,
+            d, scale, _ = adam.adam_direction_(m, v, g.to(device), 0.9, 0.999, 1e-8, n_m, n_v,
                                             out=torch.empty(n, device=device), mix=0.5,
                                             addend=addend.to(device))
         results[device] = (d * scale).cpu(), m.cpu(), v.cpu()

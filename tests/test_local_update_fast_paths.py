@@ -173,7 +173,7 @@ def test_the_fused_kernel_is_the_eager_reference_to_rounding(mode: str, fused_co
         for eager in (True, False):
             monkeypatch.setattr(adam, "EAGER", eager)
             m, v = state[eager]
-            d, scale = adam.adam_direction_(m, v, g, 0.9, 0.999, 1e-8, n_m, n_v, out=torch.empty(n),
+            d, scale, _ = adam.adam_direction_(m, v, g, 0.9, 0.999, 1e-8, n_m, n_v, out=torch.empty(n),
                                             mix=0.5, addend=addend if fused_correction else None)
             out[eager] = d * scale
         assert torch.equal(state[True][0], state[False][0]) and torch.equal(state[True][1], state[False][1])

@@ -45,12 +45,16 @@ class Step:
     # and per-tensor views of `out` and of the state slots ("out", "exp_avg", ...)
     grads: list[torch.Tensor] | None = None
     views: dict[str, list[torch.Tensor]] | None = None
+    defer: bool = False  # the rule may leave its last pass to the trust step (`Direction.pending`)
 
 
 class Direction(NamedTuple):
     d: torch.Tensor | None  # None: no move of the rule's own this step (SOAP's first)
     scale: float = 1.0  # the rule's lr factor (SOAP's bias-corrected size, Muon's shape scale)
     corrected: bool = False  # d is already u = addend + mix·scale·d
+    # d not written yet: the pass that writes it, run on first read of d (`Block.d`) unless the
+    # trust step runs it as part of its own first pass (FedACT's native loops, fused_act.py)
+    pending: Any = None
 
 
 class Preconditioner(Component):

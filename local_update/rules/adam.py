@@ -36,11 +36,41 @@ def fuses(g: torch.Tensor) -> bool:
     return not EAGER and g.dtype in FUSED_DTYPES and g.device.type in ("cpu", "cuda")
 
 
+@dataclass
+class FusedAdamPass:
+    """One call of torch's fused AdamW kernel over `out` holding `addend` (or 0), no weight decay,
+    with a negative lr: out = addend - lr·m̂/(sqrt(v̂)+ε) per the kernel's float operations,
+    m and v updated. Deferred, so that FedACT's native loops may do the same work bit for bit
+    in their first pass (native.adam_band) instead; `run` does it here otherwise."""
+
+    lists: tuple[list[torch.Tensor], ...]  # out, g, exp_avg, exp_avg_sq: per tensor, or one each
+    out: torch.Tensor
+    addend: torch.Tensor | None
+    exp_avg: torch.Tensor  # flat, the memory of lists[2] and lists[3]
+    exp_avg_sq: torch.Tensor
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    step: float  # the kernel's step count (inf: no bias correction)
+
+    def run(self) -> None:
+        if self.addend is None:
+            self.out.zero_()
+        elif self.addend is not self.out:
+            self.out.copy_(self.addend)
+        step = torch.full((), self.step, dtype=torch.float32, device=self.out.device)
+        torch._fused_adamw_(*self.lists, [], [step] * len(self.lists[0]), lr=self.lr,
+                            beta1=self.beta1, beta2=self.beta2, weight_decay=0.0, eps=self.eps,
+                            amsgrad=False, maximize=False)
+
+
 def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Tensor,
                     beta1: float, beta2: float, eps: float, n_m: int, n_v: int,
                     out: torch.Tensor | None = None, mix: float = 1.0,
                     addend: torch.Tensor | None = None,
-                    split: tuple[list[torch.Tensor], ...] | None = None) -> tuple[torch.Tensor, float]:
+                    split: tuple[list[torch.Tensor], ...] | None = None,
+                    defer: bool = False) -> tuple[torch.Tensor, float, FusedAdamPass | None]:
     """(d, scale) with scale·d = m̂ / (sqrt(v̂) + ε); updates m and v in place; d is written to
     `out` (fresh if None). With `addend`, d is addend + mix·m̂ / (sqrt(v̂) + ε) and scale 1.
     n_m, n_v: the exponents of the bias corrections 1-β^n (0: none).
@@ -52,23 +82,21 @@ def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Te
     `EAGER` (the tests' bit-exact reference) computes the same in six eager passes instead.
     `split` (fused kernel only, `fuses`): (out, g, m, v) as per-tensor lists of the same memory
     as out, m and v, g the gradients where they lie; g itself is then not read.
+    The third result is None, or with `defer` (fused kernel only) the kernel's pass not run yet.
     """
     if out is None:
         out = torch.empty_like(g)
     if fuses(g):
-        if addend is None:
-            out.zero_()
-        elif addend is not out:
-            out.copy_(addend)
         # the kernel's step count is n_v (inf: no correction, β^inf = 0); m's correction via lr
-        step = torch.full((), float(n_v) if n_v else math.inf, dtype=torch.float32, device=g.device)
         m_over_v = (1.0 - beta1**n_v if n_v else 1.0) / (1.0 - beta1**n_m if n_m else 1.0)
         weight = mix if addend is not None else 1.0
-        lists = ([out], [g], [exp_avg], [exp_avg_sq]) if split is None else split
-        torch._fused_adamw_(*lists, [], [step] * len(lists[0]), lr=-weight * m_over_v,
-                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
-                            maximize=False)
-        return out, 1.0
+        kernel = FusedAdamPass(([out], [g], [exp_avg], [exp_avg_sq]) if split is None else split,
+                               out, addend, exp_avg, exp_avg_sq, -weight * m_over_v, beta1, beta2,
+                               eps, float(n_v) if n_v else math.inf)
+        if defer:
+            return out, 1.0, kernel
+        kernel.run()
+        return out, 1.0, None
     exp_avg.lerp_(g, 1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
     bc1 = 1.0 - beta1**n_m if n_m else 1.0
@@ -77,8 +105,8 @@ def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Te
     denom = torch.sqrt(exp_avg_sq, out=out).add_(eps * root_bc2)
     scale = root_bc2 / bc1
     if addend is not None:
-        return torch.addcdiv(addend, exp_avg, denom, value=mix * scale, out=denom), 1.0
-    return torch.div(exp_avg, denom, out=denom), scale
+        return torch.addcdiv(addend, exp_avg, denom, value=mix * scale, out=denom), 1.0, None
+    return torch.div(exp_avg, denom, out=denom), scale, None
 
 
 @component("preconditioner", "adamw")
@@ -106,10 +134,11 @@ class AdamW(Preconditioner):
         n_m, n_v = bias_steps(self.bias_correction, step.k, step.t)
         split = None if step.grads is None or step.views is None else (
             step.views["out"], step.grads, step.views["exp_avg"], step.views["exp_avg_sq"])
-        d, scale = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1, self.beta2,
-                                   self.eps, n_m, n_v, out=step.out, mix=step.mix, addend=step.addend,
-                                   split=split)
-        return Direction(d, scale, corrected=step.addend is not None)
+        d, scale, pending = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1,
+                                            self.beta2, self.eps, n_m, n_v, out=step.out,
+                                            mix=step.mix, addend=step.addend, split=split,
+                                            defer=step.defer)
+        return Direction(d, scale, corrected=step.addend is not None, pending=pending)
 
 
 @component("preconditioner", "adam")
