@@ -199,20 +199,23 @@ def _cpu() -> str:
     return "\n".join(wanted) or platform.platform()
 
 
-def _build() -> Path | None:
-    """The cached library, compiled into the cache if absent; None without a compiler."""
+def _build(flags: tuple[tuple[str, ...], ...] | None = None) -> Path | None:
+    """The cached library, compiled into the cache if absent; None without a compiler. `flags`:
+    the extra compiler flags to try in turn (default `_FLAGS`: for this CPU, with OpenMP; the
+    tests build other instruction sets with e.g. ("-march=native", "-mno-avx512f"))."""
     cc = _compiler()
     if cc is None:
         _log.info("no C compiler found: FedACT's trust step runs its eager passes")
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, cc.encode(), _cpu().encode(),
-                                     platform.machine().encode()])).hexdigest()[:20]
+    tries = tuple(map(tuple, _FLAGS)) if flags is None else flags
+    key = hashlib.sha256(b"\0".join([source, cc.encode(), _cpu().encode(), platform.machine().encode(),
+                                     *([] if flags is None else [repr(flags).encode()])])).hexdigest()[:20]
     target = _cache_dir() / f"adaptfl_native_{key}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    for extra in _FLAGS:
+    for extra in tries:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
             cmd = [cc, "-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
@@ -282,12 +285,13 @@ _ADAM_FORMS = [(8, 43), (16, 43), (8, 0), (16, 0)] + [(vec, kind) for vec in (8,
 
 def _adam_form(lib: Library) -> tuple[int, int] | None:
     """The (vector length, kind) for which `adam_band` reproduces torch._fused_adamw_ bit for
-    bit on tensors with tails of every length, both β1 regimes the loops serve; None if none."""
+    bit on tensors with tails of several lengths, at two settings; None if none."""
     gen = torch.Generator().manual_seed(1)
     sizes = [0, 7, 1000, 0, 37, 13, 3 * _GRAIN + 5]
     n = sum(sizes)
     g = torch.randn(n, generator=gen)
-    m, v, a = 0.1 * torch.randn(n, generator=gen), 0.01 * torch.rand(n, generator=gen), torch.randn(n, generator=gen)
+    m, v = 0.1 * torch.randn(n, generator=gen), 0.01 * torch.rand(n, generator=gen)
+    a = torch.randn(n, generator=gen)
     nt = threads(n)
     idx, val = torch.empty(n * nt, dtype=torch.int64), torch.empty(n * nt)
     counts, coef = torch.empty(2 * nt, dtype=torch.int64), torch.empty(6)

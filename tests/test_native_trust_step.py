@@ -2,11 +2,15 @@
 passes they replace: the same parameters and moments bit for bit, step after step, whether the
 band hits, misses to the sample's band or to the radix selection; the loops alone against
 torch's compares, counts and `torch.topk`'s set (ties to the lower index) at any thread split;
-and the eager passes where no compiler is found or the loops fail their check."""
+the AdamW-and-band pass against torch's own fused AdamW kernel; the loops built for other
+instruction sets (AVX2, plain C); and the eager passes where no compiler is found or the loops
+fail their check."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import platform
 
 import pytest
 import torch
@@ -14,7 +18,7 @@ from adaptfl.local_update import LocalUpdate, band, fused_act, native
 from adaptfl.local_update.workspace import Workspace
 
 N = 40_000  # above topk._SMALL: the band path
-_STEP = native.step
+_STEP, _ADAM_BAND = native.step, native.adam_band
 
 
 @pytest.fixture
@@ -47,6 +51,7 @@ def _run(native_on: bool, monkeypatch: pytest.MonkeyPatch, gamma: float | None, 
     monkeypatch.setattr(native, "ENABLED", native_on)
     calls: list[bool] = []  # per native step: whether it read stored scores (a band missed)
     monkeypatch.setattr(native, "step", lambda *a: calls.append(a[-1]) or _STEP(*a))
+    monkeypatch.setattr(native, "adam_band", lambda *a: calls.append("adam") or _ADAM_BAND(*a))
     gen = torch.Generator().manual_seed(3)
     params = _model(gen)
     opt = LocalUpdate(params.items(), preconditioner="adamw", lr=1e-2, weight_decay=wd, rho=0.5,
@@ -79,8 +84,11 @@ def test_native_steps_are_the_eager_steps_bit_for_bit(monkeypatch: pytest.Monkey
     _lib()
     eager, none = _run(False, monkeypatch, gamma, wd, tau)
     fast, used = _run(True, monkeypatch, gamma, wd, tau)
-    # the previous threshold's band, the sample's, and the radix selection (no native step)
-    assert none == [] and len(used) == 9 and used.count(False) >= 4 and used.count(True) >= 2
+    # the previous threshold's band, the sample's, and the radix selection (no native step);
+    # each count of the previous threshold's band ran torch's AdamW kernel in the same pass
+    steps = [c for c in used if c != "adam"]
+    assert none == [] and len(steps) == 9 and steps.count(False) >= 4 and steps.count(True) >= 2
+    assert used.count("adam") >= 6
     for i, (a, b) in enumerate(zip(eager, fast, strict=True)):
         assert torch.equal(a, b), f"step {i // 2 + 1}, {'x' if i % 2 == 0 else 'v'}"
 
@@ -165,3 +173,74 @@ def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa:
 
 def test_the_accelerator_branch_never_runs_the_loops(accelerator_paths: None) -> None:
     assert not native.usable(torch.zeros(N))
+
+
+def _kernel(u: torch.Tensor, g: list[torch.Tensor], m: torch.Tensor, v: torch.Tensor,
+            sizes: list[int], step: float, lr: float, betas: tuple[float, float], eps: float) -> None:
+    """torch's own fused AdamW kernel per tensor, as `AdamW(fused=True)` and the shell run it."""
+    lists = [list(u.split(sizes)), g, list(m.split(sizes)), list(v.split(sizes))]
+    torch._fused_adamw_(*lists, [], [torch.tensor(step)] * len(sizes), lr=lr, beta1=betas[0],
+                        beta2=betas[1], weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+
+
+@pytest.mark.parametrize("nt", [1, 3])
+@pytest.mark.parametrize(("step", "lr", "betas", "eps"), [
+    (1.0, -1e-3, (0.9, 0.999), 1e-8), (37.0, -0.45, (0.8, 0.99), 1e-6),
+    (math.inf, -2.0, (0.95, 0.9999), 1e-3)])  # inf: no bias correction (`bias_correction=off`)
+def test_the_adam_pass_is_torchs_fused_kernel_bit_for_bit(nt: int, step: float, lr: float,
+                                                          betas: tuple[float, float], eps: float) -> None:
+    lib = _lib()
+    if lib.adam is None:
+        pytest.skip("no native form matched torch's kernel here: the kernel runs (tested below)")
+    gen = torch.Generator().manual_seed(4)
+    sizes = [5, 0, 1000, 13, N + 7]  # tails of every length below the vector's, an empty tensor
+    n = sum(sizes)
+    g = list(torch.randn(n, generator=gen).split(sizes))
+    m, v, a = 0.1 * torch.randn(n, generator=gen), torch.rand(n, generator=gen), torch.randn(n, generator=gen)
+    v[::17] = 0.0  # sqrt(0): the denominator is ε alone
+    u_ref, m_ref, v_ref = a.clone(), m.clone(), v.clone()
+    _kernel(u_ref, g, m_ref, v_ref, sizes, step, lr, betas, eps)
+    u = torch.empty(n)
+    cap = n
+    idx, val = torch.empty(cap * nt, dtype=torch.int64), torch.empty(cap * nt)
+    counts = torch.empty(2 * nt, dtype=torch.int64)
+    offsets = torch.tensor([0, *itertools.accumulate(sizes)])
+    coef = native.adam_coefficients(*betas, eps, lr, step, torch.empty(6))
+    lo, hi = -0.05, 0.1
+    lib.adam_band(u, a, m, v, native.Segments(g, offsets), coef, lo, hi, idx, val, counts, nt)
+    assert torch.equal(u, u_ref) and torch.equal(m, m_ref) and torch.equal(v, v_ref)
+    s = u * torch.cat(g)  # and the band of the scores, as `band` counts it
+    blocks = [slice(i * cap, i * cap + int(counts[2 * i + 1])) for i in range(nt)]
+    inside = ((s >= lo) & (s <= hi)).nonzero().squeeze(1)
+    assert int(counts[0::2].sum()) == int((s > hi).sum())
+    assert torch.equal(torch.cat([idx[b] for b in blocks]), inside)
+
+
+def test_the_kernels_form_is_checked_and_without_one_the_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _lib()
+    if lib.adam is None:
+        pytest.skip("no native form matched torch's kernel here")
+    # the forms differ: with the one found left out, no other reproduces the kernel here
+    others = {f for f in native._ADAM_FORMS if f != lib.adam}
+    monkeypatch.setattr(native, "_ADAM_FORMS", sorted(others))
+    assert native._adam_form(lib) is None
+    monkeypatch.setattr(lib, "adam", None)  # as on a torch no form matches: kernel, then the band
+    eager, _ = _run(False, monkeypatch, None, 0.01, 0.5)
+    fast, used = _run(True, monkeypatch, None, 0.01, 0.5)
+    assert "adam" not in used and len(used) == 9
+    assert all(torch.equal(a, b) for a, b in zip(eager, fast, strict=True))
+
+
+@pytest.mark.parametrize("flags", [("-march=native", "-mno-avx512f", "-fopenmp"),  # AVX2 loops
+                                   ("-march=native", "-mno-avx512f", "-mno-avx2", "-mno-fma"),
+                                   ("-fopenmp",)], ids=["avx2", "no-avx-no-fma", "plain"])
+def test_other_instruction_sets_build_and_pass_the_checks(fresh_native, flags: tuple[str, ...]) -> None:  # noqa: ANN001
+    # CI's CPU builds one set of loops (-march=native); a CPU without AVX-512 (or without AVX)
+    # compiles the others, which must pass the same start-up checks against torch bit for bit
+    _lib()
+    if platform.machine() not in ("x86_64", "AMD64") and flags[0] == "-march=native":
+        pytest.skip("x86 instruction-set flags")
+    path = native._build((flags,))
+    assert path is not None, f"{flags} did not compile"
+    lib = native._checked(native.Library(path))
+    assert lib is not None and lib.adam is not None
