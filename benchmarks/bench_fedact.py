@@ -81,12 +81,12 @@ def radix_only(step: Callable[[], object]) -> Callable[[], object]:
     """step() with the CPU's band selection switched off: every top-k is the radix selection
     on the CPU's branches, as before the band (local_update/band.py)."""
     def run() -> object:
-        real = band.select, band.select_counted
-        band.select = band.select_counted = lambda *args, **kwargs: None
+        real = band.select, band.previous_band
+        band.select = band.previous_band = lambda *args, **kwargs: None
         try:
             return step()
         finally:
-            band.select, band.select_counted = real
+            band.select, band.previous_band = real
     return run
 
 

@@ -25,7 +25,6 @@ selection may branch on counts:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -47,9 +46,6 @@ class Selection(NamedTuple):
 
     t: float
     drop: torch.Tensor | None
-
-
-Counter = Callable[[float, float], "tuple[int, torch.Tensor, torch.Tensor] | None"]
 
 
 def _sample_band(x: torch.Tensor, k: int) -> tuple[float, float]:
@@ -90,21 +86,24 @@ def select(x: torch.Tensor, k: int, ws: Workspace, hint: bool = True) -> Selecti
     return None if found is None else _adapt(ws, key, found, n, lo, hi)
 
 
-def select_counted(key: tuple, k: int, ws: Workspace, count: Counter) -> Selection | None:
-    """`select` for scores that are not stored (native.py counts them as it forms them), in the
-    previous threshold's band only: None if there is none or it missed (then widened; the
-    caller stores the scores and runs `select(..., hint=False)`). `count(lo, hi)` gives
-    #{s > hi}, the positions of the entries in [lo, hi] and their scores, or None (too many)."""
+def previous_band(key: tuple, ws: Workspace) -> tuple[float, float] | None:
+    """The band around the threshold the selection `key` found last (`select`'s first try),
+    for a caller that counts the scores as it forms them (fused_act.py); None if none."""
     previous = ws.hints.get(key)
-    if previous is None:
-        return None
-    lo, hi = previous[0] - previous[1], previous[0] + previous[1]
-    counted = count(lo, hi)
-    found = None if counted is None else _pick(k, *counted)
-    if found is None:
-        ws.hints[key] = (previous[0], previous[1] * _GROW)
-        return None
-    return _adapt(ws, key, found, key[1], lo, hi)
+    return None if previous is None else (previous[0] - previous[1], previous[0] + previous[1])
+
+
+def counted(key: tuple, ws: Workspace, band: tuple[float, float], n: int, t: float | None,
+            count: int = 0) -> None:
+    """What a caller of `previous_band` found: the k-th largest t with `count` entries in the
+    band (the next band re-centred on t), or None: it missed (the band widens; the caller
+    then stores the scores and runs `select(..., hint=False)`)."""
+    lo, hi = band
+    if t is None:
+        centre, half = ws.hints[key]
+        ws.hints[key] = (centre, half * _GROW)
+        return
+    _adapt(ws, key, (Selection(t, None), count), n, lo, hi)
 
 
 def _in_band(x: torch.Tensor, k: int, lo: float, hi: float, ws: Workspace

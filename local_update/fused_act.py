@@ -1,15 +1,18 @@
-"""FedACT's trust modulation and step on the CPU in two native passes (native.py), the same
-numbers as the eager passes they replace (trust.act_phi_, then Block.move):
+"""FedACT's AdamW direction, trust modulation and step on the CPU in two native passes
+(native.py), the same numbers as torch's fused AdamW kernel and the eager passes they replace
+(rules.adam.FusedAdamPass, trust.act_phi_, then Block.move), in one call (`native.act`):
 
-1. `native.band` forms the scores s = u ⊙ g without storing them and counts the band around the
-   previous step's threshold (band.py); the k-th largest and its ties come from the band's few
-   entries (`band.select_counted`).
+1. `native.adam_band` runs the kernel's arithmetic (u = ρ·Δ_G + the AdamW direction, m and v
+   updated), forms the scores s = u ⊙ g without storing them and counts the band around the
+   previous step's threshold (band.py); `native.pick` finds the k-th largest and the first
+   tie it drops among the band's few entries.
 2. `native.step` writes x = (1 - δ)·x + (-L·φ) ⊙ u, φ = α above the threshold (and on the ties
    the top k keeps: those below the first dropped one), γ elsewhere.
 
 If that band misses, the scores are stored in g's buffer (as the eager passes do) and the
 sample's band tried (`band.select(..., hint=False)`); the step then reads them from there. If
-both miss, the eager passes finish the step (the radix selection).
+both miss, the eager passes finish the step (the radix selection). Where no native form of the
+kernel matched torch's here, the kernel runs first and the band pass reads its u.
 """
 
 from __future__ import annotations
@@ -79,46 +82,35 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
         pending.run()
     n = u.numel()
     k = math.floor(tau * n)
-    nt = native.threads(n)
-    cap = n // (_CAP * nt) + 256
-    segments = _segments(g, grads, ws)
-    idx, val = ws.get("act.index", cap * nt, g, torch.int64), ws.get("act.values", cap * nt, g)
-    counts = ws.get("act.counts", 2 * nt, g, torch.int64)
-
-    def count(lo: float, hi: float) -> tuple[int, torch.Tensor, torch.Tensor] | None:
-        nonlocal kernel
-        if kernel is None:
-            native.band(u, None, segments, lo, hi, idx, val, counts, nt)
-        else:
-            coef = native.adam_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr,
-                                            kernel.step, ws.get("act.adam", 6, g))
-            native.adam_band(u, kernel.addend, kernel.exp_avg, kernel.exp_avg_sq, segments, coef,
-                             lo, hi, idx, val, counts, nt)
-            kernel = None
-        c = counts.tolist()
-        inside = c[1::2]
-        if max(inside) > cap:
-            return None
-        if nt == 1:
-            return c[0], idx[:inside[0]], val[:inside[0]]
-        blocks = [slice(i * cap, i * cap + m) for i, m in enumerate(inside)]
-        return sum(c[0::2]), torch.cat([idx[b] for b in blocks]), torch.cat([val[b] for b in blocks])
-
-    sel = band.select_counted(band._key(g, k), k, ws, count)
+    key = band._key(g, k)
+    previous = band.previous_band(key, ws)
+    if previous is not None:  # the previous threshold's band: one native call does the step
+        nt = native.threads(n)
+        cap = n // (_CAP * nt) + 256
+        adam = None if kernel is None else (
+            kernel.addend, kernel.exp_avg, kernel.exp_avg_sq,
+            native.adam_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr, kernel.step,
+                                     ws.get("act.adam", 6, g)))
+        kernel = None  # done by the call, hit or miss
+        found = native.act(x, u, adam, _segments(g, grads, ws), *previous, k, decay,
+                           alpha * scale, gamma * scale, ws.get("act.index", cap * nt, g, torch.int64),
+                           ws.get("act.values", cap * nt, g), ws.get("act.counts", 2 * nt, g, torch.int64),
+                           nt, ws.get("act.work", cap * nt + 1, g), ws.get("act.ipos", 2, g, torch.int64))
+        band.counted(key, ws, previous, n, *(found or (None,)))
+        if found is not None:
+            return True
     if kernel is not None:  # no band to count yet (the first step): u from the kernel itself
         kernel.run()
-    scored = sel is None
-    if sel is None:
-        if grads is not None:
-            torch._foreach_copy_(grad_views, grads)
-        sel = band.select(g.mul_(u), k, ws, hint=False)  # the scores, stored in g's buffer
-        if sel is None:  # both bands missed: the eager passes (radix selection)
-            phi = act_phi_(g, tau, alpha, gamma, None, ws, scale)
-            if decay is not None:
-                x.mul_(decay)
-            x.addcmul_(u, phi)
-            return True
-        segments = native.Segments.flat(g)
+    # the band missed or there was none: the scores stored in g's buffer, the sample's band
+    if grads is not None:
+        torch._foreach_copy_(grad_views, grads)
+    sel = band.select(g.mul_(u), k, ws, hint=False)
+    if sel is None:  # both bands missed: the eager passes (radix selection)
+        phi = act_phi_(g, tau, alpha, gamma, None, ws, scale)
+        if decay is not None:
+            x.mul_(decay)
+        x.addcmul_(u, phi)
+        return True
     cut = n if sel.drop is None else int(sel.drop[0])
-    native.step(x, u, segments, sel.t, cut, decay, alpha * scale, gamma * scale, scored)
+    native.step(x, u, native.Segments.flat(g), sel.t, cut, decay, alpha * scale, gamma * scale, True)
     return True

@@ -7,6 +7,8 @@
                   m, v updated, u = a + q * m / (sqrt(v) / b + e), then the band of s = u * g;
                   the same float operations per entry as torch's kernel (native.py checks which
                   of its possible contractions into fused multiply-adds this torch has)
+   adaptfl_pick:  the k-th largest score from the band's entries and the first tie it drops
+   adaptfl_act:   the first pass, the pick and the step in one call (the band holding t)
    adaptfl_step:  x = x * dec (if decay), then x + u * f with f = ca on the top k (s > t, or
                   s == t below position `cut`: ties to the lower index), cg elsewhere; as fused
                   multiply-add or as product then sum, whichever torch's addcmul_ does here;
@@ -192,4 +194,74 @@ void adaptfl_adam_band(float *u, const float *a, float *m, float *v, const float
       }
     }
   }
+}
+
+/* The selection among the band's entries (band.py's _pick): the r-th largest of val[0..m) by a
+   three-way quickselect on a copy (ties stay cheap), then the first tie the top keeps no more.
+   idx: ascending positions; nt blocks of cap entries, counts[2i + 1] used in the i-th.
+   out[0] = t (+0.0 for a zero); ipos[0] = #entries in the band, ipos[1] = the position of the
+   first dropped tie, or n if none is dropped. Returns 1 if the k-th largest lies in the band. */
+int adaptfl_pick(int64_t k, int64_t n, int64_t *idx, float *val, int64_t cap,
+                 const int64_t *counts, int nt, float *work, float *out, int64_t *ipos) {
+  int64_t above = 0, m = 0;
+  ipos[0] = 0;
+  for (int t = 0; t < nt; t++)
+    if (counts[2 * t + 1] > cap) return 0; /* more than a block holds: counted a miss */
+  for (int t = 0; t < nt; t++) {
+    above += counts[2 * t];
+    for (int64_t j = 0; j < counts[2 * t + 1]; j++) { /* compact the blocks, in order */
+      idx[m + j] = idx[t * cap + j];
+      val[m + j] = val[t * cap + j];
+    }
+    m += counts[2 * t + 1];
+  }
+  ipos[0] = m;
+  if (above >= k || k > above + m) return 0;
+  int64_t rank = k - above, lo = 0, hi = m; /* the rank-th largest of work[lo..hi) */
+  for (int64_t j = 0; j < m; j++) work[j] = val[j];
+  float t = 0.0f;
+  for (;;) {
+    float a = work[lo], b = work[lo + (hi - lo) / 2], c = work[hi - 1];
+    float pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+    int64_t gt = lo, i = lo, lt = hi; /* [lo, gt) > pivot, [gt, i) == pivot, [lt, hi) < pivot */
+    while (i < lt) {
+      float x = work[i];
+      if (x > pivot) { work[i] = work[gt]; work[gt++] = x; i++; }
+      else if (x < pivot) { work[i] = work[--lt]; work[lt] = x; }
+      else i++;
+    }
+    if (rank <= gt - lo) hi = gt;
+    else if (rank <= i - lo) { t = pivot; break; }
+    else { rank -= i - lo; lo = i; }
+  }
+  t = t + 0.0f;
+  int64_t greater = 0;
+  for (int64_t j = 0; j < m; j++) greater += val[j] > t;
+  int64_t need = k - above - greater, seen = 0; /* ties the top k keeps, >= 1 */
+  ipos[1] = n;
+  for (int64_t j = 0; j < m; j++) {
+    if (val[j] == t && seen++ == need) { ipos[1] = idx[j]; break; }
+  }
+  out[0] = t;
+  return 1;
+}
+
+/* FedACT's whole step when the band holds the threshold: the AdamW-and-band pass (or the band
+   pass alone where m is NULL: u given), the pick, then the step; one call, so Python runs
+   nothing between the passes. Returns 0, after the first pass only, if the band missed.
+   work: cap * nt + 1 floats (t at the end); ipos: #band entries, first dropped tie. */
+int adaptfl_act(float *x, float *u, const float *a, float *m, float *v, const float *const *gp,
+                const int64_t *off, int64_t nseg, int64_t n, const float *coef, int vec,
+                int kind, float lo, float hi, int64_t *idx, float *val, int64_t cap,
+                int64_t *counts, int nt, float *work, int64_t *ipos, int64_t k, float dec,
+                int decay, float ca, float cg, int fused) {
+  if (m)
+    adaptfl_adam_band(u, a, m, v, gp, off, nseg, n, coef, vec, kind, lo, hi, idx, val, cap,
+                      counts, nt);
+  else
+    adaptfl_band(u, 0, gp, off, nseg, n, lo, hi, idx, val, cap, counts, nt);
+  float *t = work + cap * nt;
+  if (!adaptfl_pick(k, n, idx, val, cap, counts, nt, work, t, ipos)) return 0;
+  adaptfl_step(x, u, gp, off, nseg, n, *t, ipos[1], dec, decay, ca, cg, fused, 0, nt);
+  return 1;
 }

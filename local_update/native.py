@@ -53,6 +53,11 @@ class Library:
         self.dll.adaptfl_adam_band.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _INT, _INT, _F,
                                                _F, _P, _P, _I64, _P, _INT]
         self.dll.adaptfl_adam_band.restype = None
+        self.dll.adaptfl_pick.argtypes = [_I64, _I64, _P, _P, _I64, _P, _INT, _P, _P, _P]
+        self.dll.adaptfl_pick.restype = _INT
+        self.dll.adaptfl_act.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _INT, _INT, _F, _F,
+                                         _P, _P, _I64, _P, _INT, _P, _P, _I64, _F, _INT, _F, _F, _INT]
+        self.dll.adaptfl_act.restype = _INT
         self.fused = 1
         self.adam: tuple[int, int] | None = None  # (vector length, kind) of torch's AdamW kernel here
 
@@ -70,6 +75,12 @@ class Library:
         self.dll.adaptfl_adam_band(u.data_ptr(), a.data_ptr(), m.data_ptr(), v.data_ptr(), *g.args(),
                                    u.numel(), coef.data_ptr(), vec, kind, lo, hi, idx.data_ptr(),
                                    val.data_ptr(), idx.numel() // nt, counts.data_ptr(), nt)
+
+    def pick(self, k: int, n: int, idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor,
+             nt: int, work: torch.Tensor, t: torch.Tensor, ipos: torch.Tensor) -> bool:
+        return bool(self.dll.adaptfl_pick(k, n, idx.data_ptr(), val.data_ptr(), idx.numel() // nt,
+                                          counts.data_ptr(), nt, work.data_ptr(), t.data_ptr(),
+                                          ipos.data_ptr()))
 
     def step(self, x: torch.Tensor, u: torch.Tensor, g: Segments, t: float, cut: int,
              decay: float | None, ca: float, cg: float, scored: bool, nt: int) -> None:
@@ -150,6 +161,42 @@ def adam_band(u: torch.Tensor, a: torch.Tensor, m: torch.Tensor, v: torch.Tensor
     holding `a` beforehand, per tensor of g's segments, bit for bit; then `band` on the new
     u (without adding anything) in the same pass. `coef`: `adam_coefficients`."""
     _required().adam_band(u, a, m, v, g, coef, lo, hi, idx, val, counts, nt)
+
+
+def pick(k: int, n: int, idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int,
+         work: torch.Tensor, ipos: torch.Tensor) -> tuple[float, int, int] | None:
+    """After `band`/`adam_band` (same idx, val, counts, nt): (t, cut, m) with t the k-th largest
+    of the n scores (+0.0 for a zero), cut the position of the first entry equal to t that the
+    top k leaves out (n if none) and m the band's entries; None if the k-th largest lies outside
+    the band (or more entries fell in it than a block holds). Compacts idx and val in place.
+    Scratch: `work` float32 of idx's length + 1, `ipos` int64 of 2."""
+    lib = _required()
+    if not lib.dll.adaptfl_pick(k, n, idx.data_ptr(), val.data_ptr(), idx.numel() // nt,
+                                counts.data_ptr(), nt, work.data_ptr(),
+                                work.data_ptr() + 4 * (work.numel() - 1), ipos.data_ptr()):
+        return None
+    m, cut = ipos.numpy().tolist()  # numpy, not torch: no dispatcher call (costly when cold)
+    return float(work.numpy()[-1]), cut, m
+
+
+def act(x: torch.Tensor, u: torch.Tensor, adam: tuple[torch.Tensor, ...] | None, g: Segments,
+        lo: float, hi: float, k: int, decay: float | None, ca: float, cg: float,
+        idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int, work: torch.Tensor,
+        ipos: torch.Tensor) -> tuple[float, int] | None:
+    """The first pass (`adam_band` with adam = (a, m, v, coef), else `band` on u as it is),
+    then `pick`, then `step` with its t and cut, in one call: (t, #band entries) if the band
+    held the k-th largest score and x was stepped; None (x untouched, the first pass done) if
+    it missed. Buffers as `pick`'s, idx.numel() // nt entries per block."""
+    lib = _required()
+    a, m, v, coef = (None,) * 4 if adam is None else (t.data_ptr() for t in adam)
+    vec, kind = lib.adam if adam is not None else (1, 0)
+    if not lib.dll.adaptfl_act(x.data_ptr(), u.data_ptr(), a, m, v, *g.args(), u.numel(),
+                               coef, vec, kind, lo, hi, idx.data_ptr(), val.data_ptr(),
+                               idx.numel() // nt, counts.data_ptr(), nt, work.data_ptr(),
+                               ipos.data_ptr(), k, 1.0 if decay is None else decay,
+                               decay is not None, ca, cg, lib.fused):
+        return None
+    return float(work.numpy()[-1]), int(ipos.numpy()[0])  # numpy: no dispatcher call
 
 
 def threads(n: int) -> int:

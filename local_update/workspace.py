@@ -33,7 +33,7 @@ class Workspace:
         if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != like.device:
             buf = self._buffers[name] = torch.empty(n, dtype=dtype, device=like.device)
             self._filled.pop(name, None)
-        return buf[:n]
+        return buf if buf.numel() == n else buf[:n]  # a view costs ~1 µs: per step, it adds up
 
     def constant(self, name: str, n: int, like: torch.Tensor, value: float,
                  dtype: torch.dtype | None = None) -> torch.Tensor:
