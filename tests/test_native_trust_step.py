@@ -251,3 +251,41 @@ def test_other_instruction_sets_build_and_pass_the_checks(fresh_native, flags: t
     assert path is not None, f"{flags} did not compile"
     lib = native._checked(native.Library(path))
     assert lib is not None and lib.adam is not None
+
+
+@pytest.mark.parametrize("nt", [1, 3])
+@pytest.mark.parametrize("case", ["random", "ties", "signed-zeros", "one-value", "overflow", "outside"])
+def test_the_pick_is_the_exact_kth_largest_and_its_first_dropped_tie(nt: int, case: str) -> None:
+    # the oracle: a stable descending sort of every score (torch.topk's set, ties to the lower index)
+    _lib()
+    gen = torch.Generator().manual_seed(6)
+    n = N + 11
+    s = torch.randn(n, generator=gen)
+    if case == "ties":
+        s = torch.randint(-3, 4, (n,), generator=gen).float() / 4  # seven values, thousands each
+    if case == "signed-zeros":
+        s[torch.rand(n, generator=gen) < 0.5] = 0.0
+        s[::3] = -0.0
+    if case == "one-value":
+        s.fill_(0.25)
+    k = n // 3
+    order = torch.sort(s, descending=True, stable=True).indices
+    t = float(s[order[k - 1]])
+    dropped = order[k:][s[order[k:]] == t]
+    cut = n if dropped.numel() == 0 else int(dropped.min())
+    lo, hi = (t - 0.3, t + 0.3) if case not in ("one-value", "ties", "signed-zeros") else (t, t)
+    if case == "outside":
+        lo, hi = t + 0.01, t + 1.0
+    cap = 64 if case == "overflow" else n
+    idx, val = torch.empty(cap * nt, dtype=torch.int64), torch.empty(cap * nt)
+    counts = torch.empty(2 * nt, dtype=torch.int64)
+    native.band(torch.ones(n), None, native.Segments.flat(s), lo, hi, idx, val, counts, nt)
+    work, ipos = torch.empty(cap * nt + 1), torch.empty(2, dtype=torch.int64)
+    picked = native.pick(k, n, idx, val, counts, nt, work, ipos)
+    if case in ("overflow", "outside"):  # more entries than a block holds, or t not in the band
+        assert picked is None
+        return
+    assert picked is not None
+    got_t, got_cut, m = picked
+    assert got_t == t and not (got_t == 0 and math.copysign(1.0, got_t) < 0)  # +0.0 for a zero
+    assert got_cut == cut and m == int(((s >= lo) & (s <= hi)).sum())
