@@ -198,17 +198,44 @@ void adaptfl_adam_band(float *u, const float *a, float *m, float *v, const float
 
 /* The selection among the band's entries (band.py's _pick): the r-th largest of val[0..m) by a
    three-way quickselect on a copy (ties stay cheap), then the first tie the top keeps no more.
-   idx: ascending positions; nt blocks of cap entries, counts[2i + 1] used in the i-th.
+   idx: ascending positions; nt blocks of cap entries, counts[2i + 1] used in the i-th (more:
+   only the positions of the first cap were kept, which still selects in a band of one value,
+   lo == hi, as when the scores tie at zero by the thousand: dead ReLUs; returns 2 if the first
+   dropped tie was not kept, ipos[1] then the number of ties before it).
    out[0] = t (+0.0 for a zero); ipos[0] = #entries in the band, ipos[1] = the position of the
    first dropped tie, or n if none is dropped. Returns 1 if the k-th largest lies in the band. */
 int adaptfl_pick(int64_t k, int64_t n, int64_t *idx, float *val, int64_t cap,
-                 const int64_t *counts, int nt, float *work, float *out, int64_t *ipos) {
-  int64_t above = 0, m = 0;
+                 const int64_t *counts, int nt, float lo, float hi, float *work, float *out,
+                 int64_t *ipos) {
+  int64_t above = 0, m = 0, full = 0;
   ipos[0] = 0;
-  for (int t = 0; t < nt; t++)
-    if (counts[2 * t + 1] > cap) return 0; /* more than a block holds: counted a miss */
   for (int t = 0; t < nt; t++) {
     above += counts[2 * t];
+    m += counts[2 * t + 1];
+    full |= counts[2 * t + 1] > cap;
+  }
+  if (full) { /* more entries in a block than it holds: only a band of one value still selects */
+    if (lo != hi || above >= k || k > above + m) return 0;
+    /* every entry in the band equals lo: t = lo, and the top k keeps the first k - above of
+       them in position order; the first one dropped is found here if it lies among those
+       collected, else by the caller (return 2, ipos[1] = how many ties come before it) */
+    int64_t need = k - above;
+    ipos[0] = m;
+    ipos[1] = n;
+    out[0] = lo + 0.0f;
+    for (int t = 0; t < nt && need < m; t++) {
+      int64_t c = counts[2 * t + 1];
+      if (need < c) {
+        if (need >= cap) { ipos[1] = k - above; return 2; }
+        ipos[1] = idx[t * cap + need];
+        break;
+      }
+      need -= c;
+    }
+    return 1;
+  }
+  m = 0;
+  for (int t = 0; t < nt; t++) {
     for (int64_t j = 0; j < counts[2 * t + 1]; j++) { /* compact the blocks, in order */
       idx[m + j] = idx[t * cap + j];
       val[m + j] = val[t * cap + j];
@@ -217,22 +244,22 @@ int adaptfl_pick(int64_t k, int64_t n, int64_t *idx, float *val, int64_t cap,
   }
   ipos[0] = m;
   if (above >= k || k > above + m) return 0;
-  int64_t rank = k - above, lo = 0, hi = m; /* the rank-th largest of work[lo..hi) */
+  int64_t rank = k - above, wb = 0, we = m; /* the rank-th largest of work[wb..we) */
   for (int64_t j = 0; j < m; j++) work[j] = val[j];
   float t = 0.0f;
   for (;;) {
-    float a = work[lo], b = work[lo + (hi - lo) / 2], c = work[hi - 1];
+    float a = work[wb], b = work[wb + (we - wb) / 2], c = work[we - 1];
     float pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
-    int64_t gt = lo, i = lo, lt = hi; /* [lo, gt) > pivot, [gt, i) == pivot, [lt, hi) < pivot */
+    int64_t gt = wb, i = wb, lt = we; /* [wb, gt) > pivot, [gt, i) == pivot, [lt, we) < pivot */
     while (i < lt) {
       float x = work[i];
       if (x > pivot) { work[i] = work[gt]; work[gt++] = x; i++; }
       else if (x < pivot) { work[i] = work[--lt]; work[lt] = x; }
       else i++;
     }
-    if (rank <= gt - lo) hi = gt;
-    else if (rank <= i - lo) { t = pivot; break; }
-    else { rank -= i - lo; lo = i; }
+    if (rank <= gt - wb) we = gt;
+    else if (rank <= i - wb) { t = pivot; break; }
+    else { rank -= i - wb; wb = i; }
   }
   t = t + 0.0f;
   int64_t greater = 0;
@@ -244,6 +271,24 @@ int adaptfl_pick(int64_t k, int64_t n, int64_t *idx, float *val, int64_t cap,
   }
   out[0] = t;
   return 1;
+}
+
+/* the position of the entry s == t that has `before` others before it (s = u * g, g as
+   segments), n if there is none: blocks of 1,024 counted (vectorised), the one holding it
+   searched entry by entry */
+static int64_t nth_tie(const float *u, const float *const *gp, const int64_t *off, int64_t nseg,
+                       int64_t n, float t, int64_t before) {
+  for (int64_t j = 0; j < nseg; j++) {
+    const float *g = gp[j] - off[j];
+    for (int64_t b = off[j]; b < off[j + 1]; b += 1024) {
+      int64_t e = b + 1024 < off[j + 1] ? b + 1024 : off[j + 1], c = 0;
+      for (int64_t i = b; i < e; i++) c += u[i] * g[i] == t;
+      if (before >= c) { before -= c; continue; }
+      for (int64_t i = b; i < e; i++)
+        if (u[i] * g[i] == t && before-- == 0) return i;
+    }
+  }
+  return n;
 }
 
 /* FedACT's whole step when the band holds the threshold: the AdamW-and-band pass (or the band
@@ -261,7 +306,9 @@ int adaptfl_act(float *x, float *u, const float *a, float *m, float *v, const fl
   else
     adaptfl_band(u, 0, gp, off, nseg, n, lo, hi, idx, val, cap, counts, nt);
   float *t = work + cap * nt;
-  if (!adaptfl_pick(k, n, idx, val, cap, counts, nt, work, t, ipos)) return 0;
+  int picked = adaptfl_pick(k, n, idx, val, cap, counts, nt, lo, hi, work, t, ipos);
+  if (!picked) return 0;
+  if (picked == 2) ipos[1] = nth_tie(u, gp, off, nseg, n, *t, ipos[1]);
   adaptfl_step(x, u, gp, off, nseg, n, *t, ipos[1], dec, decay, ca, cg, fused, 0, nt);
   return 1;
 }

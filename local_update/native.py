@@ -53,7 +53,7 @@ class Library:
         self.dll.adaptfl_adam_band.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _INT, _INT, _F,
                                                _F, _P, _P, _I64, _P, _INT]
         self.dll.adaptfl_adam_band.restype = None
-        self.dll.adaptfl_pick.argtypes = [_I64, _I64, _P, _P, _I64, _P, _INT, _P, _P, _P]
+        self.dll.adaptfl_pick.argtypes = [_I64, _I64, _P, _P, _I64, _P, _INT, _F, _F, _P, _P, _P]
         self.dll.adaptfl_pick.restype = _INT
         self.dll.adaptfl_act.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _INT, _INT, _F, _F,
                                          _P, _P, _I64, _P, _INT, _P, _P, _I64, _F, _INT, _F, _F, _INT]
@@ -75,12 +75,6 @@ class Library:
         self.dll.adaptfl_adam_band(u.data_ptr(), a.data_ptr(), m.data_ptr(), v.data_ptr(), *g.args(),
                                    u.numel(), coef.data_ptr(), vec, kind, lo, hi, idx.data_ptr(),
                                    val.data_ptr(), idx.numel() // nt, counts.data_ptr(), nt)
-
-    def pick(self, k: int, n: int, idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor,
-             nt: int, work: torch.Tensor, t: torch.Tensor, ipos: torch.Tensor) -> bool:
-        return bool(self.dll.adaptfl_pick(k, n, idx.data_ptr(), val.data_ptr(), idx.numel() // nt,
-                                          counts.data_ptr(), nt, work.data_ptr(), t.data_ptr(),
-                                          ipos.data_ptr()))
 
     def step(self, x: torch.Tensor, u: torch.Tensor, g: Segments, t: float, cut: int,
              decay: float | None, ca: float, cg: float, scored: bool, nt: int) -> None:
@@ -163,18 +157,21 @@ def adam_band(u: torch.Tensor, a: torch.Tensor, m: torch.Tensor, v: torch.Tensor
     _required().adam_band(u, a, m, v, g, coef, lo, hi, idx, val, counts, nt)
 
 
-def pick(k: int, n: int, idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int,
-         work: torch.Tensor, ipos: torch.Tensor) -> tuple[float, int, int] | None:
-    """After `band`/`adam_band` (same idx, val, counts, nt): (t, cut, m) with t the k-th largest
-    of the n scores (+0.0 for a zero), cut the position of the first entry equal to t that the
-    top k leaves out (n if none) and m the band's entries; None if the k-th largest lies outside
-    the band (or more entries fell in it than a block holds). Compacts idx and val in place.
+def pick(k: int, n: int, lo: float, hi: float, idx: torch.Tensor, val: torch.Tensor,
+         counts: torch.Tensor, nt: int, work: torch.Tensor, ipos: torch.Tensor
+         ) -> tuple[float, int, int] | None:
+    """After `band`/`adam_band` over [lo, hi] (same idx, val, counts, nt): (t, cut, m) with t
+    the k-th largest of the n scores (+0.0 for a zero), cut the position of the first entry
+    equal to t that the top k leaves out (n if none) and m the band's entries; None if the
+    k-th largest lies outside the band, or more entries fell in a block than it holds (unless
+    lo == hi: then they all equal t, and cut is found if it lies among the positions kept).
+    Compacts idx and val in place.
     Scratch: `work` float32 of idx's length + 1, `ipos` int64 of 2."""
     lib = _required()
-    if not lib.dll.adaptfl_pick(k, n, idx.data_ptr(), val.data_ptr(), idx.numel() // nt,
-                                counts.data_ptr(), nt, work.data_ptr(),
-                                work.data_ptr() + 4 * (work.numel() - 1), ipos.data_ptr()):
-        return None
+    if lib.dll.adaptfl_pick(k, n, idx.data_ptr(), val.data_ptr(), idx.numel() // nt,
+                            counts.data_ptr(), nt, lo, hi, work.data_ptr(),
+                            work.data_ptr() + 4 * (work.numel() - 1), ipos.data_ptr()) != 1:
+        return None  # a miss, or (2) the first dropped tie lies beyond the positions kept
     m, cut = ipos.numpy().tolist()  # numpy, not torch: no dispatcher call (costly when cold)
     return float(work.numpy()[-1]), cut, m
 
