@@ -58,8 +58,8 @@ def _segments(g: torch.Tensor, grads: list[torch.Tensor] | None, ws: Workspace) 
     tensors = [g] if grads is None else grads
     pointers = ws.get("act.pointers", len(tensors), g, torch.int64)
     pointers.numpy()[:] = [t.data_ptr() for t in tensors]
-    offsets = ws.filled("act.offsets", len(tensors) + 1, g, torch.int64,
-                        sizes := tuple(t.numel() for t in tensors),
+    sizes = tuple(map(torch.Tensor.numel, tensors))
+    offsets = ws.filled("act.offsets", len(tensors) + 1, g, torch.int64, sizes,
                         lambda buf: buf.numpy().__setitem__(slice(None), [0, *itertools.accumulate(sizes)]))
     return native.Segments(tensors, offsets, pointers)
 

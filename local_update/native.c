@@ -168,6 +168,75 @@ static void adam_range(float *restrict u, const float *restrict a, float *restri
 
 #define ADAM_BLOCK 2048 /* entries per sub-pass: the band then reads u and g from L1/L2 */
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* The same entry by entry as adam_range then band_range, in one vector loop: the scores and
+   their compares on the registers that computed u (a second loop over the block cost about a
+   third of the AdamW arithmetic itself) */
+#if defined(__AVX512F__)
+#define VW 16
+typedef __m512 vf;
+#define V_LD _mm512_loadu_ps
+#define V_ST _mm512_storeu_ps
+#define V_SET _mm512_set1_ps
+#define V_ADD _mm512_add_ps
+#define V_SUB _mm512_sub_ps
+#define V_MUL _mm512_mul_ps
+#define V_DIV _mm512_div_ps
+#define V_SQRT _mm512_sqrt_ps
+#define V_FMA _mm512_fmadd_ps
+#define V_GT(x, y) ((unsigned)_mm512_cmp_ps_mask(x, y, _CMP_GT_OQ))
+#define V_IN(x, l, h) ((unsigned)(_mm512_cmp_ps_mask(x, l, _CMP_GE_OQ) & _mm512_cmp_ps_mask(x, h, _CMP_LE_OQ)))
+#else
+#define VW 8
+typedef __m256 vf;
+#define V_LD _mm256_loadu_ps
+#define V_ST _mm256_storeu_ps
+#define V_SET _mm256_set1_ps
+#define V_ADD _mm256_add_ps
+#define V_SUB _mm256_sub_ps
+#define V_MUL _mm256_mul_ps
+#define V_DIV _mm256_div_ps
+#define V_SQRT _mm256_sqrt_ps
+#define V_FMA _mm256_fmadd_ps
+#define V_GT(x, y) ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(x, y, _CMP_GT_OQ)))
+#define V_IN(x, l, h) ((unsigned)_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(x, l, _CMP_GE_OQ), _mm256_cmp_ps(x, h, _CMP_LE_OQ))))
+#endif
+#define ADAM_BAND_VECTOR 1
+
+/* [b, e): returns the first entry not done (fewer than VW left) */
+static int64_t adam_band_vec(float *restrict u, const float *restrict a, float *restrict m,
+                             float *restrict v, const float *restrict g, int64_t b, int64_t e,
+                             const float *coef, int mk, int vk, float lo, float hi,
+                             int64_t *restrict idx, float *restrict val, int64_t cap,
+                             int64_t *restrict counts) {
+  const vf w = V_SET(coef[0]), b2 = V_SET(coef[1]), c2 = V_SET(coef[2]), bc2 = V_SET(coef[3]);
+  const vf eps = V_SET(coef[4]), q = V_SET(coef[5]), vlo = V_SET(lo), vhi = V_SET(hi);
+  int64_t above = counts[0], inside = counts[1], i = b;
+  float sv[VW];
+  for (; i + VW <= e; i += VW) {
+    vf gi = V_LD(g + i), mi = V_LD(m + i), vi = V_LD(v + i), d = V_SUB(gi, mi);
+    vf mn = mk ? V_FMA(w, d, mi) : V_ADD(mi, V_MUL(w, d));
+    vf cg = V_MUL(c2, gi);
+    vf vn = vk == 1 ? V_FMA(cg, gi, V_MUL(vi, b2))
+          : vk == 2 ? V_FMA(vi, b2, V_MUL(cg, gi)) : V_ADD(V_MUL(vi, b2), V_MUL(cg, gi));
+    vf un = V_ADD(V_LD(a + i), V_DIV(V_MUL(q, mn), V_ADD(V_DIV(V_SQRT(vn), bc2), eps)));
+    V_ST(m + i, mn);
+    V_ST(v + i, vn);
+    V_ST(u + i, un);
+    vf s = V_MUL(un, gi);
+    above += __builtin_popcount(V_GT(s, vhi));
+    unsigned bits = V_IN(s, vlo, vhi);
+    if (bits) {
+      V_ST(sv, s);
+      APPEND_BITS(bits)
+    }
+  }
+  counts[0] = above;
+  counts[1] = inside;
+  return i;
+}
+#endif
+
 /* coef: w = 1 - beta1, b2, c2 = 1 - beta2, bc2 = sqrt(1 - beta2^t), eps, q = -lr / bc1 (as
    torch's kernel rounds them to float); vec: the kernel's vector length; the rest as
    adaptfl_band (a: the addend, never NULL) */
@@ -183,7 +252,14 @@ void adaptfl_adam_band(float *u, const float *a, float *m, float *v, const float
       const float *g = gp[j] - off[j];
       int64_t body = off[j] + (off[j + 1] - off[j]) / vec * vec;
       int64_t sb = off[j] > rb ? off[j] : rb, se = off[j + 1] < re ? off[j + 1] : re;
-      for (int64_t bb = sb; bb < se; bb += ADAM_BLOCK) {
+      int64_t bb = sb;
+#ifdef ADAM_BAND_VECTOR
+      if (body > sb) /* the kernel's vector body in one loop; what is left as below */
+        bb = adam_band_vec(u, a, m, v, g, sb, body < se ? body : se, coef, kind & 1,
+                           (kind >> 1) & 3, lo, hi, idx + t * cap, val + t * cap, cap,
+                           counts + 2 * t);
+#endif
+      for (; bb < se; bb += ADAM_BLOCK) {
         int64_t be = bb + ADAM_BLOCK < se ? bb + ADAM_BLOCK : se;
         int64_t mid = body < bb ? bb : (body > be ? be : body);
         adam_range(u, a, m, v, g, bb, mid, coef[0], coef[1], coef[2], coef[3], coef[4],

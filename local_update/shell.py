@@ -300,7 +300,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             # corrected: u's pass may still be pending; the trust step below may run it itself
             u, g = b._d if b.corrected else b.d, b.g
             ratio = b.coef / ref_lr if ref_lr else 1.0
-            sizes = [p.numel() for p in b.params]
+            sizes = None  # the tensors' sizes, listed below where needed (not on the native step)
             dg = None
             if b.corrected:  # u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it)
                 pass
@@ -332,6 +332,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                                                            b.grad_views, b.pending):
             return  # the rule's own passes (FedACT on a CPU: native loops, fused_act.py)
         b.settle()  # u written, if its pass was left to the trust step
+        if sizes is None:
+            sizes = [p.numel() for p in b.params]
         if self.trust.active or diagnose:
             b.fill_g()  # where the gradients stayed in place
             scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
