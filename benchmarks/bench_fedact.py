@@ -208,7 +208,7 @@ def main() -> None:
     steps = {base: local_step(m_a, adamw(m_a), x, y),
              "FedACT": local_step(m_f, fedact(m_f), x, y)}
     ratio_b = table(f"(b) full local step: forward + backward + update, batch {batch}",
-                    interleaved(steps, max(args.repeats // 2, 3), 1, args.device), base,
+                    interleaved(steps, args.repeats, 1, args.device), base,
                     {"FedACT": GOALS["step"]})
     m_off, m_on = twin(model), twin(model)
     off, on = fedact(m_off), fedact(m_on, diagnostics_every=args.diagnostics_every)

@@ -1,5 +1,6 @@
-/* FedACT's trust pass and step on the CPU, each one loop over the flat vectors (native.py
-   compiles this once per machine and checks it against torch's eager passes before use).
+/* FedACT's AdamW direction, trust pass and step on the CPU, each one loop over the flat
+   vectors (native.py compiles this once per machine and checks it against torch's fused
+   AdamW kernel and eager passes before use).
 
    adaptfl_band:  u = a + u (if a), s = u * g; counts #(s > hi) and collects the positions and
                   scores of lo <= s <= hi (the band selection of band.py, without storing s)

@@ -1,17 +1,23 @@
-"""FedACT's trust pass and step as two C loops on the CPU (native.c), compiled once per machine.
+"""FedACT's AdamW direction, trust pass and step as C loops on the CPU (native.c), compiled
+once per machine.
 
-Eager torch needs about a dozen passes over the D entries after the AdamW kernel (the scores,
-the band's compares and counts, φ, the decay and the step) and cannot fuse them. Two loops
-do the same work in two passes: `band` forms s = u ⊙ g and counts the band selection's entries
-without storing s; `step` writes x = (1 - δ)·x + φ ⊙ u with φ from the threshold compare.
+torch's fused AdamW kernel and eager torch after it need about 29 passes over the D entries
+(the ρ·Δ_G copy, the kernel, the scores, the band's compares and counts, φ, the decay and the
+step) and cannot fuse them. The loops do the same work in two passes and one call (`act`):
+`adam_band` does the kernel's arithmetic, forms s = u ⊙ g and counts the band selection's
+entries without storing s; `pick` selects the k-th largest among them; `step` writes
+x = (1 - δ)·x + φ ⊙ u with φ from the threshold compare. `band` is the first pass without the
+AdamW part (where the kernel ran already).
 
 Built with the C compiler found (`$CC`, else cc, gcc or clang; about a second) on first use,
 kept under `$ADAPTFL_NATIVE_CACHE` (default ~/.cache/adaptfl/native), keyed by the source, the
-compiler and the CPU. Before first use, `library()` runs both loops on a small problem against
-the eager passes they replace and keeps them only if the results are bit for bit the same (the
-step as fused multiply-add or as product then sum, whichever matches torch's `addcmul_`).
-Without a compiler, or if that check fails, or with `ADAPTFL_NATIVE=0`, `library()` is None and
-the eager passes run: the same numbers, slower.
+compiler and the CPU. Before first use, `library()` runs the loops on small problems against
+what they replace and keeps them only if the results are bit for bit the same: the band and
+step against the eager passes (the step as fused multiply-add or as product then sum, whichever
+matches torch's `addcmul_`), the AdamW part against `torch._fused_adamw_` (the form, of those
+torch's compiler may have built, that matches; none: the kernel runs, then `band`). Without a
+compiler, or if the check fails, or with `ADAPTFL_NATIVE=0`, `library()` is None and the eager
+passes run: the same numbers, slower.
 """
 
 from __future__ import annotations
