@@ -97,19 +97,6 @@ static int64_t segment_of(const int64_t *off, int64_t nseg, int64_t b) {
     if (sb < se) CALL;                                                             \
   }
 
-/* counts: [2 * nt] (above, inside) per range; idx, val: nt blocks of cap positions, scores */
-void adaptfl_band(float *u, const float *a, const float *const *gp, const int64_t *off,
-                  int64_t nseg, int64_t n, float lo, float hi, int64_t *idx, float *val,
-                  int64_t cap, int64_t *counts, int nt) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int t = 0; t < nt; t++) {
-    int64_t b = n * t / nt, e = n * (t + 1) / nt;
-    counts[2 * t] = counts[2 * t + 1] = 0;
-    FOR_SEGMENTS(b, e, band_range(u, a, g, sb, se, lo, hi, idx + t * cap, val + t * cap, cap,
-                                  counts + 2 * t))
-  }
-}
-
 #define STEP_LOOP(KEEP, COMBINE)                                          \
   for (int64_t i = b; i < e; i++) {                                       \
     float s = scored ? g[i] : u[i] * g[i];                                \
@@ -238,39 +225,63 @@ static int64_t adam_band_vec(float *restrict u, const float *restrict a, float *
 }
 #endif
 
-/* coef: w = 1 - beta1, b2, c2 = 1 - beta2, bc2 = sqrt(1 - beta2^t), eps, q = -lr / bc1 (as
-   torch's kernel rounds them to float); vec: the kernel's vector length; the rest as
-   adaptfl_band (a: the addend, never NULL) */
+/* one segment's [sb, se) (its body ends at `body`: torch's vector body, then its scalar tail) */
+static void adam_band_segment(float *u, const float *a, float *m, float *v, const float *g,
+                              int64_t sb, int64_t se, int64_t body, const float *coef, int kind,
+                              float lo, float hi, int64_t *idx, float *val, int64_t cap,
+                              int64_t *counts) {
+  int64_t bb = sb;
+#ifdef ADAM_BAND_VECTOR
+  if (body > sb) /* the kernel's vector body in one loop; what is left as below */
+    bb = adam_band_vec(u, a, m, v, g, sb, body < se ? body : se, coef, kind & 1, (kind >> 1) & 3,
+                       lo, hi, idx, val, cap, counts);
+#endif
+  for (; bb < se; bb += ADAM_BLOCK) {
+    int64_t be = bb + ADAM_BLOCK < se ? bb + ADAM_BLOCK : se;
+    int64_t mid = body < bb ? bb : (body > be ? be : body);
+    adam_range(u, a, m, v, g, bb, mid, coef[0], coef[1], coef[2], coef[3], coef[4], coef[5],
+               kind & 1, (kind >> 1) & 3);
+    adam_range(u, a, m, v, g, mid, be, coef[0], coef[1], coef[2], coef[3], coef[4], coef[5],
+               (kind >> 3) & 1, (kind >> 4) & 3);
+    band_range(u, 0, g, bb, be, lo, hi, idx, val, cap, counts);
+  }
+}
+
+/* The first pass over nt ranges, one per thread: with m, torch's AdamW kernel on u (holding a:
+   the addend, never NULL then) and the band, per segment; without, the band of u (+ a, if a).
+   coef: w = 1 - beta1, b2, c2 = 1 - beta2, bc2 = sqrt(1 - beta2^t), eps, q = -lr / bc1 (as
+   torch's kernel rounds them to float); vec: the kernel's vector length; counts: [2 * nt]
+   (above, inside) per range; idx, val: nt blocks of cap positions, scores */
+static void first_pass(float *u, const float *a, float *m, float *v, const float *const *gp,
+                       const int64_t *off, int64_t nseg, int64_t n, const float *coef, int vec,
+                       int kind, float lo, float hi, int64_t *idx, float *val, int64_t cap,
+                       int64_t *counts, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int t = 0; t < nt; t++) {
+    int64_t b = n * t / nt, e = n * (t + 1) / nt;
+    counts[2 * t] = counts[2 * t + 1] = 0;
+    if (m)
+      FOR_SEGMENTS(b, e, adam_band_segment(u, a, m, v, g, sb, se,
+                                           off[j] + (off[j + 1] - off[j]) / vec * vec, coef,
+                                           kind, lo, hi, idx + t * cap, val + t * cap, cap,
+                                           counts + 2 * t))
+    else
+      FOR_SEGMENTS(b, e, band_range(u, a, g, sb, se, lo, hi, idx + t * cap, val + t * cap, cap,
+                                    counts + 2 * t))
+  }
+}
+
+void adaptfl_band(float *u, const float *a, const float *const *gp, const int64_t *off,
+                  int64_t nseg, int64_t n, float lo, float hi, int64_t *idx, float *val,
+                  int64_t cap, int64_t *counts, int nt) {
+  first_pass(u, a, 0, 0, gp, off, nseg, n, 0, 1, 0, lo, hi, idx, val, cap, counts, nt);
+}
+
 void adaptfl_adam_band(float *u, const float *a, float *m, float *v, const float *const *gp,
                        const int64_t *off, int64_t nseg, int64_t n, const float *coef,
                        int vec, int kind, float lo, float hi, int64_t *idx, float *val,
                        int64_t cap, int64_t *counts, int nt) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int t = 0; t < nt; t++) {
-    int64_t rb = n * t / nt, re = n * (t + 1) / nt;
-    counts[2 * t] = counts[2 * t + 1] = 0;
-    for (int64_t j = segment_of(off, nseg, rb); j < nseg && off[j] < re; j++) {
-      const float *g = gp[j] - off[j];
-      int64_t body = off[j] + (off[j + 1] - off[j]) / vec * vec;
-      int64_t sb = off[j] > rb ? off[j] : rb, se = off[j + 1] < re ? off[j + 1] : re;
-      int64_t bb = sb;
-#ifdef ADAM_BAND_VECTOR
-      if (body > sb) /* the kernel's vector body in one loop; what is left as below */
-        bb = adam_band_vec(u, a, m, v, g, sb, body < se ? body : se, coef, kind & 1,
-                           (kind >> 1) & 3, lo, hi, idx + t * cap, val + t * cap, cap,
-                           counts + 2 * t);
-#endif
-      for (; bb < se; bb += ADAM_BLOCK) {
-        int64_t be = bb + ADAM_BLOCK < se ? bb + ADAM_BLOCK : se;
-        int64_t mid = body < bb ? bb : (body > be ? be : body);
-        adam_range(u, a, m, v, g, bb, mid, coef[0], coef[1], coef[2], coef[3], coef[4],
-                   coef[5], kind & 1, (kind >> 1) & 3);
-        adam_range(u, a, m, v, g, mid, be, coef[0], coef[1], coef[2], coef[3], coef[4],
-                   coef[5], (kind >> 3) & 1, (kind >> 4) & 3);
-        band_range(u, 0, g, bb, be, lo, hi, idx + t * cap, val + t * cap, cap, counts + 2 * t);
-      }
-    }
-  }
+  first_pass(u, a, m, v, gp, off, nseg, n, coef, vec, kind, lo, hi, idx, val, cap, counts, nt);
 }
 
 /* The selection among the band's entries (band.py's _pick): the r-th largest of val[0..m) by a
@@ -377,11 +388,7 @@ int adaptfl_act(float *x, float *u, const float *a, float *m, float *v, const fl
                 int kind, float lo, float hi, int64_t *idx, float *val, int64_t cap,
                 int64_t *counts, int nt, float *work, int64_t *ipos, int64_t k, float dec,
                 int decay, float ca, float cg, int fused) {
-  if (m)
-    adaptfl_adam_band(u, a, m, v, gp, off, nseg, n, coef, vec, kind, lo, hi, idx, val, cap,
-                      counts, nt);
-  else
-    adaptfl_band(u, 0, gp, off, nseg, n, lo, hi, idx, val, cap, counts, nt);
+  first_pass(u, a, m, v, gp, off, nseg, n, coef, vec, kind, lo, hi, idx, val, cap, counts, nt);
   float *t = work + cap * nt;
   int picked = adaptfl_pick(k, n, idx, val, cap, counts, nt, lo, hi, work, t, ipos);
   if (!picked) return 0;
