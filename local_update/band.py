@@ -20,6 +20,9 @@ selection may branch on counts:
    answer is exact either way; the bands decide only the speed. The next band is centred on
    the new threshold, its width scaled so that it holds about `_TARGET` of the entries, and
    widened after a miss.
+
+FedACT's native pass (fused_act.py) counts the scores as it forms them, without storing them:
+it takes the first band from `previous_band`, selects in C, and reports back through `counted`.
 """
 
 from __future__ import annotations
