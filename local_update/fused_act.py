@@ -2,7 +2,7 @@
 (native.py), the same numbers as torch's fused AdamW kernel and the eager passes they replace
 (rules.adam.FusedAdamPass, trust.act_phi_, then Block.move), in one call (`native.act`):
 
-1. `native.adam_band` runs the kernel's arithmetic (u = ρ·Δ_G + the AdamW direction, m and v
+1. the first pass runs the kernel's arithmetic (u = ρ·Δ_G + the AdamW direction, m and v
    updated), forms the scores s = u ⊙ g without storing them and counts the band around the
    previous step's threshold (band.py); `native.pick` finds the k-th largest and the first
    tie it drops among the band's few entries.
@@ -42,7 +42,7 @@ def applies(tau: float, scale: float, x: torch.Tensor, u: torch.Tensor, g: torch
 
 def _adam_fuses(kernel: FusedAdamPass, u: torch.Tensor, g: torch.Tensor,
                 grads: list[torch.Tensor] | None) -> bool:
-    """Whether `native.adam_band` can do this pending kernel pass: a form of the kernel matched
+    """Whether `native.act` can do this pending kernel pass: a form of the kernel matched
     here, u is its output, its tensors are g's segments, a Δ_G to add (the optimizer's flat
     float32 buffers, as u), and m's update the kernel's small-weight lerp (1-β1 < 0.5 in
     float, as for every β1 in use)."""
@@ -73,7 +73,7 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
     overwritten by s). With `grads`, g is not filled yet: the loops read the gradients where
     they are, and a band that misses copies them into g (its `grad_views`) first. With
     `pending`, u is not written yet: the band's pass does the kernel's work where it can
-    (`native.adam_band`), else the kernel runs first. True if done; False, nothing touched
+    (`native.act`), else the kernel runs first. True if done; False, nothing touched
     (nor run), where `applies` says no."""
     if not applies(tau, scale, x, u, g):
         return False

@@ -4,8 +4,8 @@ once per machine.
 torch's fused AdamW kernel and eager torch after it need about 29 passes over the D entries
 (the ρ·Δ_G copy, the kernel, the scores, the band's compares and counts, φ, the decay and the
 step) and cannot fuse them. The loops do the same work in two passes and one call (`act`):
-`adam_band` does the kernel's arithmetic, forms s = u ⊙ g and counts the band selection's
-entries without storing s; `pick` selects the k-th largest among them; `step` writes
+its first pass (`Library.adam_band`) does the kernel's arithmetic, forms s = u ⊙ g and counts
+the band selection's entries without storing s; `pick` selects the k-th largest among them; `step` writes
 x = (1 - δ)·x + φ ⊙ u with φ from the threshold compare. `band` is the first pass without the
 AdamW part (where the kernel ran already).
 
@@ -137,7 +137,7 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 def adam_usable() -> bool:
-    """Whether `adam_band` can run: the loops are usable and one of their forms of torch's
+    """Whether `act` can do the AdamW kernel's work: the loops are usable and one of their forms of torch's
     fused AdamW kernel matched it here bit for bit."""
     lib = library()
     return lib is not None and lib.adam is not None
@@ -145,7 +145,7 @@ def adam_usable() -> bool:
 
 def adam_coefficients(beta1: float, beta2: float, eps: float, lr: float, step: float,
                       out: torch.Tensor) -> torch.Tensor:
-    """`adam_band`'s coefficients as torch's fused kernel derives them from its arguments (in
+    """The AdamW pass's coefficients as torch's fused kernel derives them from its arguments (in
     double from the float32 step count, then rounded to float): 1-β1, β2, 1-β2,
     sqrt(1-β2^t), ε and -lr/(1-β1^t)."""
     t = float(np.float32(step))  # the kernel reads its step count as a float
@@ -154,19 +154,10 @@ def adam_coefficients(beta1: float, beta2: float, eps: float, lr: float, step: f
     return out
 
 
-def adam_band(u: torch.Tensor, a: torch.Tensor, m: torch.Tensor, v: torch.Tensor, g: Segments,
-              coef: torch.Tensor, lo: float, hi: float, idx: torch.Tensor, val: torch.Tensor,
-              counts: torch.Tensor, nt: int) -> None:
-    """torch._fused_adamw_([u], g, [m], [v], lr, β1, β2, ε at step t, no weight decay) with u
-    holding `a` beforehand, per tensor of g's segments, bit for bit; then `band` on the new
-    u (without adding anything) in the same pass. `coef`: `adam_coefficients`."""
-    _required().adam_band(u, a, m, v, g, coef, lo, hi, idx, val, counts, nt)
-
-
 def pick(k: int, n: int, lo: float, hi: float, idx: torch.Tensor, val: torch.Tensor,
          counts: torch.Tensor, nt: int, work: torch.Tensor, ipos: torch.Tensor
          ) -> tuple[float, int, int] | None:
-    """After `band`/`adam_band` over [lo, hi] (same idx, val, counts, nt): (t, cut, m) with t
+    """After `band` (or `Library.adam_band`) over [lo, hi] (same idx, val, counts, nt): (t, cut, m) with t
     the k-th largest of the n scores (+0.0 for a zero), cut the position of the first entry
     equal to t that the top k leaves out (n if none) and m the band's entries; None if the
     k-th largest lies outside the band, or more entries fell in a block than it holds (unless
@@ -186,7 +177,8 @@ def act(x: torch.Tensor, u: torch.Tensor, adam: tuple[torch.Tensor, ...] | None,
         lo: float, hi: float, k: int, decay: float | None, ca: float, cg: float,
         idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int, work: torch.Tensor,
         ipos: torch.Tensor) -> tuple[float, int] | None:
-    """The first pass (`adam_band` with adam = (a, m, v, coef), else `band` on u as it is),
+    """The first pass (`Library.adam_band` with adam = (a, m, v, coef), else `band` on u as it
+    is),
     then `pick`, then `step` with its t and cut, in one call: (t, #band entries) if the band
     held the k-th largest score and x was stepped; None (x untouched, the first pass done) if
     it missed. Buffers as `pick`'s, idx.numel() // nt entries per block."""
@@ -329,12 +321,12 @@ def _checked(lib: Library) -> Library | None:
 
 # torch's kernel: vector length (8 or 16 floats) and which products its compiler fused
 # (native.c, ADAM_LOOP); the forms seen first: AVX2/AVX-512 builds, then plain C
-_ADAM_FORMS = [(8, 43), (16, 43), (8, 0), (16, 0)] + [(vec, kind) for vec in (8, 16, 4) for kind in range(64)
-                                                      if (kind >> 1) & 3 < 3 and (kind >> 4) & 3 < 3]
+_ADAM_FORMS = list(dict.fromkeys([(8, 43), (16, 43), (8, 0), (16, 0)] + [
+    (vec, kind) for vec in (8, 16, 4) for kind in range(64) if (kind >> 1) & 3 < 3 and (kind >> 4) & 3 < 3]))
 
 
 def _adam_form(lib: Library) -> tuple[int, int] | None:
-    """The (vector length, kind) for which `adam_band` reproduces torch._fused_adamw_ bit for
+    """The (vector length, kind) for which `Library.adam_band` reproduces torch._fused_adamw_ bit for
     bit on tensors with tails of several lengths, at two settings; None if none."""
     gen = torch.Generator().manual_seed(1)
     sizes = [0, 7, 1000, 0, 37, 13, 3 * _GRAIN + 5]

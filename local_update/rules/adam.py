@@ -41,7 +41,7 @@ class FusedAdamPass:
     """One call of torch's fused AdamW kernel over `out` holding `addend` (or 0), no weight decay,
     with a negative lr: out = addend - lr·m̂/(sqrt(v̂)+ε) per the kernel's float operations,
     m and v updated. Deferred, so that FedACT's native loops may do the same work bit for bit
-    in their first pass (native.adam_band) instead; `run` does it here otherwise."""
+    in their first pass (native.act) instead; `run` does it here otherwise."""
 
     lists: tuple[list[torch.Tensor], ...]  # out, g, exp_avg, exp_avg_sq: per tensor, or one each
     out: torch.Tensor
