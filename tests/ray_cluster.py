@@ -66,10 +66,18 @@ class RayCluster:
         """SIGKILL node `index` (not the head: 0) and everything it runs, as a machine that dies.
         The raylet puts each worker in its own process group (Ray's process-group cleanup), so
         killing the node's group alone leaves its actors serving calls for a while: every
-        descendant is killed too."""
-        doomed = _descendants(self.groups[index])
+        descendant is killed too, after the whole tree is frozen (SIGSTOP until a new look finds no
+        one new), so that no worker forked between the look and the kill survives it."""
+        frozen: set[int] = set()
+        while new := _descendants(self.groups[index]) - frozen:
+            for pid in new:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            frozen |= new
         _signal_group(self.groups[index], signal.SIGKILL)
-        for pid in doomed:
+        for pid in frozen:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
