@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from adaptfl.local_update import LocalUpdate, band
 from adaptfl.local_update.topk import topk_mask
 from adaptfl.workloads import build_model

@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.local_update import LocalUpdate

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from adaptfl.algorithms.params import lookup
 from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.theta import light_spec, theta_spec

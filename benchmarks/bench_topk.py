@@ -40,9 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import topk_band_reference as band  # noqa: E402
+from machine import describe  # noqa: E402
+
 from adaptfl.local_update import devices, topk, trust  # noqa: E402
 from adaptfl.local_update.workspace import Workspace  # noqa: E402
-from machine import describe  # noqa: E402
 
 VIT_TINY = 5_350_000  # ≈ ViT-Tiny's D (1x28x28 -> 10 classes)
 PATH = "this device's path"

@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--rounds", type=int, default=0, help="0: the grid's own")
     parser.add_argument("--grids", nargs="+", default=[  # the quickest first
-        str(ROOT / "harness" / "grids" / f"{name}.toml")
+        str(ROOT / "adaptfl" / "harness" / "grids" / f"{name}.toml")
         for name in ("hafedho", "fedadamom", "fedpac", "fedmixp", "fedact")])
     args = parser.parse_args()
     logging.disable(logging.WARNING)

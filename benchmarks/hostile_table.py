@@ -15,14 +15,14 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from flwr.app import ArrayRecord, Message  # noqa: E402
+
 from adaptfl.algorithms import wire  # noqa: E402
 from adaptfl.client_app.app import train_or_refuse  # noqa: E402
 from adaptfl.engine.inprocess import InProcessGrid  # noqa: E402
 from adaptfl.server_app.abort import RunAborted  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402
 from adaptfl.workloads.idx import read_idx_file  # noqa: E402
-from flwr.app import ArrayRecord, Message  # noqa: E402
-
 from tests.conftest import FASHION_MNIST_DIR, TINY_FASHION_MNIST, _write_idx  # noqa: E402
 from tests.run_outputs import metric_rows  # noqa: E402
 from tests.test_hostile_e2e import (  # noqa: E402

@@ -19,6 +19,7 @@ import math
 from typing import NamedTuple
 
 import torch
+
 from adaptfl.local_update.workspace import Workspace, scratch
 
 _SAMPLE = 1 << 15  # sample size for the threshold estimate

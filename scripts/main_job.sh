@@ -54,7 +54,7 @@ install_python_packages() {
         "this can take many minutes (CPU-only machine: stop, run scripts/install_cpu_torch.sh, start again)"
   fi
   # pip's download and install lines show progress; the ~60 'already satisfied' lines do not.
-  python -m pip install -e ".[test]" 2>&1 | { grep -v '^Requirement already satisfied' || true; } \
+  python -m pip install -e ".[test]" --config-settings editable_mode=compat 2>&1 | { grep -v '^Requirement already satisfied' || true; } \
     || die "pip install -e '.[test]' failed (see above)"
 }
 

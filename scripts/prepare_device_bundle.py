@@ -89,8 +89,8 @@ def data(target: Path, train_images: int) -> None:
 
 
 def certs(target: Path) -> None:
-    subprocess.run(["bash", str(ROOT / "deploy" / "generate-certs.sh"), str(target), "2"], check=True,
-                   capture_output=True, timeout=180)
+    script = ROOT / "adaptfl" / "deploy" / "generate-certs.sh"
+    subprocess.run(["bash", str(script), str(target), "2"], check=True, capture_output=True, timeout=180)
     print(f"{target}: certificates and keys for a SuperLink, the Fleet proxy and 2 SuperNodes")
 
 

@@ -10,10 +10,11 @@ def write_tiny_llama(folder: Path, seed: int = 0) -> Path:
     """Writes config, random weights (~60k parameters) and a 1000-token tokenizer trained on the
     synthetic instruction set and the Alpaca template; returns the folder."""
     import torch
-    from adaptfl.workloads.instructions import alpaca_prompt
-    from adaptfl.workloads.synthetic_instructions import synthetic_instructions
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from adaptfl.workloads.instructions import alpaca_prompt
+    from adaptfl.workloads.synthetic_instructions import synthetic_instructions
 
     texts = [alpaca_prompt(r["instruction"], r["input"]) + r["output"]
              for r in synthetic_instructions(400)]

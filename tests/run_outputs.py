@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.strategies.state import ServerState
 

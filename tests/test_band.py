@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+
 from adaptfl.local_update import band, radix, topk
 from adaptfl.local_update.workspace import Workspace
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.feddyn import FedDyn
 from adaptfl.algorithms.components.moon import contrastive_loss
@@ -22,7 +24,6 @@ from adaptfl.client_app.client_state import ClientStateStore
 from adaptfl.client_app.session import ClientSession
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 A = [torch.tensor([2.0, 0.2]), torch.tensor([0.2, 2.0])]  # diagonal Hessians
 OPT = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])]  # local optima

@@ -4,10 +4,10 @@ with its extra records on the wire counted in bytes down / up."""
 from __future__ import annotations
 
 import pytest
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
-
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import metric_rows
 

@@ -9,6 +9,8 @@ import stat
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
@@ -16,7 +18,6 @@ from adaptfl.client_app.client_state import ClientStateStore, StateSource
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run
 from adaptfl.strategies.state import ServerState
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 
 def _context(run_id: int) -> Context:

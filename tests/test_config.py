@@ -7,6 +7,7 @@ import re
 import tomllib
 
 import pytest
+
 from adaptfl.algorithms.config import (
     ALGORITHMS_PAGE,
     RunConfig,
@@ -20,7 +21,6 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.modulation import ACT, Cautious
 from adaptfl.local_update.rules.sgd import SGD
 from adaptfl.server_app.loop import run_federated
-
 from tests.conftest import FASHION_MNIST_DIR
 from tests.flower_processes import PROJECT
 

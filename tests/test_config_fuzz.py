@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+
 from adaptfl.algorithms.algorithm import SLOTS, term_choices
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig, declared_keys
@@ -22,7 +23,6 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.loop import build_run, run_federated
 from adaptfl.server_app.run_checks import check_nodes
-
 from tests.run_outputs import metric_rows
 
 DRAWS = 200

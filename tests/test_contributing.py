@@ -17,13 +17,13 @@ from types import ModuleType
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
 from adaptfl.algorithms import params, wire
 from adaptfl.algorithms.config import RunConfig, key_table
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy, FedACT
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-
 from tests.flower_processes import PROJECT
 
 MODULE = "adaptfl.strategies.server_opt.rmsprop"
@@ -166,7 +166,6 @@ def anchor_file(tmp_path: Path) -> Iterator[None]:
 
 def _one_round(cfg: RunConfig, tiny_data, tmp_path: Path) -> dict[str, torch.Tensor]:
     from adaptfl.server_app.loop import run_federated
-
     from tests.run_outputs import final_model
 
     cfg = cfg.replace(num_server_rounds=1, local_steps=3, batch_size=16, model="mlp",

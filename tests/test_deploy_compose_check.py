@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from flwr.common.config import parse_config_args
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.deploy import compose_check
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
-from flwr.common.config import parse_config_args
 
 ROOT = Path(__file__).resolve().parent.parent
 

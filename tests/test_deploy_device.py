@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app import device as device_module
 from adaptfl.client_app.device import select_device
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
-
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import metric_rows
 

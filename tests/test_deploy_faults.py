@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from adaptfl.deploy.loopback import Nodes, run_loopback
 
+from adaptfl.deploy.loopback import Nodes, run_loopback
 from tests.test_deploy_loopback import BINARIES
 
 NODES, ROUNDS = 16, 4

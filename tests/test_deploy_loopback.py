@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.deploy import netns
 from adaptfl.deploy.loopback import LoopbackResult, generate_certs, run_loopback
 from adaptfl.engine.inprocess import run_inprocess
-
 from tests.conftest import needs_fashion_mnist
 
 BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")

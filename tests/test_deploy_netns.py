@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from adaptfl.deploy import netns
 from adaptfl.deploy.processes import ProcessGroup, free_port, wait_for_line
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from adaptfl.deploy.processes import descendants, process_tree, rss_kb, rss_mb_of_tree
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")

@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 import pytest
+
 from adaptfl.deploy import fleet_proxy
 from adaptfl.deploy.fleet_proxy import FLEET_PATHS, Refused, Upstream, parse_head
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update import devices
 from adaptfl.local_update.rules import adam
 from adaptfl.server_app.loop import run_federated
-
 from tests.conftest import FASHION_MNIST_DIR, TINY_FASHION_MNIST, _write_idx
 from tests.run_outputs import final_model, metric_rows
 

@@ -15,6 +15,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
@@ -25,7 +27,6 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.persist import export_local_state, import_local_state
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.strategies import DiLoCo
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 LR, K, ROUNDS, WD = 0.01, 3, 3, 0.1
 # float32: each round's few dozen elementwise ops round at 2^-24 relative, and our AdamW runs
@@ -139,7 +140,6 @@ def test_the_kept_state_never_crosses_the_wire(tmp_path) -> None:
 
 def test_bytes_per_round_equal_fedavgs(tiny_data, tmp_path) -> None:
     from adaptfl.server_app.loop import run_federated
-
     from tests.run_outputs import metric_rows
 
     rows = {}

@@ -6,12 +6,12 @@ import csv
 import json
 
 import pytest
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse as handle_train
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from adaptfl.workloads import build_model
-
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import final_model, metric_rows
 

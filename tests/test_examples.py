@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import Context, RecordDict
+
 from adaptfl.algorithms.config import RunConfig, declared_keys
 from adaptfl.client_app.session import ClientSession
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.base import AdaptiveStrategy
-from flwr.app import Context, RecordDict
-
 from tests.conftest import needs_fashion_mnist
 from tests.flower_processes import PROJECT, flower_env, stop_local_superlink
 from tests.run_outputs import final_model, metric_rows

@@ -6,6 +6,8 @@ import time
 
 import pytest
 import torch
+from flwr.app import Message, RecordDict
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import handle_train
 from adaptfl.engine.inprocess import InProcessGrid
@@ -13,8 +15,6 @@ from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import build_run, run_federated, unanswered_nodes
 from adaptfl.strategies.state import ServerState
-from flwr.app import Message, RecordDict
-
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import final_model, metric_rows
 

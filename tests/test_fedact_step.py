@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-import adaptfl.local_update.topk as topk
 import pytest
 import torch
+
+import adaptfl.local_update.topk as topk
 from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.trust import top_mass
 

@@ -8,11 +8,11 @@ import copy
 
 import pytest
 import torch
+from torch import nn
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.session import build_optimizer
 from adaptfl.local_update import LocalUpdate
-from torch import nn
-
 from tests.test_local_update import _max_diff, _mlp, _train
 
 

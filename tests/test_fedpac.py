@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.sharing import full_theta
 from adaptfl.algorithms.config import RunConfig
@@ -14,7 +16,6 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.rules.soap import SOAP
 from adaptfl.local_update.theta import compress, drift, expand, light_spec, theta_spec
 from adaptfl.strategies import AdaptiveStrategy
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 F32 = torch.float32
 SHAPES = {"conv.weight": (3, 2, 2, 2), "conv.bias": (3,), "fc.weight": (4, 12), "fc.bias": (4,)}

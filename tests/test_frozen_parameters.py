@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord
+
 from adaptfl.algorithms import contract, wire
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
@@ -24,8 +26,6 @@ from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_diges
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
-from flwr.app import ArrayRecord, ConfigRecord
-
 from tests.run_outputs import metric_rows
 from tests.user_package import write_user_package
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.hafedho import RECTIFIED_LOSS, rectification
 from adaptfl.algorithms.config import RunConfig
@@ -16,7 +18,6 @@ from adaptfl.client_app.session import build_optimizer
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import HaFedHo
 from adaptfl.workloads import ImageData
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 MU, LR = 0.5, 0.25
 # 4 examples of 1x1x2 "images" (x = pixel/255), 2 classes; the client holds 2 of 6 examples.

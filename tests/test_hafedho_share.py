@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
@@ -16,8 +18,6 @@ from adaptfl.client_app.app import train_or_refuse
 from adaptfl.client_app.session import ClientSession
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.base import AdaptiveStrategy
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
-
 from tests.user_package import write_user_package
 
 SIZES = (3, 9)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from adaptfl.harness.grid import Cell, parse_grid
 from adaptfl.harness.sweep import run_cell, run_sweep
 from adaptfl.harness.table import read_table, series

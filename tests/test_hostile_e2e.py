@@ -14,14 +14,14 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, Message, MetricRecord
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.loop import run_federated
-from flwr.app import ArrayRecord, Message, MetricRecord
-
 from tests.run_outputs import final_model, metric_rows
 
 MARGIN = 0.06  # of 200 test images; clean runs reach ~0.75-0.80 here

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
@@ -15,7 +17,6 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
 from adaptfl.strategies.invariants import check_state
 from adaptfl.strategies.state import ServerState
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 F32 = torch.float32
 SPEC = ModelSpec({"w": ((2, 2), F32), "b": ((2,), F32)}, ("w", "b"))

@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from PIL import Image
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
@@ -20,8 +22,6 @@ from adaptfl.server_app.loop import run_federated
 from adaptfl.workloads import ImageData, build_task_model, load_task
 from adaptfl.workloads.hub import load_hub_task, parse_spec
 from adaptfl.workloads.tabular import TabularData
-from PIL import Image
-
 from tests.run_outputs import metric_rows
 
 

@@ -1,14 +1,15 @@
 """`pip install .` as a user does it: one `adaptfl` package that holds every module of the tree.
 
-The suite itself imports from the checkout (an editable install, whose finder maps any
-`adaptfl.*` name to the folders here), so a package left out of the wheel would go unnoticed
-everywhere else: these tests build the wheel from a clean copy of the tracked files, install it
-into a fresh virtual environment, and import each of its modules from there alone.
+The suite itself imports from the checkout (an editable install), so a package left out of the
+wheel would go unnoticed everywhere else: these tests build the wheel from a clean copy of the
+tracked files, install it into a fresh virtual environment, and import each module from there.
 """
 
 from __future__ import annotations
 
+import io
 import subprocess
+import sys
 import tomllib
 import venv
 import zipfile
@@ -19,7 +20,7 @@ import pytest
 from tests.wheels import build_wheel, tracked_files
 
 ROOT = Path(__file__).resolve().parent.parent
-SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # Imports every module named after the first argument with the editable install's finder
 # removed (it would serve a module missing from the wheel out of the checkout); each must come
@@ -37,21 +38,37 @@ print(len(names))
 
 
 def package_folders() -> dict[str, str]:
-    """Every folder holding an __init__.py under the mapped folders, as its dotted name."""
-    found = {}
-    for package, folder in SETUPTOOLS["package-dir"].items():
-        for init in sorted((ROOT / folder).rglob("__init__.py")):
-            relative = init.parent.relative_to(ROOT / folder)
-            if "__pycache__" not in relative.parts:
-                found[".".join((package, *relative.parts))] = str(init.parent.relative_to(ROOT))
-    return found
+    """Every folder holding an __init__.py in the one package tree, as its dotted name."""
+    return {".".join(init.parent.relative_to(ROOT).parts): str(init.parent.relative_to(ROOT))
+            for init in sorted((ROOT / "adaptfl").rglob("__init__.py")) if "__pycache__" not in init.parts}
 
 
-def test_every_package_folder_is_listed_for_installation() -> None:
-    listed = set(SETUPTOOLS["packages"])
-    missing = {name: folder for name, folder in package_folders().items() if name not in listed}
-    assert not missing, f"pyproject.toml [tool.setuptools] packages leaves out {missing}"
-    assert listed <= set(package_folders()), listed - set(package_folders())
+def test_one_package_tree_with_the_top_level_folders_as_links_into_it() -> None:
+    """No folder mapping, no path extension at import: the tree on disk is the package."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    assert "package-dir" not in setuptools, setuptools
+    assert setuptools["packages"] == {"find": {"include": ["adaptfl*"]}}, setuptools
+    assert "__path__" not in (ROOT / "adaptfl" / "__init__.py").read_text()
+    assert len(package_folders()) > 10
+    for link in ("server_app", "client_app", "strategies", "deploy"):
+        assert (ROOT / link).is_symlink(), f"{link} should be a link into adaptfl/"
+        assert (ROOT / link).resolve() == (ROOT / "adaptfl" / link).resolve(), link
+    for name in ("adaptfl.adaptfl", "adaptfl.tests", "adaptfl.benchmarks"):
+        tried = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT.parent,
+                               capture_output=True, text=True, timeout=120, check=False)
+        assert tried.returncode == 1 and "ModuleNotFoundError" in tried.stderr, (name, tried.stderr[-500:])
+
+
+def test_the_flower_app_bundle_is_the_package_alone() -> None:
+    """`flwr run` ships the FAB Flower builds from the checkout: the package and pyproject.toml,
+    none of tests/, docs/, benchmarks/, examples/, scripts/ (the root links are not followed)."""
+    from flwr.cli.build import build_fab_from_disk  # noqa: PLC0415 - test-only
+
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"adaptfl", "pyproject.toml", ".info"}, tops
+    assert "adaptfl/strategies/base.py" in names and "adaptfl/server_app/app.py" in names
+    assert not any(n.startswith(("strategies/", "deploy/")) for n in names)
 
 
 @pytest.mark.slow

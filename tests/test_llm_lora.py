@@ -18,13 +18,13 @@ import math
 
 import pytest
 import torch
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
 from adaptfl.workloads import load_task, partition_indices
 from adaptfl.workloads.instructions import IGNORE, alpaca_prompt
-
 from tests.llm_fixtures import write_tiny_llama
 from tests.run_outputs import metric_rows
 from tests.test_frozen_parameters import Recording

@@ -23,10 +23,11 @@ import io
 
 import pytest
 import torch
-from adaptfl.local_update import LocalUpdate
-from adaptfl.local_update.rules.sophia import gnb_loss
 from torch import nn
 from torch.nn import functional as F
+
+from adaptfl.local_update import LocalUpdate
+from adaptfl.local_update.rules.sophia import gnb_loss
 
 VARIANTS: dict[str, dict] = {
     "sgd": dict(preconditioner="sgd", lr=0.3),

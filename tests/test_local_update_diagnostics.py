@@ -10,10 +10,10 @@ import io
 
 import pytest
 import torch
-from adaptfl.local_update import LocalUpdate
-from adaptfl.local_update.rules.muon import Muon
 from torch import nn
 
+from adaptfl.local_update import LocalUpdate
+from adaptfl.local_update.rules.muon import Muon
 from tests.test_local_update import (
     VARIANTS,
     _cnn,

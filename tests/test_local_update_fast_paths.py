@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-import adaptfl.local_update.radix as radix
-import adaptfl.local_update.topk as topk
 import pytest
 import torch
+
+import adaptfl.local_update.radix as radix
+import adaptfl.local_update.topk as topk
 from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.rules import adam
 from adaptfl.local_update.trust import modulate_, pos_ratio, top_mass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from adaptfl.algorithms.components.mimelite import full_gradient, sample_rows
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.stage import ClientData, ClientRound

@@ -14,6 +14,7 @@ import platform
 
 import pytest
 import torch
+
 from adaptfl.local_update import LocalUpdate, band, fused_act, native
 from adaptfl.local_update.workspace import Workspace
 

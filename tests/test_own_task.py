@@ -6,10 +6,10 @@ one line naming the problem, before round 1. (examples/own-data-model does the s
 from __future__ import annotations
 
 import pytest
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
-
 from tests.run_outputs import metric_rows
 from tests.user_package import write_user_package
 

@@ -8,6 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+
 from adaptfl.server_app import plots  # noqa: E402
 
 ROWS = [{"round": r, "test-accuracy": 0.1 * r, "test-loss": 2.0 - 0.1 * r, "train-loss": 2.1 - 0.1 * r,

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from adaptfl.algorithms.check_overrides import main as check_overrides
 from adaptfl.server_app.exit_codes import REFUSED_EXIT_CODE
-
 from tests.flower_processes import PROJECT
 
 SCRIPT = PROJECT / "scripts" / "main_job.sh"

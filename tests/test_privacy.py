@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.check_overrides import main as check_overrides
 from adaptfl.algorithms.config import RunConfig
@@ -20,8 +22,6 @@ from adaptfl.privacy.mechanism import GaussianMean, privatize, round_seed, share
 from adaptfl.privacy.settings import Privacy
 from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies.aggregators import Combine
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-
 from tests.conftest import needs_fashion_mnist
 from tests.run_outputs import metric_rows
 from tests.test_hostile_replies import GRID, HOSTILE, MODEL, _honest, _message, _poisoned, _strategy

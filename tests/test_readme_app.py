@@ -10,9 +10,9 @@ import importlib
 import re
 import sys
 
-from adaptfl.engine.inprocess import InProcessGrid
 from flwr.app import Context, MetricRecord, RecordDict
 
+from adaptfl.engine.inprocess import InProcessGrid
 from tests.flower_processes import PROJECT
 
 SECTION = "## Using adaptfl in your own Flower app"

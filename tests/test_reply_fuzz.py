@@ -16,13 +16,13 @@ import os
 import numpy as np
 import pytest
 import torch
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.catalog import catalog
-from adaptfl.strategies.invariants import check_state
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.catalog import catalog
+from adaptfl.strategies.invariants import check_state
 from tests.test_hostile_replies import GRID, HOSTILE, _honest, _message, _strategy
 
 EXAMPLES = int(os.environ.get("ADAPTFL_FUZZ_EXAMPLES", "12"))

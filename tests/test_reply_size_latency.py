@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from adaptfl.algorithms import wire
-from adaptfl.strategies.validation import NPY_HEADER, expected_bytes, reply_bound
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
+from adaptfl.algorithms import wire
+from adaptfl.strategies.validation import NPY_HEADER, expected_bytes, reply_bound
 from tests.test_hostile_replies import GRID, HOSTILE, SPEC, _honest, _message, _strategy
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from adaptfl.harness.claims import check_claim
 from adaptfl.harness.grid import parse_grid
 from adaptfl.harness.report import render, results_table

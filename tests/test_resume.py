@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
 from adaptfl.server_app.checkpoint import STATE_FILE, load_checkpoint, resume_source
 from adaptfl.strategies.state import ServerState
-
 from tests.conftest import needs_fashion_mnist
 from tests.flower_processes import PROJECT
 from tests.run_outputs import assert_same_model, completed_round, final_model, kill_when, metric_rows

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
-
 from tests.flower_processes import PROJECT
 from tests.run_outputs import assert_same_model, completed_round, final_model, kill_when, metric_rows
 

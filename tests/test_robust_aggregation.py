@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app import checkpoint, durable, loop, outputs
@@ -17,7 +18,6 @@ from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import build_run, restore_or_start, run_federated
 from adaptfl.server_app.outputs import RunOutputs
 from adaptfl.strategies.state import ServerState
-
 from tests.run_outputs import final_model, metric_rows
 
 

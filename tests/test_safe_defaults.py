@@ -9,6 +9,8 @@ import json
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
@@ -16,8 +18,6 @@ from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
 from adaptfl.strategies.sampling import hostile_count
 from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
 from adaptfl.strategies.validation import DecodedReply
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord
-
 from tests.test_hostile_replies import (
     GRID,
     HOSTILE,

@@ -13,12 +13,12 @@ import weakref
 
 import pytest
 import torch
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app import app as client_app
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from adaptfl.workloads import partitioning
-
 from tests.run_outputs import metric_rows
 
 NODES, ROUNDS = 60, 3
@@ -106,8 +106,9 @@ def test_scaffold_state_in_the_server_process_only_with_client_state_memory(tmp_
 
 
 def test_a_node_keeps_its_rows_and_recomputes_them_when_the_split_changes(monkeypatch) -> None:
-    from adaptfl.algorithms.settings import Data
     from flwr.app import Context, RecordDict
+
+    from adaptfl.algorithms.settings import Data
 
     labels = torch.arange(200) % 10
     context = Context(run_id=1, node_id=5, node_config={"partition-id": 3, "num-partitions": 8},

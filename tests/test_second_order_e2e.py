@@ -4,10 +4,10 @@ steps), writes drift and byte metrics; nonsense combinations are refused before 
 from __future__ import annotations
 
 import pytest
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
-
 from tests.run_outputs import metric_rows
 
 NAMES = [f"{a}-{x}" for a in ("local", "fedpac", "fedmixp") for x in ("sophia", "muon", "soap")]

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
 from adaptfl.strategies.server_opt.adamom import Adamom
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 F32 = torch.float32
 SPEC = ModelSpec({"w": ((2, 2), F32), "b": ((3,), F32)}, ("w", "b"))

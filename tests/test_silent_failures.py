@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.settings import Federation
@@ -20,7 +21,6 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import EXIT_CODE, RunAborted, SkipGuard
 from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies import base, sampling
-
 from tests.flower_processes import PROJECT
 from tests.run_outputs import metric_rows
 

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 import torch
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
-
 from tests.conftest import needs_fashion_mnist
 from tests.flower_processes import flwr_run_simulation, stop_local_superlink
 from tests.run_outputs import assert_same_model, final_model, metric_rows

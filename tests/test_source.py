@@ -1,7 +1,6 @@
 """The README's commands work wherever the user stands: in the folder that CONTAINS a clone named
-`adaptfl` (Python then takes the clone for a namespace package `adaptfl`, ahead of the editable
-install, and `adaptfl/__init__.py` never runs) and in an unrelated folder. adaptfl's modules ask
-`adaptfl.server_app.source` where they run from, which is the same file either way."""
+`adaptfl` (the clone is then a namespace portion `adaptfl` in the current folder, which the
+checkout's regular package on the install's path entry outranks) and in an unrelated folder."""
 
 from __future__ import annotations
 
@@ -35,10 +34,10 @@ def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
 @pytest.mark.parametrize("place", ["parent", "elsewhere"])
 def test_readme_commands_run_from_any_folder(tmp_path: Path, place: str) -> None:
     cwd, env = where_to_stand(tmp_path, place)
-    found = run([sys.executable, "-c", "from adaptfl.server_app.source import source_checkout; "
+    found = run([sys.executable, "-c", "from adaptfl.source import source_checkout; "
                  "print(source_checkout())"], cwd, env)
     assert found.returncode == 0, found.stderr[-2000:]
-    if place == "parent":  # the clone itself, through the namespace package
+    if place == "parent":  # the clone itself, not a namespace package made of it
         assert Path(found.stdout.strip()).resolve() == PROJECT.resolve(), found.stdout
 
     checked = run([sys.executable, "-m", "adaptfl.algorithms.check_overrides", "--run-config", "tau=0"],

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy, FedACT, FedAvg
 from adaptfl.strategies.state import ServerState
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 F32 = torch.float32
 SPEC = ModelSpec({"w": ((2,), F32), "b": ((1,), F32)}, ("w", "b"))

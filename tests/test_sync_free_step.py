@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adaptfl.local_update import LocalUpdate
 from torch.nn import functional as F
 
+from adaptfl.local_update import LocalUpdate
 from tests.sync_check import host_reads
 
 VARIANTS = {

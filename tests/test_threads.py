@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from adaptfl.client_app import threads
 from adaptfl.client_app.threads import client_threads, engine_threads
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 from adaptfl.local_update import topk, trust
 from adaptfl.local_update.workspace import Workspace
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 from adaptfl.local_update import topk, trust
 from adaptfl.local_update.workspace import Workspace
-
 from tests.sync_check import host_reads
 
 N = 3 * topk._SMALL + 5  # the radix path (blocks and a tail)

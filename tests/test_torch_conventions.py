@@ -13,11 +13,11 @@ import io
 
 import pytest
 import torch
-from adaptfl.local_update import LocalUpdate
 from torch import nn
 from torch.nn import functional as F
 from torch.optim import lr_scheduler as S
 
+from adaptfl.local_update import LocalUpdate
 from tests.test_local_update import VARIANTS, _data, _max_diff, _mlp, _model, _train
 
 # one configuration per preconditioner (the Adam family with correction and trust)

@@ -10,10 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import adaptfl.workloads as workloads
 import numpy as np
 import pytest
 import torch
+
+import adaptfl.workloads as workloads
 from adaptfl.workloads import (
     ImageData,
     build_model,

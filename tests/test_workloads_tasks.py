@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from adaptfl.workloads import (
     ImageData,
     TextData,

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from adaptfl.local_update import LocalUpdate
-from adaptfl.workloads import load_fashion_mnist
 from torch import nn
 from torch.optim.lr_scheduler import CosineAnnealingLR
+
+from adaptfl.local_update import LocalUpdate
+from adaptfl.workloads import load_fashion_mnist
 
 
 def make_model(seed: int) -> nn.Module:

@@ -1,9 +1,10 @@
 """A plain Flower ClientApp: K steps of SGD on this node's Dirichlet partition, reply the weights."""
 
 import torch
-from adaptfl.workloads import build_task_model, load_task, partition_indices, sample_batches
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+
+from adaptfl.workloads import build_task_model, load_task, partition_indices, sample_batches
 
 app = ClientApp()
 

@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 import torch
-from adaptfl.server_app.evaluate import evaluate
-from adaptfl.server_app.loop import rss_mb
-from adaptfl.workloads import build_task_model, load_task
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+
+from adaptfl.server_app.evaluate import evaluate
+from adaptfl.server_app.loop import rss_mb
+from adaptfl.workloads import build_task_model, load_task
 
 app = ServerApp()
 

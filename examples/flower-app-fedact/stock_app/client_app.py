@@ -3,10 +3,10 @@
 from itertools import cycle
 
 import torch.nn.functional as F
-from adaptfl.client_app.session import ClientSession
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from adaptfl.client_app.session import ClientSession
 from stock_app.task import Net, load_partition
 
 app = ClientApp()

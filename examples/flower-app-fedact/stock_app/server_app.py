@@ -1,9 +1,9 @@
 """ServerApp: the model, the strategy, `strategy.start`, the results."""
 
-from adaptfl.strategies import FedACT
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from adaptfl.strategies import FedACT
 from stock_app.task import Net, central_evaluate, save
 
 app = ServerApp()

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from adaptfl.workloads import Task
 from torch import nn
+
+from adaptfl.workloads import Task
 
 TEST_SHARE = 0.2  # held out for the server's central evaluation
 

@@ -1,0 +1,130 @@
+"""Check `flwr run --run-config` overrides before Flower sees them; say what is wrong in one line.
+
+Flower answers an unknown key with `[code: 15] Invalid run configuration.` (no key named), and a
+bad value fails only inside the ServerApp, after Ray has started. This parses the overrides with
+flwr's own parser (as `flwr run` does), fuses them with the app's defaults in pyproject.toml (as
+the SuperLink does) and validates the result the way the ServerApp will.
+
+    python -m adaptfl.algorithms.check_overrides --run-config "tau=0.3 rho=0.2" [--get KEY ...]
+
+With `--preflight` it also runs what the ServerApp runs before round 1 (`build_run`: load the
+task, build the model, one step of the client pipeline on a few rows, its reply checked; then
+the results dir's refusals, writing nothing), so a missing data file, label column or
+`module:function`, a model that does not fit the task, or a run-name in use is named here in
+seconds instead of inside Flower after Ray has started.
+
+Exit 0, printing the merged value of each `--get KEY` on its own line; or exit 2
+(`REFUSED_EXIT_CODE`, as `python -m adaptfl.engine` for the same input) with one line
+`config error: <message>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import click
+from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
+
+from adaptfl import source as where
+from adaptfl.server_app.exit_codes import REFUSED_EXIT_CODE
+
+# The Flower app whose defaults the overrides go over: adaptfl's own in a source checkout (or an
+# unpacked FAB), else the folder you run it in (your own app, as `flwr run .` would take).
+APP_DIR = where.source_checkout() or Path.cwd()
+
+# flwr's own key=value pattern (flwr/common/config.py, parse_config_args): text it does not match
+# is dropped without a word, so `tau = 0.3` would silently change nothing.
+_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
+def validate(merged: dict[str, Any]) -> None:
+    """Raise ValueError naming the key if the ServerApp would refuse this run config."""
+    from adaptfl.algorithms.config import RunConfig
+
+    RunConfig.from_flower(merged)
+
+
+def preflight(merged: dict[str, Any]) -> None:
+    """Raise ValueError (or the loader's OSError/ImportError) if the ServerApp would refuse this
+    run before round 1: the very function it calls first (server_app/loop.py: build_run).
+
+    Quietly: its warnings and progress bars come again from the ServerApp itself, so a refusal
+    is the one line `main` prints."""
+    from adaptfl.algorithms.config import RunConfig
+    from adaptfl.server_app.loop import build_run, check_results_dir
+
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when `datasets` is imported
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = RunConfig.from_flower(merged)
+            build_run(cfg)
+            check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, Any]:
+    """The run config Flower would hand the ServerApp for these `--run-config` values."""
+    for text in overrides:
+        leftover = _PAIR.sub("", text).strip()
+        if leftover and not text.endswith(".toml"):
+            raise ValueError(f"--run-config {text!r}: {leftover!r} is not key=value "
+                             "(no spaces around '='; quote strings: key='text')")
+    defaults = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {}))
+    parsed = parse_config_args(overrides)
+    for key in parsed:
+        if key not in defaults:
+            close = difflib.get_close_matches(key, defaults, n=3)
+            hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "no similar key"
+            raise ValueError(f"unknown key {key!r} ({hint}); the keys are those in "
+                             f"{app_dir / 'pyproject.toml'} [tool.flwr.app.config]")
+    merged = fuse_dicts(defaults, parsed)
+    validate(merged)
+    return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m adaptfl.algorithms.check_overrides",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-config", "-c", action="append", default=[],
+                        help="the text given to `flwr run --run-config` (repeatable)")
+    parser.add_argument("--get", action="append", default=[], metavar="KEY",
+                        help="print this key's merged value (repeatable)")
+    parser.add_argument("--app", type=Path, default=APP_DIR, help="folder holding pyproject.toml")
+    parser.add_argument("--preflight", action="store_true",
+                        help="also load the task, build the model and run one client step, as the "
+                             "ServerApp does before round 1")
+    args = parser.parse_args(argv)
+    try:
+        merged = merged_config(args.run_config, args.app)
+        values = [merged[key] for key in args.get]
+        if args.preflight:
+            preflight(merged)
+    except click.ClickException as err:  # flwr's parser reports bad TOML this way
+        return _fail(err.message)
+    except KeyError as err:
+        return _fail(f"--get {err.args[0]!r}: no such key")
+    except (ValueError, OSError, ImportError) as err:
+        return _fail(str(err))
+    for value in values:
+        print(str(value).lower() if isinstance(value, bool) else value)
+    return 0
+
+
+def _fail(message: str) -> int:
+    print("config error: " + " ".join(message.split()), file=sys.stderr)  # one line, always
+    return REFUSED_EXIT_CODE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""adaptfl's ClientApp: load this node's data and the model, run the recipe, reply.
+
+No per-algorithm branches: the session (session.py) builds everything from the `recipe` record.
+A node trains on its partition of the run's data set (node config `partition-id`,
+`num-partitions`), or on data of its own when its node config sets `data-dir` (all of it).
+Errors a user can fix (a bad setting, a message this client cannot run) come back to the server
+as one-line error replies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Error, Message
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.recipe import llm_from_recipe, settings_from_recipe
+from adaptfl.algorithms.settings import Data
+from adaptfl.algorithms.stage import ClientData
+from adaptfl.client_app.device import peak_memory_mb, reset_peak_memory, select_device
+from adaptfl.client_app.session import ClientSession
+from adaptfl.client_app.threads import client_threads
+from adaptfl.client_app.train import run_local_steps
+from adaptfl.workloads import build_task_model, load_task, partition_indices
+
+log = logging.getLogger(__name__)
+app = ClientApp()
+
+
+PARTITION_CACHE = "adaptfl-partition"  # context.state key: this node's rows, and what they are of
+
+
+def _partition(context: Context, data: Data, seed: int, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(this node's rows, a stable client id for its seeds).
+
+    The rows are kept in `context.state` after the first round: a deployed SuperNode starts a
+    fresh ClientApp process per message, and the N-way split (flwr-datasets, Arrow tables)
+    costs that process seconds and ~200 MB every time (docs/scale.md)."""
+    node = context.node_config
+    if wire.NODE_DATA_DIR in node:  # the node's own data: all of it
+        return torch.arange(len(labels)), int(node.get(wire.NODE_PARTITION_ID, context.node_id))
+    if wire.NODE_PARTITION_ID not in node or wire.NODE_NUM_PARTITIONS not in node:
+        raise ValueError("node config sets neither data-dir (own data) nor partition-id and "
+                         "num-partitions (a share of the run's data set)")
+    pid, count = int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS])
+    digest = hashlib.sha256(labels.numpy().tobytes()).hexdigest()[:16]  # the very labels split
+    key = (f"{data.task}|{data.data_dir}|{digest}|{data.partitioning}|{count}|{pid}|"
+           f"{data.dirichlet_alpha}|{data.classes_per_client}|{seed}")
+    cached = context.state.config_records.get(PARTITION_CACHE)
+    if cached is not None and cached.get("key") == key:
+        rows = np.frombuffer(cached["rows"], dtype=np.int64)
+        return torch.from_numpy(rows.copy()), pid
+    indices = partition_indices(labels, count, pid, data.partitioning, data.dirichlet_alpha, seed,
+                                data.classes_per_client)
+    context.state[PARTITION_CACHE] = ConfigRecord({"key": key, "rows": indices.astype(np.int64).tobytes()})
+    return torch.as_tensor(indices.copy()), pid
+
+
+def ray_node() -> int | None:
+    """The Ray node this ClientApp runs on, when it runs in Flower's simulation (a Ray actor): the
+    first 12 hex digits of Ray's node id as an int (48 bits: exact in any metric); else None."""
+    ray = sys.modules.get("ray")  # imported by the actor; never imported here for nothing
+    if ray is None or not ray.is_initialized():
+        return None
+    return int(ray.get_runtime_context().get_node_id()[:12], 16)
+
+
+def first_time(context: Context, warning: str) -> bool:
+    """True the first time this client gives `warning` in this run (Flower keeps
+    `context.state` across a run's rounds; a new run starts it empty), so a warning that holds
+    for the whole run is said once per client, not once per round."""
+    given = context.state.config_records.get(wire.WARNED)
+    if given is None:
+        given = context.state[wire.WARNED] = ConfigRecord()
+    if warning in given:
+        return False
+    given[warning] = True
+    return True
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    """One round of local training as the message's recipe says."""
+    recipe = msg.content.config_records.get(wire.RECIPE)
+    if recipe is None:
+        raise ValueError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
+    data, runtime = settings_from_recipe(recipe)
+    node = context.node_config
+    threads = client_threads(runtime.num_threads)  # 0: the CPUs this client has (threads.py)
+    if threads is not None and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+    device = select_device(str(node.get(wire.NODE_DEVICE, runtime.device)))
+    llm = llm_from_recipe(recipe)
+    data_dir = str(node.get(wire.NODE_DATA_DIR, data.data_dir))
+    task = load_task(data.task, data_dir, data.model, llm)
+    seed = int(recipe["round.seed"])  # algorithms/recipe.py
+    indices, client_id = _partition(context, data, seed, task.labels)
+    model = build_task_model(data.model, task, llm, data_dir)
+    split = task.train
+    chunk = min(512, task.eval_batch_size)
+    batches = lambda: [split.batch(rows) for rows in indices.split(chunk)]  # noqa: E731
+    batches_of = lambda positions: [split.batch(rows) for rows in indices[positions].split(chunk)]  # noqa: E731
+    client_data = ClientData(num_examples=len(indices), full_batches=batches, loss=task.loss,
+                             batches_of=batches_of, sample_seed=client_id)
+    reset_peak_memory(device)
+    session = ClientSession(msg, model, context=context, data=client_data, device=device)
+    warn = session.info.batch_size > len(indices) and first_time(context, "batch-size")
+    run_local_steps(session, split, task.loss, indices, client_id, warn=warn,
+                    precision=runtime.precision)
+    log.info("client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
+             session.train_loss(), device)
+    metrics = {wire.PARTITION_ID: client_id, wire.PEAK_MEMORY: peak_memory_mb(device)}
+    node = ray_node()
+    if node is not None:
+        metrics[wire.RAY_NODE] = node
+    return session.reply(num_examples=len(indices), metrics=metrics)
+
+
+def train_or_refuse(msg: Message, context: Context) -> Message:
+    """`handle_train`, with a setting or message this client cannot run answered in one line."""
+    try:
+        return handle_train(msg, context)
+    except ValueError as err:
+        log.error("round refused: %s", err)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return train_or_refuse(msg, context)

@@ -1,0 +1,98 @@
+"""`python -m adaptfl.engine --num-nodes 10 algorithm=fedadamw local-steps=20`: a run without Flower.
+
+Exit codes (server_app/exit_codes.py): 0 done, 2 refused before round 1 (`config error: …`),
+3 aborted after it started, 1 anything else. torch and Flower are imported only after the
+arguments are parsed, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tomllib
+from pathlib import Path
+
+from adaptfl.server_app.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
+
+PROG = "python -m adaptfl.engine"
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, object]:
+    """`key=value` pairs, values parsed as TOML (`lr=0.01`, `algorithm=fedact` both work)."""
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"override {pair!r} is not key=value")
+        try:
+            out[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = raw
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-nodes", type=int, default=10)
+    parser.add_argument("--quiet", action="store_true", help="a progress bar only, no log lines")
+    parser.add_argument("overrides", nargs="*", help="run-config key=value pairs (docs/algorithms.md)")
+    return parser
+
+
+def refuse(err: BaseException) -> SystemExit:
+    print(f"config error: {' '.join(str(err).split())}", file=sys.stderr)  # one line, always
+    return SystemExit(REFUSED_EXIT_CODE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    level = logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    from adaptfl.algorithms.config import RunConfig  # heavy: torch, Flower
+
+    try:
+        cfg = RunConfig.from_flower(parse_overrides(args.overrides))
+    except ValueError as err:  # one line naming the key, no traceback
+        raise refuse(err) from None
+    import torch
+    from tqdm import tqdm
+
+    from adaptfl.client_app.threads import engine_threads
+    from adaptfl.engine.inprocess import run_inprocess
+    from adaptfl.server_app.abort import RunAborted, fell_below_start
+
+    # The nodes share this process's CPUs (client_app/threads.py); num-threads > 0 is applied
+    # by each client call as well.
+    torch.set_num_threads(engine_threads(cfg.runtime.num_threads, args.num_nodes))
+
+    bar = tqdm(total=cfg.federation.num_server_rounds, unit="round", desc=cfg.algorithm.name,
+               disable=None)  # disable=None: no bar when stderr is not a terminal
+
+    def on_round(row: dict) -> None:
+        bar.n = int(row["round"])
+        bar.set_postfix(accuracy=f"{row['test-accuracy']:.4f}", refresh=True)
+
+    try:
+        out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round)
+    except (ValueError, OSError, ImportError) as err:  # refused: task, model, a client's check
+        bar.close()
+        raise refuse(err) from None
+    except RunAborted as err:  # too many skipped rounds, a non-finite model: one line, exit 3
+        bar.close()
+        print(err, file=sys.stderr)
+        raise SystemExit(ABORTED_EXIT_CODE) from None
+    finally:
+        bar.close()
+    print(f"results: {out}")
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line] \
+        if metrics.exists() else []
+    worse = fell_below_start(rows)
+    if worse:  # the last line, so a run that left a model worse than its start is not missed
+        print(f"warning: {worse}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""An in-process `Grid`: messages go straight to the ClientApp's handler, one node at a time.
+
+The server loop (`server_app/loop.py`) and the client handler (`client_app/app.py`) are the
+very code Flower runs; only the transport differs. Fast for sweeps, and an oracle for tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.client_app.app import train_or_refuse
+from adaptfl.engine.contain import ClientExited, ClientTimedOut, contained
+from adaptfl.server_app.loop import run_federated
+
+log = logging.getLogger(__name__)
+ClientHandler = Callable[[Message, Context], Message]
+_SERVER_NODE_ID = 0
+
+
+class InProcessGrid(Grid):
+    """Nodes 1..N with partition-id 0..N-1; each keeps its own `context.state`. Each client
+    call is contained (engine/contain.py): a call past the round's timeout is interrupted and
+    its node recorded as missing; a `sys.exit` becomes that node's error reply."""
+
+    static_nodes = True  # the nodes exist before round 1: the loop checks settings against them
+
+    def __init__(self, num_nodes: int, run_config: dict[str, Any],
+                 handler: ClientHandler = train_or_refuse, run_id: int = 1) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes={num_nodes} must be >= 1")
+        self.handler = handler
+        self.contexts = {
+            node: Context(run_id=run_id, node_id=node,
+                          node_config={wire.NODE_PARTITION_ID: node - 1,
+                                       wire.NODE_NUM_PARTITIONS: num_nodes},
+                          state=RecordDict(), run_config=dict(run_config))
+            for node in range(1, num_nodes + 1)
+        }
+        # Flower stamps instruction messages with the running task's identity.
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, _SERVER_NODE_ID, 0
+        self._pending: list[Message] = []
+
+    def set_run(self, run: Any) -> None:  # the in-process engine has a single run
+        return None
+
+    @property
+    def run(self) -> Any:
+        raise NotImplementedError("the in-process engine has no Flower Run object")
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type,
+                       group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def node_configs(self) -> list[dict[str, Any]]:
+        """Every node's node config (for the checks before round 1)."""
+        return [dict(c.node_config) for c in self.contexts.values()]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        self._pending.extend(messages)
+        return [str(i) for i in range(len(self._pending))]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        pending, self._pending = self._pending, []
+        return [self._deliver(msg) for msg in pending]
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Nodes run one after another here, but in parallel in Flower: each node gets the whole
+        `timeout`; a node past it gets no reply, as Flower drops a late one."""
+        replies = []
+        for msg in messages:
+            started = time.perf_counter()
+            msg.metadata.created_at = time.time()  # sent now: nodes run one after another here
+            try:
+                reply = self._deliver(msg, timeout)
+            except ClientTimedOut:
+                log.warning("node %d interrupted after %.1f s > timeout %.1f s: no reply",
+                            msg.metadata.dst_node_id, time.perf_counter() - started, timeout)
+                continue
+            took = time.perf_counter() - started
+            if timeout is not None and took > timeout:  # not interruptible here (not the main thread)
+                log.warning("node %d replied after %.1f s > timeout %.1f s: dropped",
+                            msg.metadata.dst_node_id, took, timeout)
+                continue
+            replies.append(reply)
+        return replies
+
+    def _deliver(self, msg: Message, timeout: float | None = None) -> Message:
+        node = msg.metadata.dst_node_id
+        try:
+            return contained(lambda: self.handler(msg, self.contexts[node]), timeout)
+        except ClientExited as exited:  # Flower reports a ClientApp process that exits so, too
+            log.warning("client on node %d exited: %s", node, exited)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exited)),
+                           reply_to=msg)
+        except Exception as err:  # noqa: BLE001 - Flower turns a raising ClientApp into this
+            log.warning("client on node %d raised: %s", node, err)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                 reason=traceback.format_exc()), reply_to=msg)
+
+
+def run_inprocess(cfg: RunConfig, num_nodes: int, on_round: Callable[[dict], None] | None = None
+                  ) -> Path:
+    """One federated run with `num_nodes` clients in this process; returns its results dir."""
+    return run_federated(InProcessGrid(num_nodes, cfg.to_flower()), cfg, on_round=on_round)

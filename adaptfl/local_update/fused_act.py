@@ -1,0 +1,117 @@
+"""FedACT's AdamW direction, trust modulation and step on the CPU in two native passes
+(native.py), the same numbers as torch's fused AdamW kernel and the eager passes they replace
+(rules.adam.FusedAdamPass, trust.act_phi_, then Block.move), in one call (`native.act`):
+
+1. the first pass runs the kernel's arithmetic (u = ρ·Δ_G + the AdamW direction, m and v
+   updated), forms the scores s = u ⊙ g without storing them and counts the band around the
+   previous step's threshold (band.py); `native.pick` finds the k-th largest and the first
+   tie it drops among the band's few entries.
+2. `native.step` writes x = (1 - δ)·x + (-L·φ) ⊙ u, φ = α above the threshold (and on the ties
+   the top k keeps: those below the first dropped one), γ elsewhere.
+
+If that band misses, the scores are stored in g's buffer (as the eager passes do) and the
+sample's band tried (`band.select(..., hint=False)`); the step then reads them from there. If
+both miss, the eager passes finish the step (the radix selection). Where no native form of the
+kernel matched torch's here, the kernel runs first and the band pass reads its u.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import torch
+
+from adaptfl.local_update import band, native
+from adaptfl.local_update.rules.adam import FusedAdamPass
+from adaptfl.local_update.topk import _SMALL
+from adaptfl.local_update.trust import act_phi_
+from adaptfl.local_update.workspace import Workspace
+
+_CAP = 8  # band positions kept per thread: up to 1/_CAP of its entries (more: counted a miss)
+
+
+def applies(tau: float, scale: float, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether `act_step_` steps these tensors natively: the loops are built and checked, x, u
+    and g are float32 on the CPU's branch (gradients given with them are like g: the shell's
+    `_grads_stay` checks), ⌊τD⌋ lies in (0, D), D is not below the sort's size, and scale < 0."""
+    n = u.numel()
+    k = math.floor(tau * n)
+    return 0 < k < n and n >= _SMALL and scale < 0.0 and native.usable(x, u, g)
+
+
+def _adam_fuses(kernel: FusedAdamPass, u: torch.Tensor, g: torch.Tensor,
+                grads: list[torch.Tensor] | None) -> bool:
+    """Whether `native.act` can do this pending kernel pass: a form of the kernel matched
+    here, u is its output, its tensors are g's segments, a Δ_G to add (the optimizer's flat
+    float32 buffers, as u), and m's update the kernel's small-weight lerp (1-β1 < 0.5 in
+    float, as for every β1 in use)."""
+    return (native.adam_usable() and kernel.out is u and kernel.addend is not None
+            and (kernel.lists[1] is grads if grads is not None else kernel.lists[1][0] is g)
+            and np.float32(1.0 - kernel.beta1) < 0.5
+            and kernel.addend.dtype == kernel.exp_avg.dtype == kernel.exp_avg_sq.dtype == torch.float32)
+
+
+def _segments(g: torch.Tensor, grads: list[torch.Tensor] | None, ws: Workspace) -> native.Segments:
+    """g as the loops read it: the gradients where they lie, else g itself; the addresses and
+    offsets in workspace buffers (no tensor made per step)."""
+    tensors = [g] if grads is None else grads
+    pointers = ws.get("act.pointers", len(tensors), g, torch.int64)
+    pointers.numpy()[:] = [t.data_ptr() for t in tensors]
+    sizes = tuple(map(torch.Tensor.numel, tensors))
+    offsets = ws.filled("act.offsets", len(tensors) + 1, g, torch.int64, sizes,
+                        lambda buf: buf.numpy().__setitem__(slice(None), [0, *itertools.accumulate(sizes)]))
+    return native.Segments(tensors, offsets, pointers)
+
+
+def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alpha: float,
+              gamma: float, scale: float, decay: float | None, ws: Workspace,
+              grads: list[torch.Tensor] | None = None,
+              grad_views: list[torch.Tensor] | None = None,
+              pending: FusedAdamPass | None = None) -> bool:
+    """x = decay·x + (scale·φ) ⊙ u for `act` ranked over the whole vector, s = u ⊙ g (g may be
+    overwritten by s). With `grads`, g is not filled yet: the loops read the gradients where
+    they are, and a band that misses copies them into g (its `grad_views`) first. With
+    `pending`, u is not written yet: the band's pass does the kernel's work where it can
+    (`native.act`), else the kernel runs first. True if done; False, nothing touched
+    (nor run), where `applies` says no."""
+    if not applies(tau, scale, x, u, g):
+        return False
+    kernel = pending if pending is not None and _adam_fuses(pending, u, g, grads) else None
+    if pending is not None and kernel is None:
+        pending.run()
+    n = u.numel()
+    k = math.floor(tau * n)
+    key = band._key(g, k)
+    previous = band.previous_band(key, ws)
+    if previous is not None:  # the previous threshold's band: one native call does the step
+        nt = native.threads(n)
+        cap = n // (_CAP * nt) + 256
+        adam = None if kernel is None else (
+            kernel.addend, kernel.exp_avg, kernel.exp_avg_sq,
+            native.adam_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr, kernel.step,
+                                     ws.get("act.adam", 6, g)))
+        kernel = None  # done by the call, hit or miss
+        found = native.act(x, u, adam, _segments(g, grads, ws), *previous, k, decay,
+                           alpha * scale, gamma * scale, ws.get("act.index", cap * nt, g, torch.int64),
+                           ws.get("act.values", cap * nt, g), ws.get("act.counts", 2 * nt, g, torch.int64),
+                           nt, ws.get("act.work", cap * nt + 1, g), ws.get("act.ipos", 2, g, torch.int64))
+        band.counted(key, ws, previous, n, *(found or (None,)))
+        if found is not None:
+            return True
+    if kernel is not None:  # no band to count yet (the first step): u from the kernel itself
+        kernel.run()
+    # the band missed or there was none: the scores stored in g's buffer, the sample's band
+    if grads is not None:
+        torch._foreach_copy_(grad_views, grads)
+    sel = band.select(g.mul_(u), k, ws, hint=False)
+    if sel is None:  # both bands missed: the eager passes (radix selection)
+        phi = act_phi_(g, tau, alpha, gamma, None, ws, scale)
+        if decay is not None:
+            x.mul_(decay)
+        x.addcmul_(u, phi)
+        return True
+    cut = n if sel.drop is None else int(sel.drop[0])
+    native.step(x, u, native.Segments.flat(g), sel.t, cut, decay, alpha * scale, gamma * scale, True)
+    return True

@@ -1,0 +1,389 @@
+"""`LocalUpdate`: one `torch.optim.Optimizer` for every preconditioner, running the chain
+
+    d = precondition(g)                 the group's rule (rules/), with FedMIX-P's mixed reference
+    u = (1-ρ)·(c/L)·d + ρ·Δ_G           correction with the server's global direction
+    u = φ ⊙ u,  s = u ⊙ g               trust modulation (modulation.py)
+    x = (1 - δ)·x - L·u                 decoupled weight decay, then the step
+
+where c = lr·scale is the rule's own step (Muon's shape scale, SOAP's bias-corrected size, the
+AdamW half of Muon at its own lr) and L is the first param group's lr: the correction and the
+trust scores are in its units. δ = lr·wd, times (1-ρ) when the correction is FedPAC's
+(`correction="after-step"`: the local optimizer runs at lr·(1-ρ), then x -= ρ·lr·g_G).
+Without correction, trust or diagnostics the chain reduces to each rule's own step.
+
+A torch optimizer first: `LocalUpdate(model.parameters(), lr=1e-3)` works; hyperparameters live
+in `param_groups` (so `torch.optim.lr_scheduler` works); `state_dict()` / `load_state_dict()`
+round-trip everything a next step reads (moments, Δ_G, the FedMIX-P reference, step counts).
+Named parameters (`model.named_parameters()`) add export / import of state by NAME, which is
+how state crosses the wire (torch's own `state_dict` keys by position).
+
+Elementwise rules keep every per-parameter slot as a view into one flat buffer per group, so
+FedACT's update is a handful of passes over one vector and its top-k one global selection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from adaptfl.algorithms.params import fields_of, lookup
+from adaptfl.local_update.blocks import Block
+from adaptfl.local_update.diagnostics import Diagnostics
+from adaptfl.local_update.groups import as_groups, build_component
+from adaptfl.local_update.modulation import Trust
+from adaptfl.local_update.rules import (
+    Preconditioner,
+    Step,
+    field_default,
+    fields_from_group,
+    group_values,
+    torch_keywords,
+)
+from adaptfl.local_update.slots import NamedSlots
+from adaptfl.local_update.workspace import Workspace
+
+CORRECTIONS = ("mix", "after-step")
+Tensors = dict[str, torch.Tensor]
+
+
+def eager(method: Any) -> Any:
+    """torch.optim.Optimizer's method without its `torch._disable_dynamo` wrapper, which imports
+    torch._dynamo (sympy, triton: ~80 MB and ~1 s of CPU) on its first call. A deployed
+    ClientApp is a fresh process per message and never compiles, so it paid that on every
+    message (docs/scale.md); in eager mode the wrapper only runs the method."""
+    return getattr(method, "__wrapped__", method)
+
+
+class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
+    """precondition → mix → correct → modulate → step (see the module docstring).
+
+    Args:
+        params: tensors, (name, tensor) pairs or param-group dicts (a group may name its own
+            `preconditioner` and its fields).
+        lr, weight_decay: the step; None: the preconditioner's default.
+        preconditioner: "sgd", "adam", "adamw", "sophia", "muon", "soap" or an instance.
+        trust: "none", "act", "mgup", "cautious" or an instance (α = 1/τ, γ = τ unless given).
+        rho: weight of the global direction (set it with `set_global_direction`).
+        correction: "mix" (FedACT family) or "after-step" (FedPAC).
+        step_offset: global steps before this round's first (the paper's bias correction of v).
+        mix_lambda: FedMIX-P's λ of this round (1: the client's own state only).
+        diagnostics_every: PosRatio/TopMass on every N-th step (0: off), kept on the device.
+        parameters_as_bucket_view: keep the parameters of an elementwise group in one flat
+            buffer (their `.data` become views into it, as torch's ZeroRedundancyOptimizer
+            option of this name does), so the step updates them in one pass per operation
+            instead of one call per tensor. Replacing a parameter's `.data` later (`model.to`)
+            is noticed and the buffer rebuilt.
+        **hyper: fields of the preconditioner or trust rule by name (beta1=..., tau=...).
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float | None = None, *,
+                 weight_decay: float | None = None, preconditioner: str | Preconditioner = "adamw",
+                 trust: str | Trust = "none", rho: float = 0.0, correction: str = "mix",
+                 step_offset: int = 0, mix_lambda: float = 1.0, diagnostics_every: int = 0,
+                 parameters_as_bucket_view: bool = False, **hyper: Any) -> None:
+        rule = build_component("preconditioner", preconditioner, torch_keywords(preconditioner, hyper))
+        self.trust: Trust = build_component("trust", trust, hyper)
+        if hyper:
+            raise TypeError(f"LocalUpdate got unexpected keyword arguments {sorted(hyper)}; "
+                            f"{rule.name} takes {[f.name for f in fields_of(type(rule))]}")
+        lr = rule.default_lr if lr is None else lr
+        weight_decay = rule.default_weight_decay if weight_decay is None else weight_decay
+        for name, value, ok in (("lr", lr, lr >= 0.0),
+                                ("weight_decay", weight_decay, weight_decay >= 0.0),
+                                ("rho", rho, 0.0 <= rho <= 1.0),
+                                ("step_offset", step_offset, step_offset >= 0),
+                                ("mix_lambda", mix_lambda, 0.0 <= mix_lambda <= 1.0),
+                                ("diagnostics_every", diagnostics_every, diagnostics_every >= 0)):
+            if not ok:
+                raise ValueError(f"invalid {name}={value!r}")
+        if correction not in CORRECTIONS:
+            raise ValueError(f"invalid correction={correction!r}: choose one of {CORRECTIONS}")
+        groups = as_groups(params, rule)
+        super().__init__(groups, {"lr": lr, "weight_decay": weight_decay, **group_values(rule)})
+        self.rho, self.correction, self.step_offset = rho, correction, step_offset
+        self.mix_lambda, self.diagnostics_every = mix_lambda, diagnostics_every
+        self.bs = 1  # examples (tokens) in the current batch: Sophia's bs
+        self.steps = 0  # optimizer steps taken (the diagnostics schedule)
+        self.work = Workspace()
+        self._rules: dict[tuple, Preconditioner] = {}
+        self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
+        self.bucket_view = parameters_as_bucket_view
+        self._buckets: dict[int, tuple[torch.Tensor, list[int]]] = {}  # group -> (flat x, data_ptrs)
+        self._grad_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # group -> (g, views)
+        self._views: dict[tuple[int, str], tuple[tuple, list[torch.Tensor]]] = {}  # per-tensor views
+        self._reset_diagnostics()
+        self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
+        self._scaled_key: tuple | None = None
+        for gi in range(len(self.param_groups)):
+            self._init_group(gi)
+        self.register_load_state_dict_post_hook(lambda opt: opt._repack())
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, with the group's hyperparameters under torch's names (`beta1=` given alone
+        becomes `betas`) and, once the optimizer is built, its state made for the next `step`
+        (progressive unfreezing: the new parameters start at step 0 with zero moments)."""
+        cls = lookup("preconditioner", param_group.get("preconditioner", self.defaults["preconditioner"]))
+        group = dict(param_group)
+        for key, fields in cls.torch_names.items():
+            named = [f for f in fields if f in group]
+            if not named:
+                continue
+            if key in group:
+                raise ValueError(f"param group sets both {key}= and {named[0]}=")
+            same_rule = cls is lookup("preconditioner", self.defaults["preconditioner"])
+            base = fields_from_group(cls, self.defaults) if same_rule else {}
+            values = [group.pop(f) if f in group else base.get(f, field_default(cls, f)) for f in fields]
+            group[key] = tuple(values) if len(fields) > 1 else values[0]
+        eager(torch.optim.Optimizer.add_param_group)(self, group)
+        if hasattr(self, "_flat"):  # after the constructor: the new group's state and buffers
+            self._flat.append({})
+            self._init_group(len(self.param_groups) - 1)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        eager(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+
+    def _init_group(self, gi: int) -> None:
+        group = self.param_groups[gi]
+        lr = self.defaults["lr"]
+        group.setdefault("lr_ratio", group["lr"] / lr if lr else 1.0)  # L = lr as scheduled: `ref_lr`
+        rule = self.rule(group)
+        for p in group["params"]:
+            self.state[p].update({"step": 0, **rule.init(p)})
+        for slot in rule.slots:
+            self._new_slot(gi, slot)
+
+    # --- groups, rules and names ------------------------------------------------------------
+    def rule(self, group: dict[str, Any]) -> Preconditioner:
+        """The group's rule, rebuilt from its entries (so changing e.g. beta1 there takes effect)."""
+        cls = lookup("preconditioner", group["preconditioner"])
+        given = fields_from_group(cls, group)
+        values = tuple((f.name, given.get(f.name, f.default)) for f in fields_of(cls))
+        key = (cls, values)
+        if key not in self._rules:
+            self._rules[key] = cls(**dict(values))
+        return self._rules[key]
+
+    @property
+    def ref_lr(self) -> float:
+        """L: the `lr=` of the constructor as scheduled since. The correction (x -= L·ρ·Δ_G) and
+        the trust scores are in its units, whichever group comes first (Muon's AdamW half runs
+        at muon-adam-lr; FedPAC's server divides g_G by K·L)."""
+        group = self.param_groups[0]
+        return group["lr"] / group["lr_ratio"] if group["lr_ratio"] else group["lr"]
+
+    # --- the step -----------------------------------------------------------------------------
+    def hessian_due(self) -> bool:
+        """Whether the coming step refreshes Sophia's h (the caller then passes ĝ to `step`)."""
+        for group in self.param_groups:
+            rule = self.rule(group)
+            if rule.name == "sophia":
+                k = max((self.state[p]["step"] for p in group["params"]), default=0)
+                return rule.refresh_due(k + 1)  # type: ignore[attr-defined]
+        return False
+
+    @torch.no_grad()
+    def step(self, closure: Any = None, g_hat: Mapping[str, torch.Tensor] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.steps += 1
+        blocks = []
+        for gi, group in enumerate(self.param_groups):
+            active = [p for p in group["params"] if p.grad is not None]
+            if active:
+                blocks.extend(self._directions(gi, group, active))
+        if blocks:
+            chain = self.trust.active or any(b.corrected for b in blocks)
+            in_chain = self._measure(blocks, chain)  # diagnostics never change the step
+            if chain:
+                self._chain(blocks, diagnose=in_chain)
+            else:  # each rule's own step in its authors' order, then the correction (spec §3)
+                for block in blocks:
+                    block.apply_own_step(1.0 - self.rho)
+                    block.add_correction(-self.ref_lr * self.rho)
+        if g_hat is not None:
+            self._refresh_hessian(g_hat)
+        return loss
+
+    def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor]) -> list[Block]:
+        rule = self.rule(group)
+        lr, wd = group["lr"], group["weight_decay"]
+        states = [self.state[p] for p in active]
+        for st in states:
+            st["step"] += 1
+        steps = {st["step"] for st in states}
+        decay = 0.0 if rule.coupled_decay else lr * wd
+        if self.correction == "after-step":  # FedPAC: the local optimizer (and so its decay)
+            decay *= 1.0 - self.rho  # runs at lr·(1-ρ); the (1-ρ) of its move is the chain's
+        if rule.elementwise and len(active) == len(group["params"]) and len(steps) == 1:
+            k = steps.pop()
+            g, views = self._flat_grad(gi, active)
+            n, like = g.numel(), g
+            out = self.work.get(f"u{gi}", n, like)
+            bucket = self._bucket(gi, active) if self.bucket_view else None
+            grads = [p.grad for p in active]
+            in_place = self._grads_stay(rule, wd, g, grads)
+            if not in_place:
+                torch._foreach_copy_(views, grads)
+            if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
+                g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
+                       alpha=wd)
+            st = self._flat[gi]
+            # One group alone in the optimizer: the rule may fuse u = ρ·Δ_G + (1-ρ)·(lr/L)·d
+            # itself (lr/L = 1 unless this group runs at its own lr, as Muon's AdamW half does).
+            fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
+            mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
+            step = Step(k, self.step_offset + k, self.mix_lambda, self.bs, out=out, mix=mix,
+                        addend=self._scaled_direction(st["global_direction"]) if fuse else None,
+                        defer=self.trust.takes_pending)
+            if in_place:
+                step.grads = grads
+                step.views = {"out": self._views_of(gi, "out", out, active),
+                              **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
+            d = rule.direction(g, st, step)
+            return [Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
+                           st.get("global_direction"), flat=True, corrected=d.corrected,
+                           bucket=bucket, grads=grads if in_place else None, grad_views=views,
+                           pending=d.pending)]
+        grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
+        if hasattr(rule, "directions") and len(steps) == 1:  # the whole group at once (Muon)
+            k = steps.pop()
+            directions = rule.directions(grads, [self.state[p] for p in active],
+                                         Step(k, self.step_offset + k, self.mix_lambda, self.bs))
+        else:
+            directions = [rule.direction(g, self.state[p], Step(self.state[p]["step"],
+                                                                self.step_offset + self.state[p]["step"],
+                                                                self.mix_lambda, self.bs))
+                          for p, g in zip(active, grads, strict=True)]
+        return [Block([p], d, g, lr * scale, decay, rule.decay_after,
+                       self.state[p].get("global_direction"))
+                for p, g, (d, scale, *_) in zip(active, grads, directions, strict=True)]
+
+    def _grads_stay(self, rule: Preconditioner, wd: float, g: torch.Tensor,
+                    grads: list[torch.Tensor]) -> bool:
+        """Whether the gradients stay where backward left them, unflattened: the rule reads them
+        per tensor (torch's fused AdamW kernel, as `AdamW(fused=True)` runs it) and the chain
+        copies them into g only where it reads g (`Block.fill_g`: the scores, the
+        diagnostics); FedACT's native step reads them in place. One group only."""
+        return len(self.param_groups) == 1 and not (rule.coupled_decay and wd) \
+            and rule.splits(g) and all(t.is_contiguous() and t.dtype == g.dtype for t in grads)
+
+    def _views_of(self, gi: int, name: str, flat: torch.Tensor, params: list[torch.Tensor]
+                  ) -> list[torch.Tensor]:
+        """Views of one of the group's flat buffers shaped like its parameters (the same memory
+        as `state[p][name]` for a slot), made once per buffer."""
+        key = (flat.data_ptr(), flat.numel(), len(params))
+        made = self._views.get((gi, name))
+        if made is None or made[0] != key:
+            views = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params,
+                                                  strict=True)]
+            self._views[(gi, name)] = made = (key, views)
+        return made[1]
+
+    def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
+        """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""
+        key = (direction.data_ptr(), direction._version, self.rho)
+        if self._scaled_key != key:
+            self._scaled = torch.mul(direction, self.rho, out=self.work.get("rho-dg", direction.numel(),
+                                                                           direction))
+            self._scaled_key = key
+        return self._scaled
+
+    def _chain(self, blocks: list[Block], diagnose: bool) -> None:
+        """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped."""
+        ref_lr = self.ref_lr
+        at_step = 1.0  # a factor of u left to the step itself (the scores are scale-invariant)
+        if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
+            b = blocks[0]
+            # corrected: u's pass may still be pending; the trust step below may run it itself
+            u, g = b._d if b.corrected else b.d, b.g
+            ratio = b.coef / ref_lr if ref_lr else 1.0
+            sizes = None  # the tensors' sizes, listed below where needed (not on the native step)
+            dg = None
+            if b.corrected:  # u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it)
+                pass
+            elif self.rho > 0.0:
+                u.mul_((1.0 - self.rho) * ratio)
+                if b.global_direction is not None:  # Δ_G = 0 before the first aggregation
+                    u.add_(b.global_direction, alpha=self.rho)
+            else:  # no correction: the ranking of s = u ⊙ g and the diagnostics do not change
+                at_step = ratio  # with a positive factor, so it is applied in the step's pass
+        else:
+            sizes = [p.numel() for b in blocks for p in b.params]
+            n, like = sum(sizes), blocks[0].params[0].detach()
+            u = torch.cat([b.scaled_direction(ref_lr).reshape(-1) for b in blocks],
+                          out=self.work.get("u", n, like))
+            g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("g", n, like))
+            dg = None
+            if self.rho > 0.0 and all(b.global_direction is not None for b in blocks):
+                dg = torch.cat([b.global_direction.reshape(-1) for b in blocks],
+                               out=self.work.get("dg", n, like))
+            if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
+                u.mul_(1.0 - self.rho)
+                if dg is not None:
+                    u.add_(dg, alpha=self.rho)
+        phi = None  # with trust: -L·φ (the step's factor folded in), so x += phi ⊙ u is one pass
+        b = blocks[0]
+        if self.trust.active and not diagnose and len(blocks) == 1 and b.bucket is not None \
+                and not b.decay_after and self.trust.step_(b.bucket, u, g, -ref_lr * at_step,
+                                                           b.decay_factor(), self.work, b.grads,
+                                                           b.grad_views, b.pending):
+            return  # the rule's own passes (FedACT on a CPU: native loops, fused_act.py)
+        b.settle()  # u written, if its pass was left to the trust step
+        if sizes is None:
+            sizes = [p.numel() for p in b.params]
+        if self.trust.active or diagnose:
+            b.fill_g()  # where the gradients stayed in place
+            scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
+            if diagnose:
+                self._record(scores)
+            if self.trust.active:
+                phi = self.trust.phi_(scores, sizes, self.work, scale=-ref_lr * at_step)
+        if len(blocks) == 1 and blocks[0].bucket is not None:  # one pass over the flat parameters
+            blocks[0].move(u, -ref_lr * at_step, phi)
+            return
+        # no decay on a rule's initialising step (SOAP's first one moves nothing of its own)
+        params = [p for b in blocks for p in b.params]
+        steps = [v.view_as(p) for v, p in zip(u.split(sizes), params, strict=True)]
+        factors = None if phi is None else [v.view_as(p) for v, p in zip(phi.split(sizes), params,
+                                                                          strict=True)]
+        if not any(b.decay_after for b in blocks):
+            decays = [0.0 if b.d is None else b.decay for b in blocks for _ in b.params]
+            if any(decays):
+                if len(set(decays)) == 1:
+                    torch._foreach_mul_(params, 1.0 - decays[0])
+                else:
+                    for p, dec in zip(params, decays, strict=True):
+                        p.mul_(1.0 - dec)
+            if factors is None:
+                torch._foreach_add_(params, steps, alpha=-ref_lr * at_step)
+            else:
+                torch._foreach_addcmul_(params, steps, factors)
+            return
+        owners = [b for b in blocks for _ in b.params]
+        for i, (b, p) in enumerate(zip(owners, params, strict=True)):
+            # SOAP: x = (x - L·u)(1-δ), the correction's share given back undecayed
+            decay = 0.0 if b.d is None else b.decay
+            if not b.decay_after:
+                p.mul_(1.0 - decay)
+            if factors is None:
+                p.add_(steps[i], alpha=-ref_lr)
+            else:
+                p.addcmul_(steps[i], factors[i])
+            if b.decay_after:
+                p.mul_(1.0 - decay)
+                b.add_correction(-ref_lr * self.rho * decay, only=p)
+
+    def _refresh_hessian(self, g_hat: Mapping[str, torch.Tensor]) -> None:
+        """Sophia's h refreshed AFTER use (spec §4), for the parameters ĝ covers."""
+        by_name = self._by_name()
+        for name, grad in g_hat.items():
+            if name not in by_name:  # a parameter outside this optimizer: as torch ignores its grad
+                continue
+            gi, p = by_name[name]
+            rule = self.rule(self.param_groups[gi])
+            if rule.name == "sophia":
+                rule.refresh(self.state[p], grad)  # type: ignore[attr-defined]

@@ -1,0 +1,89 @@
+"""The strategy's side of dp: the checks before a round, the round's combine, the ledger.
+
+    before round r   the planned ε (every round of the run, or this round's release) against
+                     dp-target-epsilon: over it at round 1 -> ValueError (the run is refused,
+                     nothing released); with dp-on-target='stop', over it later -> BudgetReached
+                     (adaptfl's loop ends the run there and writes its outputs, exit 0; under
+                     Flower's Strategy.start it is Flower's PrivacyBudgetExhausted)
+    the round        GaussianMean combines every shared record (privacy/mechanism.py)
+    after it         the event (z, n, N) joins the ledger in the server state; ε is a metric
+"""
+
+from __future__ import annotations
+
+import math
+
+from flwr.serverapp.exception import PrivacyBudgetExhausted
+
+from adaptfl.algorithms.contract import Contract
+from adaptfl.algorithms.settings import Federation
+from adaptfl.privacy.accountant import LEDGER, epsilon, ledger_of, ledger_record, planned_epsilon
+from adaptfl.privacy.mechanism import GaussianMean, records_noise_multiplier, round_seed, shared_records
+from adaptfl.privacy.settings import Privacy
+from adaptfl.strategies.state import ServerState
+
+
+class BudgetReached(PrivacyBudgetExhausted):
+    """The next round's release would take ε past dp-target-epsilon (dp-on-target='stop')."""
+
+
+def share_bound(fed: Federation, replies: int) -> float:
+    """b: the largest share one reply may have in a mean under dp (mechanism.py's docstring)."""
+    if fed.weighting == "uniform":
+        return 1.0 / replies
+    return max(1.0 / replies, fed.max_weight_share)
+
+
+def count_stddev(privacy: Privacy, sampled: int) -> float:
+    """σ_b of the adaptive clipping's noised counts: set, or n/20 (Andrew et al.)."""
+    return privacy.dp_count_stddev or sampled / 20.0
+
+
+def before_round(privacy: Privacy, state: ServerState, server_round: int, num_rounds: int,
+                 sampled: int, population: int, contract: Contract) -> None:
+    """Refuse (round 1) or stop (later) where the target ε would be passed; refuse counts too
+    noisy for the adaptive clipping to leave the records any of z."""
+    if privacy.on:
+        records_noise_multiplier(privacy, len(shared_records(contract)), count_stddev(privacy, sampled))
+    target = privacy.dp_target_epsilon
+    if not privacy.on or target <= 0.0:
+        return
+    z, delta, bound = privacy.dp_noise_multiplier, privacy.dp_delta, privacy.dp_accounting
+    events = ledger_of(state.extras)
+    if not events:  # the run's first release: what it plans to spend
+        rounds = num_rounds - server_round + 1 if privacy.dp_on_target == "refuse" else 1
+        planned = planned_epsilon(z, sampled, population, rounds, delta, bound)
+        if planned > target:
+            raise ValueError(target_error(privacy, planned, rounds, sampled, population))
+    after = epsilon([*events, (z, sampled, population)], delta, bound)
+    if after > target:
+        raise BudgetReached(f"round {server_round} would take ε from "
+                            f"{epsilon(events, delta, bound):.4g} to {after:.4g}, past "
+                            f"dp-target-epsilon={target:g} (δ={delta:g}): the run stops here")
+
+
+def target_error(privacy: Privacy, planned: float, rounds: int, sampled: int, population: int) -> str:
+    what = f"{rounds} rounds" if rounds > 1 else "round 1 alone"
+    return (f"dp-target-epsilon={privacy.dp_target_epsilon:g}: {what} of dp-noise-multiplier="
+            f"{privacy.dp_noise_multiplier:g}, {sampled} of {population} nodes sampled, spend ε="
+            f"{planned:.4g} at dp-delta={privacy.dp_delta:g}; raise dp-noise-multiplier or the target, "
+            "or plan fewer rounds" + (" (or dp-on-target='stop')" if rounds > 1 else ""))
+
+
+def round_combine(privacy: Privacy, fed: Federation, contract: Contract, replies: int,
+                  sampled: int, server_round: int) -> GaussianMean:
+    return GaussianMean(privacy, len(shared_records(contract)), share_bound(fed, replies),
+                        round_seed(privacy.dp_seed, "server", server_round),
+                        count_stddev(privacy, sampled))
+
+
+def record_release(privacy: Privacy, state: ServerState, replies: int, sampled: int,
+                   population: int) -> dict[str, float]:
+    """Add the round's event to the ledger of `state`; ε so far as the round's metrics."""
+    z = privacy.dp_noise_multiplier
+    if privacy.dp == "client":  # m of the n noise shares arrived: less noise than planned
+        z *= math.sqrt(min(replies, sampled) / sampled)
+    events = [*ledger_of(state.extras), (z, sampled, population)]
+    state.extras[LEDGER] = ledger_record(events)
+    return {"dp-epsilon": epsilon(events, privacy.dp_delta, privacy.dp_accounting),
+            "dp-noise-multiplier": z}

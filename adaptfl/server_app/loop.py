@@ -1,0 +1,217 @@
+"""The round loop shared by Flower (a real Grid) and the in-process engine (engine/).
+
+Unlike Flower's `Strategy.start`, it checkpoints after every round and resumes, evaluates
+centrally, and writes the run's outputs. Everything that can reject the run happens in
+`build_run`, before round 1: the config, the task and model, and a preflight of the very client
+pipeline a node will run (one local step on the server, its reply checked against the contract).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_parameters, load_federated
+from adaptfl.algorithms.stage import ClientData
+from adaptfl.client_app.client_state import MemoryStore
+from adaptfl.client_app.session import ClientSession
+from adaptfl.client_app.train import run_local_steps
+from adaptfl.privacy.mechanism import metric_domains, reply_domains
+from adaptfl.privacy.server import BudgetReached
+from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model, fell_below_start
+from adaptfl.server_app.checkpoint import (
+    check_same_job,
+    continues_same_job,
+    load_checkpoint,
+    new_run_key,
+    refuse_reuse,
+    resume_source,
+    save_checkpoint,
+)
+from adaptfl.server_app.evaluate import evaluate_all
+from adaptfl.server_app.outputs import RunOutputs, results_root
+from adaptfl.server_app.progress import Progress
+from adaptfl.server_app.run_checks import check_frozen, check_model, check_nodes, check_settings
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.sampling import NotEnoughNodes
+from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
+from adaptfl.workloads import Task, build_task_model, load_task
+
+log = logging.getLogger(__name__)
+PREFLIGHT_ROWS = 4  # examples of the test split one preflight step trains on
+
+
+def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
+    """Strategy, model and task; refuses anything that would fail a client, before round 1."""
+    task = load_task(cfg.data.task, cfg.data.data_dir, cfg.data.model, cfg.llm)
+    torch.manual_seed(cfg.federation.seed)
+    model = build_task_model(cfg.data.model, task, cfg.llm, cfg.data.data_dir)
+    strategy = AdaptiveStrategy(cfg)
+    spec = ModelSpec.of(model)
+    strategy.initialize(federated_state(model), spec)
+    if cfg.local.batch_size > len(task.train):
+        log.warning("batch-size=%d exceeds the %d training examples of the whole task: every "
+                    "client step will use its whole partition", cfg.local.batch_size, len(task.train))
+    check_model(model, task, cfg.data.model)
+    check_settings(cfg, task)
+    check_frozen(cfg, spec)
+    preflight(strategy, model, task)
+    return strategy, model, task
+
+
+def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) -> None:
+    """Run round 1's client pipeline for one step on a copy of the model, and validate its reply
+    as the server will: a setting no client can run fails here, with the client's message."""
+    content = strategy.instruction(1, ConfigRecord())
+    rows = torch.arange(min(PREFLIGHT_ROWS, len(task.test)))
+    data = ClientData(num_examples=len(rows), full_batches=lambda: [task.test.batch(rows)],
+                      loss=task.loss)
+    with torch.random.fork_rng():
+        # frozen parameters are shared with the copy, not copied (a pretrained base is large)
+        shared = {id(p): p for p in frozen_parameters(model).values()}
+        session = ClientSession(content, copy.deepcopy(model, shared), data=data, store=MemoryStore())
+        run_local_steps(session, task.test, task.loss, rows, client_id=0, steps=1, warn=False)
+        reply = session.reply_content(len(rows), check_steps=False)  # one step of K, on purpose
+    contract = strategy.contract()
+    assert strategy.spec is not None
+    try:
+        decode_content(reply, contract.reply_spec(strategy.spec),
+                       max_bytes=reply_bound(strategy.cfg.federation.max_reply_mb,
+                                             contract.reply_spec(strategy.spec)),
+                       required_metrics=contract.up_metrics,
+                       domains=reply_domains(contract, strategy.cfg.privacy),
+                       metric_domains=metric_domains(contract, strategy.cfg.privacy))
+    except ReplyRejected as why:
+        raise ValueError(f"{cfg_name(strategy)}: a client's reply would be refused ({why})") from None
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MiB); in Flower's simulation this process also holds
+    every simulated node's context (docs/scale.md). The peak where /proc is missing."""
+    try:
+        with open("/proc/self/status") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        import resource
+
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        kib = kib // 1024 if sys.platform == "darwin" else kib
+    return round(kib / 1024, 1)
+
+
+def cfg_name(strategy: AdaptiveStrategy) -> str:
+    return f"algorithm {strategy.cfg.algorithm.name!r}"
+
+
+def unanswered_nodes(messages: list[Message], replies: list[Message]) -> list[int]:
+    """Sampled nodes with no reply at all: later than round-timeout, or gone without a word.
+
+    Replies are matched to instructions by message id where the transport sets one (Flower
+    shows a vanished node's error as sent by the SuperLink), else by sender.
+    """
+    node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+    answered = {node_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id) for r in replies}
+    return sorted({m.metadata.dst_node_id for m in messages} - answered)
+
+
+def check_results_dir(cfg: RunConfig, check_only: bool = False) -> Path | None:
+    """What `restore_or_start` refuses (a run-name in use, a resume without a checkpoint or of
+    another job), with `check_only` before Flower starts and writing nothing; returns the
+    checkpoint's folder to resume from, or None."""
+    run_dir = results_root(cfg) / cfg.output.run_name if cfg.output.run_name else None
+    source = resume_source(cfg, run_dir)
+    if run_dir is not None and not (source is not None and continues_same_job(source, run_dir)):
+        refuse_reuse(cfg, run_dir, may_resume=source is None, check_only=check_only)
+    if check_only and source is not None:
+        check_same_job(cfg, source)
+    return source
+
+
+def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
+    """Open the results dir; with resume, put the last checkpoint's state and rows back. A dir
+    that holds a run already is refused unless resume=true or overwrite=true."""
+    source = check_results_dir(cfg)
+    checkpoint = load_checkpoint(cfg, source) if source is not None else None  # before config.json
+    outputs = RunOutputs(cfg)
+    if checkpoint is not None:
+        strategy.state = checkpoint.state
+        if not continues_same_job(source, outputs.dir):  # a fork: its clients' state is its own
+            strategy.state.run_key = new_run_key()
+    outputs.restore(checkpoint.rows if checkpoint is not None else [])  # only these rounds' rows
+    return outputs
+
+
+def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] | None = None) -> Path:
+    """Train for `num-server-rounds` rounds; returns the results directory.
+
+    After every round the metrics row, then the whole server state, go to the results dir,
+    so `resume=true` can continue from the last complete round (server_app/checkpoint.py).
+    The initial model's evaluation is round 0. `on_round(row)` is called after each round.
+    """
+    strategy, model, task = build_run(cfg)
+    if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
+        check_nodes(cfg, task, grid.node_configs())
+    outputs = restore_or_start(cfg, strategy)
+    strategy.summary()
+    fed = cfg.federation
+    timeout = fed.round_timeout or None
+    guard = SkipGuard(fed.max_skipped_rounds, outputs.rows, fed.skip_window)
+    assert strategy.state is not None
+    if not outputs.rows:  # a fresh run: where training starts from
+        scores = evaluate_all(model, task)
+        outputs.record({"round": 0, **scores})
+        log.info("[ROUND 0/%d] the initial model: accuracy %.4f, loss %.4f", fed.num_server_rounds,
+                 scores["test-accuracy"], scores["test-loss"])
+    progress = Progress(fed.num_server_rounds, strategy.state.server_round + 1, on_round)
+    for server_round in range(strategy.state.server_round + 1, fed.num_server_rounds + 1):
+        started = time.perf_counter()
+        try:
+            messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
+                                                     ConfigRecord(), grid))
+        except NotEnoughNodes as err:
+            raise RunAborted(f"run aborted before round {server_round}: {err}") from None
+        except BudgetReached as reached:  # dp-on-target='stop': the rounds so far are the run
+            log.warning("%s", reached)
+            break
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+        strategy.aggregate_train(server_round, replies)
+        strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
+        missing = unanswered_nodes(messages, replies)
+        if missing:
+            log.warning("round %d: no reply from nodes %s within round-timeout=%s s",
+                        server_round, missing, fed.round_timeout or "none")
+        load_federated(model, strategy.state.model)
+        evaluated = time.perf_counter()
+        scores = evaluate_all(model, task)
+        report = strategy.report
+        row = {"round": server_round, **scores,
+               **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
+               "seconds": time.perf_counter() - started,
+               "eval-seconds": time.perf_counter() - evaluated,
+               "rejected": dict(report.rejected), "missing": [int(n) for n in missing],
+               "latency": {n: round(t, 3) for n, t in report.latency.items()}}
+        if report.skip_reason:
+            row["skip-reason"] = report.skip_reason
+        if report.clients:
+            row["clients"] = report.clients
+        row["server-rss-mb"] = rss_mb()
+        outputs.record(row)
+        save_checkpoint(outputs.dir, strategy.state)
+        progress.round_done(row)
+        guard.after_round(server_round, report.skipped, report.skip_reason, report.rejected, missing)
+    guard.at_end(fed.num_server_rounds)
+    check_final_model(strategy.state.model)
+    worse = fell_below_start(outputs.rows)
+    if worse:
+        log.warning("%s", worse)
+    outputs.finish(strategy.state.model)
+    return outputs.dir

@@ -1,0 +1,122 @@
+"""What a run leaves for its user: metrics (JSONL + CSV), a plot, the model, the config."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import torch
+
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.server_app.durable import append_durable, write_atomic
+from adaptfl.server_app.plots import plot_run
+from adaptfl.server_app.tensorboard import open_writer, write_row
+
+log = logging.getLogger(__name__)
+
+
+def project_dir() -> Path | None:
+    """The source checkout adaptfl was installed from with `pip install -e .`, if any.
+
+    The ServerApp runs in the SuperLink's working directory, so `Path.cwd()` is no guide.
+    """
+    try:
+        raw = metadata.distribution("adaptfl").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    return editable_checkout(raw or "{}")
+
+
+def editable_checkout(direct_url_json: str) -> Path | None:
+    """The folder named by an editable install's PEP 610 `direct_url.json`, else None.
+
+    A plain `pip install .` (as in deploy/Dockerfile) also records `file://` plus `dir_info`, but
+    its source folder is only a build input (`/src` inside the image): results written there
+    would miss the results volume and vanish with the container. Only `editable: true` marks a
+    checkout that the user works in.
+    """
+    info = json.loads(direct_url_json)
+    url = info.get("url", "")
+    if not (url.startswith("file://") and info.get("dir_info", {}).get("editable", False)):
+        return None
+    return Path(url2pathname(urlparse(url).path))
+
+
+def results_root(cfg: RunConfig) -> Path:
+    if cfg.output.results_dir:
+        root = Path(cfg.output.results_dir).expanduser()
+        if not root.is_absolute():
+            raise ValueError(f"results-dir={cfg.output.results_dir!r} must be an absolute path: the "
+                             "ServerApp runs in the SuperLink's working directory")
+        return root
+    project = project_dir()
+    return project / "results" if project else Path.home() / ".adaptfl" / "results"
+
+
+def unused_name(root: Path, name: str) -> str:
+    """`name`, or `name-2`, `name-3`, … where two runs start in the same second."""
+    candidate, n = name, 1
+    while (root / candidate).exists():
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
+
+
+class RunOutputs:
+    """One run's results directory."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        name = cfg.output.run_name or unused_name(results_root(cfg),
+                                                  f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.dir = results_root(cfg) / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / "config.json", json.dumps(cfg.to_flower(), indent=2).encode())
+        self.rows: list[dict[str, Any]] = []
+        self.title = cfg.title()
+        self.tensorboard = open_writer(self.dir) if cfg.output.tensorboard else None
+        log.info("results of this run go to %s", self.dir)
+
+    def restore(self, rows: list[dict[str, Any]]) -> None:
+        """Start from a checkpoint's rows: replace the files so they hold exactly those rounds
+        (at once: a kill meanwhile leaves the old rows, which the next resume trims again)."""
+        write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        self.rows = list(rows)
+        self._write_csv()
+        if self.tensorboard is not None:
+            for row in rows:
+                write_row(self.tensorboard, row)
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
+        self.rows.append(row)
+        append_durable(self.dir / "metrics.jsonl", json.dumps(row) + "\n")  # before the checkpoint
+        self._write_csv()
+        if self.tensorboard is not None:
+            write_row(self.tensorboard, row)
+
+    def _write_csv(self) -> None:
+        columns = list(dict.fromkeys(k for r in self.rows for k in r
+                                     if k not in ("rejected", "missing", "clients", "latency")))  # JSONL only
+        with (self.dir / "metrics.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def finish(self, model_state: dict[str, torch.Tensor]) -> None:
+        buffer = io.BytesIO()
+        torch.save(model_state, buffer)
+        write_atomic(self.dir / "model.pt", buffer.getvalue())  # never a half-written model
+        self.plot()
+
+    def plot(self) -> None:
+        plot_run(self.rows, self.dir, self.title)
+        if self.tensorboard is not None:
+            self.tensorboard.close()

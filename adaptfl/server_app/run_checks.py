@@ -1,0 +1,115 @@
+"""Settings that no single key's range can refuse, checked before round 1 (issue 13 §5: each of
+these used to "complete" with every round skipped and an untrained model).
+
+Anywhere (build_run):
+    a model that cannot read the task's inputs, or whose output width is not Task.num_outputs
+    (too wide trains and reports accuracy without a word; too narrow fails deep in the loss)
+    classes-per-client above the labels the task has (pathological partitioning)
+    an aggregator that needs more replies than min-replies guarantees (Krum: 2f + 3)
+    a component that copies the whole model per client, on a model with a frozen base (MOON)
+
+Where the nodes are known before round 1 (the in-process engine: its nodes run here, with
+partition ids 0..N-1), also what otherwise fails on every client:
+    min-replies (after fraction-train) above the nodes there are
+    a device this machine does not have, on more nodes than min-replies can spare
+    a partitioning of the N nodes that fails or leaves a client without data
+
+In a Flower deployment those last ones surface as the clients' one-line error replies, and the
+run aborts after max-skipped-rounds (server_app/abort.py) naming them. A client too slow for
+round-timeout (MimeLite's full-partition gradient on the fortunes corpus: ~7 min per client per
+round on a 2-core CPU) is not guessed at here: its rounds time out and the run aborts naming
+the timeout, instead of "completing" untrained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.client_app.device import select_device
+from adaptfl.client_app.train import autocast_dtype
+from adaptfl.strategies.sampling import hostile_count, nodes_needed, sample_size
+from adaptfl.workloads import Task, partition_indices
+
+
+def check_model(model: nn.Module, task: Task, name: str) -> None:
+    """The model's output on two test rows must be [..., task.num_outputs] (one line otherwise;
+    at least that wide for a model with `pads_vocabulary`, workloads/causal_lm.py); run before
+    any step, in eval mode, without touching the model's state or the RNG."""
+    x, _ = task.test.batch(torch.arange(min(2, len(task.test))))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            out = model(x)  # build_run's model is on the CPU
+    except Exception as err:  # noqa: BLE001 - whatever a user's model raises, said in one line
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"model={name!r} cannot read task {task.name!r}'s inputs (one example: "
+                         f"{tuple(x.shape[1:])}): {why}") from None
+    finally:
+        model.train(was_training)
+    width = out.shape[-1] if torch.is_tensor(out) and out.ndim else None
+    padded = getattr(model, "pads_vocabulary", False)  # a language model's rows past the tokenizer
+    if width is None or (width < task.num_outputs if padded else width != task.num_outputs):
+        got = f"{width} outputs" if width is not None else f"a {type(out).__name__}, not logits"
+        raise ValueError(f"model={name!r} gives {got} per prediction but task {task.name!r} has "
+                         f"num_outputs={task.num_outputs} (classes or vocabulary): its last layer "
+                         f"must be {task.num_outputs} wide")
+
+
+def check_settings(cfg: RunConfig, task: Task) -> None:
+    data = cfg.data
+    if data.partitioning == "pathological":
+        distinct = len(torch.unique(task.train.labels))
+        if data.classes_per_client > distinct:
+            raise ValueError(f"invalid classes-per-client={data.classes_per_client}: task "
+                             f"{data.task!r} has {distinct} labels to partition by")
+    fed = cfg.federation
+    cfg.algorithm.aggregator.check_federation(fed.min_replies, hostile_count(fed.hostile_fraction,
+                                                                             fed.min_replies))
+
+
+# Terms that keep whole copies of the model on each client: a frozen pretrained base would be
+# copied twice per round, and MOON's representation is a classifier's penultimate layer.
+COPIES_MODEL = ("moon",)
+
+
+def check_frozen(cfg: RunConfig, spec: ModelSpec) -> None:
+    """What cannot run on a model with frozen parameters (LoRA adapters over a base)."""
+    copies = [t.name for t in cfg.algorithm.terms if t.name in COPIES_MODEL]
+    if spec.frozen_count and copies:
+        raise ValueError(f"term {copies[0]!r} keeps two whole copies of the model per client; it is "
+                         f"refused for a model with frozen parameters ({spec.frozen_count:,} frozen "
+                         "numbers: a LoRA base)")
+
+
+def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, object]]) -> None:
+    """The checks that need the nodes (one line each, ValueError); a node config's `device`
+    overrides the run config's, as on the node itself."""
+    fed, data = cfg.federation, cfg.data
+    num_nodes, needed = len(node_configs), nodes_needed(fed)
+    if num_nodes < needed:
+        raise ValueError(f"min-replies={fed.min_replies} with fraction-train={fed.fraction_train:g} "
+                         f"needs {needed} nodes (a round samples {sample_size(fed, num_nodes)} of "
+                         f"{num_nodes}): lower min-replies or add nodes")
+    refusals = []
+    for node in node_configs:
+        try:
+            device = select_device(str(node.get(wire.NODE_DEVICE, cfg.runtime.device)))
+            autocast_dtype(cfg.runtime.precision, device)  # precision='bf16' needs CUDA
+        except ValueError as err:
+            refusals.append(str(err))
+    if num_nodes - len(refusals) < needed:  # a node or two without it still lets rounds run
+        raise ValueError(f"{len(refusals)} of {num_nodes} nodes cannot run: {refusals[0]}")
+    sizes = [len(partition_indices(task.train.labels, num_nodes, pid, data.partitioning,
+                                   data.dirichlet_alpha, fed.seed, data.classes_per_client))
+             for pid in range(num_nodes)]
+    empty = [pid for pid, size in enumerate(sizes) if size == 0]
+    if empty:
+        raise ValueError(f"partitioning={data.partitioning!r} leaves partitions {empty[:5]} of "
+                         f"{num_nodes} without examples; use fewer nodes or another partitioning")

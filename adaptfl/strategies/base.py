@@ -1,0 +1,290 @@
+"""`AdaptiveStrategy`: a Flower message-API `Strategy` for any algorithm of the catalog.
+
+Construct it the Flower way, with keywords and the paper's defaults
+(`FedACT(fraction_train=0.5, tau=0.3)`), or from a run config (`AdaptiveStrategy(cfg)`); use it in
+your own ServerApp with `strategy.start(grid=..., initial_arrays=..., num_rounds=...)` or in
+adaptfl's resumable round loop (server_app/loop.py).
+
+A round: sample nodes (seeded, the RNG in the state), send each the model (`arrays`), the
+`recipe`, the `config` (Flower's train_config + "server-round") and the records the algorithm's
+components send; validate every reply against the algorithm's contract (records, shapes,
+dtypes, values within each record's domain, size, one reply per sampled node, sent by that node,
+a partition id its node holds) and drop a bad one with its reason (anything that fails to decode
+too: no reply can raise into the round; strategies/intake.py); then the aggregator's combine of Δ
+(weights capped at max-weight-share) -> server optimizer -> each component's aggregation (through
+the same combine) -> the new `ServerState`, checked against its invariants (strategies/
+invariants.py) and only then replacing the old one; a round that fails is refused and the state
+kept. Extra numeric reply metrics are averaged and recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig, declared_keys
+from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.algorithms.params import fields_of
+from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
+from adaptfl.algorithms.settings import SETTINGS
+from adaptfl.algorithms.stage import Aggregation
+from adaptfl.privacy import server as dp
+from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
+from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
+from adaptfl.strategies.intake import ReplyIntake
+from adaptfl.strategies.invariants import InvariantViolated, check_state
+from adaptfl.strategies.sampling import hostile_count, sample_size, wait_for_nodes
+from adaptfl.strategies.state import RoundReport, ServerState, Tensors
+from adaptfl.strategies.validation import DecodedReply
+
+log = logging.getLogger(__name__)  # strategies/intake.py logs here too
+LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
+
+
+class AdaptiveStrategy(ReplyIntake, Strategy):
+    """The strategy of every adaptfl algorithm; named subclasses only pick `algorithm`."""
+
+    algorithm: str = "fedavg"
+
+    def __init__(self, config: RunConfig | None = None, *, model: torch.nn.Module | None = None,
+                 **hyperparameters: Any) -> None:
+        """`config`: a full run config; else keyword hyperparameters (snake_case run-config
+        keys: fraction_train, rho, tau, …) over this algorithm's defaults. `model` tells which
+        state_dict entries are trainable (else every floating entry counts as trainable)."""
+        if config is None:
+            config = RunConfig.of(algorithm=self.algorithm, **hyperparameters)
+        elif hyperparameters:
+            config = config.replace(**hyperparameters)
+        self.cfg = config
+        self.spec: ModelSpec | None = ModelSpec.of(model) if model is not None else None
+        self.state: ServerState | None = None
+        self.report = RoundReport()
+        self.num_nodes = 0  # connected nodes at the last sampling
+        self._messages: list[Message] = []  # this round's instructions, one per sampled node
+        self._connected: set[int] = set()  # nodes connected at the last sampling
+
+    # --- state ----------------------------------------------------------------------------------
+    def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
+        """Start from these weights (round 0); entries the spec leaves out (a model's frozen
+        parameters) are not federated and are dropped here."""
+        self.spec = spec or self.spec or ModelSpec.of_arrays(arrays)
+        lacking = sorted(set(self.spec.entries) - set(arrays))
+        if lacking:
+            raise ValueError(f"initial arrays lack the model's entries {lacking[:3]}")
+        self.state = ServerState(
+            server_round=0, model={n: t.detach().clone() for n, t in arrays.items()
+                                   if n in self.spec.entries},
+            sampling_rng=torch.Generator().manual_seed(self.cfg.federation.seed).get_state())
+
+    def contract(self) -> Contract:
+        assert self.spec is not None, "initialize() first"
+        return self.cfg.algorithm.contract(self.spec)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
+        """Flower's `Strategy.start`; the lr schedule runs over `num_rounds`. Evaluation is
+        central (`evaluate_fn`): an `evaluate_config` for clients would go unread, so it is refused."""
+        self.refuse_loop_only_settings()
+        if evaluate_config:
+            raise ValueError("evaluate_config: adaptfl's strategies evaluate centrally (evaluate_fn) "
+                             "and send no evaluate messages, so no client would read it")
+        if num_rounds != self.cfg.federation.num_server_rounds:
+            self.cfg = self.cfg.replace(num_server_rounds=num_rounds)
+        self.initialize(initial_arrays.to_torch_state_dict())
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
+
+    def refuse_loop_only_settings(self) -> None:
+        """Settings only adaptfl's own round loop reads (results, resume, round-timeout, …) would
+        be ignored by Flower's `start`: refuse them, naming what to use there instead."""
+        defaults = RunConfig.of(algorithm=self.cfg.algorithm.name).to_flower()
+        ours = self.cfg.to_flower()
+        ignored = [f"{info.key.replace('-', '_')} ({info.param.loop_only})" for s in SETTINGS
+                   for info in fields_of(s) if info.param.loop_only and ours[info.key] != defaults[info.key]]
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)}: read by adaptfl's own ServerApp loop, not by "
+                             "Flower's Strategy.start")
+
+    def refuse_adaptfl_keys(self, train_config: Mapping[str, Any]) -> None:
+        """A train_config key that names an adaptfl setting (`lr`, `local-steps`, …) would reach
+        the client as `session.config`, and the round's optimizer, built from the recipe, would
+        not read it: refuse it in one line, naming the keyword that sets it."""
+        declared = set(declared_keys())
+        for key, value in train_config.items():
+            kebab = LR_ALIASES.get(key.lower(), key.lower().replace("_", "-"))
+            if kebab in declared:
+                raise ValueError(f"train_config[{key!r}]={value!r}: adaptfl's clients take {kebab} "
+                                 f"from the strategy, not from train_config; pass "
+                                 f"{type(self).__name__}({kebab.replace('-', '_')}={value!r}) instead")
+
+    # --- sampling and messages --------------------------------------------------------------------
+    def sample_nodes(self, grid: Grid) -> list[int]:
+        assert self.state is not None
+        fed = self.cfg.federation
+        nodes = wait_for_nodes(grid, fed)
+        self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
+        self._connected = set(nodes)
+        count = sample_size(fed, len(nodes))
+        gen = torch.Generator()
+        gen.set_state(self.state.sampling_rng)
+        order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
+        self.state.sampling_rng = gen.get_state()
+        return [nodes[i] for i in sorted(order)]
+
+    def payload(self) -> dict[str, Tensors]:
+        """The records the algorithm's components send this round (all in its contract)."""
+        assert self.state is not None and self.spec is not None
+        algorithm, out = self.cfg.algorithm, {}
+        for stage in algorithm.stages():
+            out.update(stage.payload(self.state.extras, self.spec, algorithm))
+        undeclared = sorted(set(out) - set(self.contract().down))
+        if undeclared:  # a component sending what it did not declare is a bug, not a choice
+            raise RuntimeError(f"records {undeclared} are sent but not in {algorithm.name}'s contract")
+        return out
+
+    def instruction(self, server_round: int, config: ConfigRecord | None = None,
+                    sampled: int = 1) -> RecordDict:
+        """The round's message content, the same for every sampled node (`sampled` of them)."""
+        assert self.state is not None
+        cfg = self.cfg
+        info = cfg.round_info(server_round, self.state.run_key)
+        recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
+                           cfg.output.client_state_memory, cfg.llm,
+                           cfg.privacy, sampled)
+        if self.spec is not None and self.spec.frozen_digest:
+            recipe[FROZEN_DIGEST] = self.spec.frozen_digest
+        self.refuse_adaptfl_keys(config or {})
+        train_config = ConfigRecord(dict(config or {}))
+        train_config["server-round"] = server_round  # as Flower's FedAvg does
+        content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
+                              wire.CONFIG: train_config})
+        for name, tensors in self.payload().items():
+            content[name] = ArrayRecord(tensors)
+        return content
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if self.state is None:
+            self.initialize(arrays.to_torch_state_dict())
+        nodes = self.sample_nodes(grid)
+        assert self.state is not None
+        dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
+                        len(nodes), self.num_nodes, self.contract())  # refused: nothing is sent
+        content = self.instruction(server_round, config, len(nodes))
+        per_message = num_bytes(self.state.model) + sum(num_bytes(t) for t in self.payload().values())
+        self.report = RoundReport(sampled=len(nodes), bytes_down=per_message * len(nodes))
+        messages = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
+                    for node in nodes]
+        self._messages = messages
+        return messages
+
+    # --- aggregation -------------------------------------------------------------------------------
+    def _skip(self, server_round: int, why: str) -> tuple[None, MetricRecord]:
+        self.report.skipped, self.report.skip_reason = True, why
+        log.warning("round %d skipped, state unchanged: %s", server_round, why)
+        return None, MetricRecord(self._metrics({}))
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        assert self.state is not None and self.spec is not None
+        accepted = [r for _, r in self._accept(replies)]
+        self.report.accepted = len(accepted)
+        fed, algorithm = self.cfg.federation, self.cfg.algorithm
+        answered = self.report.answered
+        if answered < fed.min_replies:
+            return self._skip(server_round, f"{answered} replies < min-replies={fed.min_replies} "
+                              f"({len(accepted)} accepted)")
+        if not accepted:
+            return self._skip(server_round, f"0 accepted replies of {answered}")
+        claimed = self._claims(accepted, capped=False)
+        bounded = self._claims(accepted)
+        weights = cap_shares(bounded, fed.max_weight_share)
+        contract = self.contract()
+        memory = memory_of(self.state.extras)
+        private = dp.round_combine(self.cfg.privacy, fed, contract, len(accepted), self.report.sampled,
+                                   server_round) \
+            if self.cfg.privacy.on else None  # clips and noises every shared record
+        combine = Combine(private or algorithm.aggregator, weights, contract.domains, memory,
+                          new_memory={k: dict(v) for k, v in memory.items()},
+                          hostile=hostile_count(fed.hostile_fraction, self.report.sampled)
+                          if fed.hostile_fraction > 0 else None,
+                          set_aside=answered - len(accepted))
+        deltas = [r.arrays[wire.DELTA] for r in accepted]
+        try:
+            mean_delta = combine(deltas, wire.DELTA)
+            model, moments = algorithm.server_opt.step(self.state.model, mean_delta,
+                                                       self.state.extras, server_round)
+            agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
+                              self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
+                              model, self.num_nodes, combine)
+            for stage in algorithm.stages():
+                stage.aggregate(agg)
+            new = self.state.clone()
+            new.server_round, new.model = server_round, agg.model
+            new.extras.update({**moments, **agg.new_extras, **combine.slots()})
+            check_state(new, contract, algorithm)
+        except (AggregationRefused, InvariantViolated) as why:
+            if private is not None and private.combined:  # noise was drawn: a release all the same
+                self._record_release(self.state, len(accepted))
+            return self._skip(server_round, f"round refused: {why}")
+        privacy_stats = self._record_release(new, len(accepted)) if private is not None else {}
+        self.state = new  # the only assignment: a failure above leaves the state untouched
+        stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
+                 **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
+                 **privacy_stats}
+        if weights != claimed:  # replies whose claim was above max-weight-ratio or -share
+            stats["weights-capped"] = float(sum(b < c or b / sum(bounded) > fed.max_weight_share
+                                                for b, c in zip(bounded, claimed, strict=True)))
+        return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
+
+    def _record_release(self, state: ServerState, replies: int) -> dict[str, float]:
+        return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes)
+
+    @staticmethod
+    def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:
+        """Weighted means of the clients' numeric metrics over the replies that report each
+        (a metric no client reports is absent, never a fake 0); the peak memory is the largest."""
+        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE, wire.PEAK_MEMORY}
+        keys = sorted({k for r in replies for k in r.metrics} - skip)
+        out = {}
+        peaks = [float(r.metrics[wire.PEAK_MEMORY]) for r in replies if wire.PEAK_MEMORY in r.metrics]
+        if peaks:
+            out[wire.PEAK_MEMORY] = max(peaks)
+        for key in keys:
+            pairs = [(float(r.metrics[key]), w) for r, w in zip(replies, weights, strict=True)
+                     if key in r.metrics]
+            out[key] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+        return out
+
+    def _metrics(self, stats: Mapping[str, float]) -> dict[str, float]:
+        self.report.metrics = {
+            **stats,
+            "replies-sampled": self.report.sampled,
+            "replies-accepted": self.report.accepted,
+            "replies-rejected": len(self.report.rejected),
+            "replies-screened": self.report.screened,
+            "screen-ratio-max": self.report.screen_ratio_max,
+            "latency-max": max(self.report.latency.values(), default=0.0),
+            "bytes-down": self.report.bytes_down,
+            "bytes-up": self.report.bytes_up,
+        }
+        return dict(self.report.metrics)
+
+    # --- evaluation happens centrally (server_app/evaluate.py or Flower's evaluate_fn) -----------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def summary(self) -> None:
+        log.info("%s: %s", type(self).__name__, self.cfg.algorithm.describe())

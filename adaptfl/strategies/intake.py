@@ -1,0 +1,151 @@
+"""Which replies of a round count (`ReplyIntake`, a part of `AdaptiveStrategy`): only the answer
+to an instruction of this round, one per sampled node, sent by that node, as a train reply; its
+records, shapes, dtypes, values and size against the algorithm's contract (validation.py); a
+partition id its node holds (`bind_partitions`); then the screen against the round's others
+(screen.py). A bad reply is dropped with its reason in the round's report, never raised into
+the round; the claimed weights are capped at max-weight-ratio × the round's median."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from flwr.app import Message, MessageType
+
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.privacy.mechanism import metric_domains, reply_domains
+from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
+from adaptfl.strategies.state import RoundReport, ServerState
+from adaptfl.strategies.validation import (
+    DecodedReply,
+    ReplyRejected,
+    bind_partitions,
+    decode_reply,
+    reply_bound,
+    summation_order,
+)
+
+log = logging.getLogger("adaptfl.strategies.base")  # the strategy's logger, as before the split
+
+
+class ReplyIntake:
+    """The reply checks of `AdaptiveStrategy`, on its round state (set there)."""
+
+    cfg: RunConfig
+    spec: ModelSpec | None
+    state: ServerState | None
+    report: RoundReport
+    _messages: list[Message]  # this round's instructions
+    _connected: set[int]  # nodes connected at the last sampling
+
+    def contract(self) -> Contract:  # AdaptiveStrategy's
+        raise NotImplementedError
+
+    def _sender(self, reply: Message, sent: Mapping[str, int]) -> int | None:
+        """The sampled node a reply answers for, by the id of the instruction it replies to (Flower
+        shows a vanished node's error as sent by the SuperLink); None: not an instruction of ours.
+        `sent`: instruction id -> node, built once a round (per reply, it made a round O(S²))."""
+        if not sent:  # transports that set no ids: trust the sender, if it was sampled
+            sampled = {m.metadata.dst_node_id for m in self._messages}
+            return reply.metadata.src_node_id if reply.metadata.src_node_id in sampled else None
+        return sent.get(reply.metadata.reply_to_message_id)
+
+    @staticmethod
+    def _check_identity(node: int, msg: Message) -> None:
+        """A reply (not an error, which the SuperLink may send for a vanished node) must come from
+        the node its instruction went to, as a train reply."""
+        meta = msg.metadata
+        if msg.has_error():
+            return
+        if meta.src_node_id != node:
+            raise ReplyRejected(f"reply to node {node}'s instruction sent by node {meta.src_node_id}")
+        if meta.message_type != MessageType.TRAIN:
+            raise ReplyRejected(f"message type {meta.message_type!r}, expected {MessageType.TRAIN!r}")
+
+    def _accept(self, replies: Iterable[Message]) -> list[tuple[int, DecodedReply]]:
+        contract = self.contract()
+        assert self.spec is not None
+        expected = contract.reply_spec(self.spec)
+        domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
+        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
+        by_node: dict[int | None, list[Message]] = {}
+        sent = {m.metadata.message_id: m.metadata.dst_node_id
+                for m in self._messages if m.metadata.message_id}
+        forged: list[tuple[int, Message]] = []
+        for msg in replies:
+            node = self._sender(msg, sent)
+            if node is not None and not msg.has_error() and msg.metadata.src_node_id != node:
+                forged.append((node, msg))  # kept out of the victim's bucket: it must not drop its reply
+                continue
+            by_node.setdefault(node, []).append(msg)
+        for node, msg in forged:
+            self._reject(f"{msg.metadata.src_node_id}->{node}", f"reply to node {node}'s "
+                         f"instruction sent by node {msg.metadata.src_node_id}")
+        # a node that replied, well-formed or not, is not a missing one (min-replies); a failure
+        # (Flower's error reply) is one: an honest client whose training crashed sends it
+        self.report.answered = sum(node is not None and any(not m.has_error() for m in msgs)
+                                   for node, msgs in by_node.items())
+        accepted: dict[int, DecodedReply] = {}
+        for node, msgs in by_node.items():
+            try:
+                if node is None:
+                    raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
+                                        "instruction of this round")
+                if len(msgs) > 1:  # one sampled node, one reply: a second one is not trusted
+                    raise ReplyRejected(f"{len(msgs)} replies from one node")
+                self._check_identity(node, msgs[0])
+                self.report.latency[str(node)] = self._latency(node, msgs[0])
+                decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics, domains,
+                                       metric_domains(contract, self.cfg.privacy))
+            except ReplyRejected as why:
+                self._reject("unknown" if node is None else str(node), str(why))
+                continue
+            except Exception as err:  # noqa: BLE001 - whatever one reply holds, it cannot stop the round
+                self._reject(str(node), f"undecodable reply ({type(err).__name__}: {err})")
+                continue
+            self.report.bytes_up += decoded.num_bytes
+            accepted[node] = decoded
+        assert self.state is not None
+        dropped, self.state.partition_owners = bind_partitions(
+            accepted, self.state.partition_owners, self._connected)
+        for node, why in dropped.items():
+            accepted.pop(node)
+            self._reject(str(node), why)
+        pairs = sorted(accepted.items(), key=summation_order(accepted))
+        replies = [r for _, r in pairs]
+        factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
+        # under dp, clipping bounds every reply; a screen that drops by value would leak
+        limit = 0.0 if self.cfg.privacy.on else self.cfg.federation.screen_ratio
+        squared = {r for r, doms in self.contract().domains.items()
+                   if any(d.nonneg or d.psd for d in doms.values())}
+        kept, screened_out, self.report.screen_ratio_max = screened(
+            replies, factors, limit, squared, only={wire.DELTA})  # state: domain checks (screen.py)
+        for i, why in screened_out.items():
+            self._reject(str(pairs[i][0]), why)
+        self.report.screened = len(screened_out)
+        for i in kept:  # only now: a dropped claimer of another's partition id notes nothing
+            self.report.note_client(pairs[i][0], pairs[i][1].metrics)
+        return [pairs[i] for i in kept]
+
+    def _latency(self, node: int, reply: Message) -> float:
+        """Seconds from the instruction's creation to the reply's (the hosts' clocks may differ
+        in a deployment: a skew shows up here too)."""
+        sent = next((m.metadata.created_at for m in self._messages
+                     if m.metadata.dst_node_id == node), reply.metadata.created_at)
+        return max(0.0, float(reply.metadata.created_at) - float(sent))
+
+    def _claims(self, replies: list[DecodedReply], capped: bool = True) -> list[float]:
+        """The replies' weights as claimed; `capped`: at max-weight-ratio × the round's median."""
+        fed = self.cfg.federation
+        claimed = [float(r.metrics[wire.NUM_EXAMPLES]) if fed.weighting == "examples" else 1.0
+                   for r in replies]
+        # under dp the median cap is off: through the median one client's claim would move the
+        # others' weights, outside the share bound the noise is sized for (privacy/mechanism.py)
+        ratio = 0.0 if self.cfg.privacy.on else fed.max_weight_ratio
+        return cap_to_median(claimed, ratio) if capped else claimed
+
+    def _reject(self, node: str, why: str) -> None:
+        self.report.rejected[node] = why
+        log.warning("round reply from node %s dropped: %s", node, why)

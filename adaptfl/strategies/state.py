@@ -1,0 +1,106 @@
+"""All server state in one serialisable object, so a run can be checkpointed and resumed; and
+the report of one round, what the metrics file records of it."""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from adaptfl.algorithms import wire
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class ServerState:
+    server_round: int  # the last completed round (0 before round 1)
+    model: Tensors  # the global model x, by state_dict name
+    extras: dict[str, Tensors] = field(default_factory=dict)  # wire name -> tensors (Δ_G, v̄)
+    sampling_rng: torch.Tensor = field(  # torch.Generator state for client sampling
+        default_factory=lambda: torch.Generator().manual_seed(0).get_state())
+    # Names this job's durable client state (client_app/client_state.py): new for every run,
+    # kept across a resume (Flower gives the resumed run a new run id, so that can't serve).
+    run_key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # partition id -> the node that first held it alone (issue 21 §4: a node claiming another's
+    # id is dropped, not the owner); an owner that is no longer connected frees its id
+    partition_owners: dict[int, int] = field(default_factory=dict)
+
+    def clone(self) -> ServerState:
+        return ServerState(
+            server_round=self.server_round,
+            model={k: v.clone() for k, v in self.model.items()},
+            extras={name: {k: v.clone() for k, v in t.items()} for name, t in self.extras.items()},
+            sampling_rng=self.sampling_rng.clone(),
+            run_key=self.run_key,
+            partition_owners=dict(self.partition_owners),
+        )
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({"server_round": self.server_round, "model": self.model,
+                    "extras": self.extras, "sampling_rng": self.sampling_rng,
+                    "run_key": self.run_key, "partition_owners": self.partition_owners}, buffer)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> ServerState:
+        raw = torch.load(io.BytesIO(blob), weights_only=True)
+        return cls(server_round=int(raw["server_round"]), model=raw["model"],
+                   extras=raw["extras"], sampling_rng=raw["sampling_rng"],
+                   run_key=str(raw["run_key"]),
+                   partition_owners={int(p): int(n) for p, n in raw.get("partition_owners", {}).items()})
+
+    def save(self, path: Path) -> None:
+        """Write atomically: a crash leaves the previous checkpoint intact."""
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(self.to_bytes())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> ServerState:
+        return cls.from_bytes(path.read_bytes())
+
+
+@dataclass
+class RoundReport:
+    """What happened in one round, for the metrics file."""
+
+    sampled: int = 0
+    accepted: int = 0
+    answered: int = 0  # sampled nodes that sent a reply (not a failure): what min-replies counts
+    rejected: dict[str, str] = field(default_factory=dict)  # node id (or "unknown") -> reason
+    skipped: bool = False
+    skip_reason: str = ""  # why the state was kept: too few replies, or the round refused
+    bytes_down: int = 0
+    bytes_up: int = 0
+    screened: int = 0  # replies dropped for a norm beyond screen-ratio × the others' median
+    screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
+    latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
+    metrics: dict[str, float] = field(default_factory=dict)
+    # partition id (node id for a reply without one) -> where each accepted reply's client ran
+    # and its state came from ("ray-node" as 12 hex digits, "client-state" and
+    # "local-state-source" 0/1/2, "peak-memory-mb"), for replies that report them, and its "node-id"
+    clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
+
+    def note_client(self, node: int, metrics: Mapping[str, float | int]) -> None:
+        """Per accepted reply, not averaged: the Ray node it ran on, where its client state came
+        from and its peak memory. Keyed by the partition id (metrics.jsonl's readers count
+        partitions); noted after the partition binding, so a node that claimed another's id has
+        been dropped and cannot overwrite the owner's entry."""
+        noted: dict[str, int | float | str] = {}
+        if wire.RAY_NODE in metrics:
+            noted[wire.RAY_NODE] = f"{int(metrics[wire.RAY_NODE]):012x}"
+        for source in (wire.CLIENT_STATE, wire.LOCAL_STATE_SOURCE):  # durable state: 0/1/2
+            if source in metrics:
+                noted[source] = int(metrics[source])
+        if wire.PEAK_MEMORY in metrics:
+            noted[wire.PEAK_MEMORY] = float(metrics[wire.PEAK_MEMORY])
+        if noted:
+            noted["node-id"] = node  # what `latency` and `rejected` are keyed by
+            self.clients[str(int(metrics.get(wire.PARTITION_ID, node)))] = noted

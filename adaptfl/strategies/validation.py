@@ -1,0 +1,236 @@
+"""Validate a client's reply before anything of it reaches the server state.
+
+A reply passes only if it carries exactly the expected records, every array has the expected
+name, shape and dtype and finite values within its record's declared domain (v ≥ 0, Θ's SOAP
+statistics PSD, Δ squarable under the rules that square it: algorithms/domain.py), the metrics
+are finite numbers with a positive example count, a non-negative int partition id (and the
+algorithm's required keys, within their domains), and the whole reply is within the size bound.
+Otherwise the reason is returned and the caller drops the reply. Across the round's replies: a
+partition id belongs to the node that first held it, and the ids fix the order of the float sums.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+import torch
+from flwr.app import Message, RecordDict
+
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.contract import ArraySpec
+from adaptfl.algorithms.domain import Domain
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodedReply:
+    arrays: dict[str, dict[str, torch.Tensor]]  # record name -> tensors
+    metrics: dict[str, float | int]
+    num_bytes: int
+
+
+class ReplyRejected(ValueError):
+    """A reply that must not touch the server state; the message says why."""
+
+
+def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: ArraySpec,
+                  domains: Mapping[str, Domain] | None = None) -> None:
+    missing = sorted(set(spec) - set(tensors))
+    unknown = sorted(set(tensors) - set(spec))
+    if missing:
+        raise ReplyRejected(f"{record_name}: missing arrays {missing[:5]}")
+    if unknown:
+        raise ReplyRejected(f"{record_name}: unknown arrays {unknown[:5]}")
+    for name, (shape, dtype) in spec.items():
+        t = tensors[name]
+        if tuple(t.shape) != tuple(shape):
+            raise ReplyRejected(f"{record_name}[{name}]: shape {tuple(t.shape)}, "
+                                f"expected {tuple(shape)}")
+        if t.dtype != dtype:
+            raise ReplyRejected(f"{record_name}[{name}]: dtype {t.dtype}, expected {dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ReplyRejected(f"{record_name}[{name}]: non-finite values (NaN or Inf)")
+        why = domains[name].why_outside(t) if domains and name in domains else None
+        if why:
+            raise ReplyRejected(f"{record_name}[{name}]: {why}")
+
+
+NPY_HEADER = 4096  # bytes np.save puts before the data (128 for any shape adaptfl sends)
+
+
+def expected_bytes(expected: Mapping[str, ArraySpec]) -> int:
+    """The data bytes of a reply that matches the contract exactly."""
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+               for spec in expected.values() for shape, dtype in spec.values())
+
+
+def reply_bound(max_reply_mb: float, expected: Mapping[str, ArraySpec]) -> int:
+    """max-reply-mb in bytes; 0: derived from the contract, its expected size plus headers."""
+    if max_reply_mb > 0:
+        return int(max_reply_mb * 2**20)
+    return expected_bytes(expected) + NPY_HEADER * sum(len(spec) for spec in expected.values())
+
+
+def _numpy_name(dtype: torch.dtype) -> str | None:
+    try:
+        return str(torch.empty(0, dtype=dtype).numpy().dtype)
+    except TypeError:  # bfloat16 & co. have no numpy dtype: checked after decoding only
+        return None
+
+
+def _check_metadata(record_name: str, record: Mapping[str, object], spec: ArraySpec) -> None:
+    """Names, serialisation, shape, dtype and byte count from the arrays' metadata, so that a
+    reply of the wrong size is dropped before its tensors are decoded (issue 21 §4: a 600 MiB
+    reply was decoded in full, 2.7× the memory, before its shape was found wrong)."""
+    names = set(record)
+    if names != set(spec):
+        missing, unknown = sorted(set(spec) - names), sorted(names - set(spec))
+        raise ReplyRejected(f"{record_name}: " + (f"missing arrays {missing[:5]}" if missing
+                                                  else f"unknown arrays {unknown[:5]}"))
+    for name, (shape, dtype) in spec.items():
+        arr = record[name]
+        declared = tuple(getattr(arr, "shape", ()))
+        if getattr(arr, "stype", None) != "numpy.ndarray":
+            raise ReplyRejected(f"{record_name}[{name}]: serialisation {getattr(arr, 'stype', None)!r}, "
+                                "expected 'numpy.ndarray'")
+        if declared != tuple(shape):
+            raise ReplyRejected(f"{record_name}[{name}]: shape {declared}, expected {tuple(shape)}")
+        want = _numpy_name(dtype)
+        if want is not None and getattr(arr, "dtype", None) != want:
+            raise ReplyRejected(f"{record_name}[{name}]: dtype {getattr(arr, 'dtype', None)}, "
+                                f"expected {want}")
+        limit = math.prod(shape) * torch.empty((), dtype=dtype).element_size() + NPY_HEADER
+        if len(arr.data) > limit:
+            raise ReplyRejected(f"{record_name}[{name}]: {len(arr.data)} bytes, its shape and "
+                                f"dtype need at most {limit}")
+
+
+def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
+                   domains: Mapping[str, Domain] | None = None) -> dict[str, float | int]:
+    """Required keys present; every value the strategy reads a finite number, the declared ones
+    within their domain at float32, the partition id a non-negative int. A client's own extra
+    metric that is not a finite number is left out of the round's record (logged), not a reason
+    to drop the reply; lists of numbers are kept apart (allowed by Flower, recorded by nobody)
+    unless the strategy reads the key: `num-examples = [1, 2]` is a bad reply (issue 21 §1)."""
+    missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
+    if missing:
+        raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
+    read = {wire.NUM_EXAMPLES, wire.PARTITION_ID, *required, *(domains or {})}
+    out: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        if isinstance(value, list) and key not in read:
+            continue
+        if not _finite_number(value):
+            if key in read:
+                raise ReplyRejected(f"{wire.METRICS}[{key}]={value!r} is not a finite number")
+            log.warning("%s[%s]=%r is not a finite number: left out of the round's metrics",
+                        wire.METRICS, key, value)
+            continue
+        out[key] = value
+    if not (isinstance(out[wire.NUM_EXAMPLES], int) and out[wire.NUM_EXAMPLES] > 0):
+        raise ReplyRejected(f"{wire.NUM_EXAMPLES}={out[wire.NUM_EXAMPLES]!r} must be a positive int")
+    pid = out.get(wire.PARTITION_ID)
+    if pid is not None and not (isinstance(pid, int) and pid >= 0):
+        raise ReplyRejected(f"{wire.PARTITION_ID}={pid!r} must be a non-negative int")
+    for key, domain in (domains or {}).items():
+        why = domain.why_outside(torch.tensor([float(out[key])], dtype=torch.float32)) \
+            if key in out else None
+        if why:
+            raise ReplyRejected(f"{wire.METRICS}[{key}]={out[key]!r}: {why} at float32")
+    return out
+
+
+def _finite_number(value: object) -> bool:
+    """An int within int64 (what Flower's wire carries; float() of a larger one can overflow)
+    or a finite float; not a bool, not a list."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -2**63 <= value < 2**63
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int,
+                 required_metrics: frozenset[str] = frozenset(),
+                 domains: Mapping[str, Mapping[str, Domain]] | None = None,
+                 metric_domains: Mapping[str, Domain] | None = None) -> DecodedReply:
+    """Decode and validate one reply; raises ReplyRejected with the reason."""
+    if msg.has_error():
+        raise ReplyRejected(f"client error {msg.error.code}: {msg.error.reason}")
+    return decode_content(msg.content, expected, max_bytes, required_metrics, domains, metric_domains)
+
+
+def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_bytes: int,
+                   required_metrics: frozenset[str] = frozenset(),
+                   domains: Mapping[str, Mapping[str, Domain]] | None = None,
+                   metric_domains: Mapping[str, Domain] | None = None) -> DecodedReply:
+    """Validate a reply's content (also used on the server's own preflight reply); `domains`
+    (record -> array -> Domain) and `metric_domains` are the contract's."""
+    names = set(content.array_records)
+    if names != set(expected):
+        raise ReplyRejected(f"array records {sorted(names)}, expected {sorted(expected)}")
+    if set(content.config_records):
+        raise ReplyRejected(f"unexpected config records {sorted(content.config_records)}")
+    if set(content.metric_records) != {wire.METRICS}:
+        raise ReplyRejected(f"metric records {sorted(content.metric_records)}, "
+                            f"expected ['{wire.METRICS}']")
+    size = sum(len(arr.data) for rec in content.array_records.values()
+               for arr in rec.values())
+    if size > max_bytes:
+        raise ReplyRejected(f"reply of {size} bytes exceeds the bound of {max_bytes} bytes")
+    for record_name, spec in expected.items():  # before any tensor is materialised
+        _check_metadata(record_name, content.array_records[record_name], spec)
+    arrays = {}
+    for record_name, spec in expected.items():
+        try:
+            tensors = dict(content.array_records[record_name].to_torch_state_dict())
+        except Exception as err:  # noqa: BLE001 - any undecodable payload is a bad reply
+            raise ReplyRejected(f"{record_name}: cannot decode arrays ({err})") from err
+        _check_arrays(record_name, tensors, spec, (domains or {}).get(record_name))
+        arrays[record_name] = tensors
+    metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics,
+                             metric_domains)
+    return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)
+
+
+# --- one node per partition, and a fixed order of the replies ------------------------------
+
+def summation_order(replies: Mapping[int, DecodedReply]) -> Callable[[tuple[int, DecodedReply]], int]:
+    """A fixed order of the replies, so float sums depend neither on arrival order nor on the
+    transport: the clients' partition ids where every reply has a distinct one (they are the
+    same in simulation, deployment and the in-process engine; a liar changes only the rounding
+    order), else the node ids."""
+    pids = [r.metrics.get(wire.PARTITION_ID) for r in replies.values()]
+    if all(isinstance(p, int) and p >= 0 for p in pids) and len(set(pids)) == len(pids):
+        return lambda item: item[1].metrics[wire.PARTITION_ID]
+    return lambda item: item[0]
+
+
+def bind_partitions(accepted: Mapping[int, DecodedReply], owners: Mapping[int, int],
+                    connected: Collection[int]) -> tuple[dict[int, str], dict[int, int]]:
+    """(node -> why dropped, the new owners) for the round's partition-id claims. A partition
+    belongs to the node that first claimed it alone in a round; a later claim of it by another
+    node is dropped (never the owner's), and so is a node's claim of a second partition. Two
+    first claims in one round bind nobody and drop nobody (the sums then go in node-id order).
+    An owner that is no longer connected frees its id (a restarted SuperNode gets a new node id)."""
+    owners = {p: n for p, n in owners.items() if n in connected}
+    held = {n: p for p, n in owners.items()}
+    claims: dict[int, list[int]] = {}
+    for node, reply in accepted.items():
+        if wire.PARTITION_ID in reply.metrics:
+            claims.setdefault(int(reply.metrics[wire.PARTITION_ID]), []).append(node)
+    dropped: dict[int, str] = {}
+    for pid, nodes in sorted(claims.items()):
+        owner = owners.get(pid)
+        for node in nodes:
+            if owner is not None and node != owner:
+                dropped[node] = f"{wire.PARTITION_ID}={pid} belongs to node {owner}, which held it first"
+            elif owner is None and node in held:
+                dropped[node] = f"{wire.PARTITION_ID}={pid}: node {node} holds {held[node]}"
+        if owner is None and len(nodes) == 1 and nodes[0] not in held:
+            owners[pid] = held[nodes[0]] = nodes[0]
+    return dropped, owners
