@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.flower_processes import flower_env, stop_local_superlink  # noqa: E402
+from tests.support.flower_processes import flower_env, stop_local_superlink  # noqa: E402
 
 BASELINE = ROOT / "benchmarks" / "flower_fedavg"
 GOAL = 1.15

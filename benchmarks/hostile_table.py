@@ -1,5 +1,5 @@
 """`python benchmarks/hostile_table.py`: the table in docs/robustness.md. One hostile client among
-five, tests/test_hostile_e2e.py's setup (8 rounds of 10 local steps, MLP, the first 600/200
+five, tests/e2e/test_hostile_e2e.py's setup (8 rounds of 10 local steps, MLP, the first 600/200
 Fashion-MNIST images, seed 1), final test accuracy per algorithm family and aggregator.
 About 40 s on 2 idle cores. `--sizing`: the robust rules against several hostile clients (2 of 7
 flipping, two identical colluders of 5), sized by their own defaults or by hostile-fraction."""
@@ -24,8 +24,7 @@ from adaptfl.server_app.abort import RunAborted  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402
 from adaptfl.workloads.idx import read_idx_file  # noqa: E402
 from tests.conftest import FASHION_MNIST_DIR, TINY_FASHION_MNIST, _write_idx  # noqa: E402
-from tests.run_outputs import metric_rows  # noqa: E402
-from tests.test_hostile_e2e import (  # noqa: E402
+from tests.e2e.test_hostile_e2e import (  # noqa: E402
     FAMILIES,
     UNSCREENED,
     _accuracy,
@@ -34,6 +33,7 @@ from tests.test_hostile_e2e import (  # noqa: E402
     hostile,
     inflate,
 )
+from tests.support.run_outputs import metric_rows  # noqa: E402
 
 
 def flip_heavy(arrays: dict, metrics: dict) -> None:

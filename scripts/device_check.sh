@@ -10,7 +10,7 @@
 # simulation round with client-resources-num-gpus=0.25 and one loopback-deployment round with
 # device='cuda'. The timeouts add up to 570 s (the device tool's limit per command: 600 s);
 # expected about 5 minutes on an H200.
-# --dry-run: the same stages on the CPU with small sizes (CI: tests/test_device_check.py).
+# --dry-run: the same stages on the CPU with small sizes (CI: tests/project/test_device_check.py).
 # Exit status: 0 when no stage failed (a stage skipped for a missing dependency is not a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,19 +50,19 @@ if [ -z "$data" ] && [ -d .device-data/fashion-mnist ]; then
   data=$root/.device-data/fashion-mnist
 fi
 data=${data:-/usr/share/datasets/fashion-mnist}
-export ADAPTFL_FASHION_MNIST=$data  # tests/test_device_paths.py cuts its tiny subset from it
+export ADAPTFL_FASHION_MNIST=$data  # tests/local_update/test_device_paths.py cuts its tiny subset from it
 
 scale=1  # the stages' timeouts are the GPU machine's; a dry run on a shared CPU gets 3 times them
 if [ $dry = 1 ]; then
   scale=3; dev=cpu; gpus=0; nodes=2; fedact=(--model cnn --batch 8 --repeats 3 --warmup 1 --round-steps 2 --diagnostics-every 1)
   big=(--model cnn --repeats 3 --warmup 1 --only update); muon=(--model mlp --muon-routing all-2d --steps 2 --threads 1)
   round=(--model cnn --clients 2 --steps 2 --rounds 2 --batch 16); topk=(--numel 100000 --repeats 3)
-  tests=(tests/test_sync_free_step.py tests/test_device_paths.py -k "fedact and not local")
+  tests=(tests/local_update/test_sync_free_step.py tests/local_update/test_device_paths.py -k "fedact and not local")
   rounds="local-steps=2 batch-size=16 model='mlp'"
 else
   dev=cuda; gpus=0.25; nodes=4; fedact=(--model vit-tiny); big=(--model vit-s --only update)
   muon=(--model vit-tiny --steps 10); round=(--model vit-tiny --clients 10 --steps 50 --rounds 3)
-  topk=(); tests=(tests/test_topk_sync_free.py tests/test_sync_free_step.py tests/test_device_paths.py)
+  topk=(); tests=(tests/local_update/test_topk_sync_free.py tests/local_update/test_sync_free_step.py tests/local_update/test_device_paths.py)
   rounds="local-steps=10 batch-size=64 model='cnn'"
 fi
 

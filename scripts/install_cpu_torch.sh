@@ -8,7 +8,7 @@
 # dependencies, e.g. `cuda-bindings`): this script asks the index first and says what happened
 # and what to do. The `+cpu` versions exist only on that index, so nothing else can stand in.
 set -euo pipefail
-TORCH=2.14.1 TORCHVISION=0.29.1  # pyproject.toml's caps (tests/test_install_cpu_torch.py)
+TORCH=2.14.1 TORCHVISION=0.29.1  # pyproject.toml's caps (tests/project/test_install_cpu_torch.py)
 index=${ADAPTFL_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 
 say() { echo "install_cpu_torch: $*" >&2; }

@@ -1,6 +1,6 @@
 """Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and docs/algorithms.md
 (the key table, the algorithm table) from the declarations: `python scripts/regenerate_docs.py`
-(tests/test_config.py fails while any is stale)."""
+(tests/algorithms/test_config.py fails while any is stale)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The command line of every process in an adaptfl deployment, in one place.
 
 deploy/loopback.py runs these on 127.0.0.1; deploy/compose.yml (+ with-tls.yml) writes the
-same flags as container commands, and tests/test_deploy_compose.py checks that they agree.
+same flags as container commands, and tests/deploy/test_deploy_compose.py checks that they agree.
 Each function returns argv without the program name's path: `[program, *flags]`.
 """
 

@@ -1,7 +1,7 @@
 """The docker-compose demo, built and run for real: `bash deploy/compose-check.sh`.
 
 Runs docs/deployment.md's compose commands (PHASES below; that page's block is generated from them and
-tests/test_deploy_compose_check.py keeps the two equal) on a Docker engine of its own:
+tests/deploy/test_deploy_compose_check.py keeps the two equal) on a Docker engine of its own:
 images (Flower's, or stand-ins where Docker Hub is unreachable; the project image from the
 host-built wheelhouse), the insecure demo for 2 rounds, then TLS + SuperNode authentication +
 SuperExec secrets for 2 rounds with an unregistered SuperNode and an outsider holding only

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 log = logging.getLogger("adaptfl.fleet_proxy")
 
 # Flower 1.42's Fleet router (flwr/superlink/routers/fleet/router.py, prefix /v1/fleet);
-# tests/test_deploy_proxy.py checks this list against the installed Flower.
+# tests/deploy/test_deploy_proxy.py checks this list against the installed Flower.
 FLEET_PATHS = frozenset(f"/v1/fleet/{name}" for name in (
     "register-node", "activate-node", "deactivate-node", "unregister-node", "send-node-heartbeat",
     "pull-messages", "push-messages", "get-run", "get-fab", "push-object", "pull-object",

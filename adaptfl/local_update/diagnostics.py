@@ -3,7 +3,7 @@
 
 They stay on the device as 0-dim float64 sums until `diagnostics()` reads them, so a step
 never waits for the host; and they are observations only: the step is the same bit for bit
-whether or not it is measured (tests/test_local_update_diagnostics.py).
+whether or not it is measured (tests/local_update/test_local_update_diagnostics.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The bound applied (`dp-accounting`):
                          what Flower's DifferentialPrivacy*FixedClipping wrappers account
 
 Flower's `RdpAccountant` fixes N for the whole run; nodes come and go between rounds here, so the
-events are composed into dp_accounting's accountant directly (tests/test_privacy.py checks both
+events are composed into dp_accounting's accountant directly (tests/privacy/test_privacy.py checks both
 give the same ε where Flower's applies). The ledger is kept in the server state, so a resumed
 run keeps counting.
 """

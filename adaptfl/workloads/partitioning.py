@@ -98,7 +98,7 @@ class IidShards:
     of `datasets.Dataset.shard(contiguous=True)` (the first `len % N` shards one row longer,
     which is `np.array_split`) of the rows in their seeded order. A deployed ClientApp is a
     fresh process per message, and `datasets` + Arrow cost it ~130 MB of its own memory and a
-    second (docs/scale.md); tests/test_workloads.py checks equality with `IidPartitioner`."""
+    second (docs/scale.md); tests/workloads/test_workloads.py checks equality with `IidPartitioner`."""
 
     def __init__(self, order: np.ndarray, num_partitions: int) -> None:
         self.order, self.num_partitions = order, num_partitions

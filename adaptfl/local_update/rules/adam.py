@@ -23,7 +23,7 @@ from adaptfl.local_update.rules import Direction, Preconditioner, Step
 BIAS_MODES = ("paper", "single-counter", "local", "off")
 FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # True: the eager passes instead of torch's fused kernel, bit for bit the plain formula of the
-# tests (tests/test_local_update_fast_paths.py); the fused kernel rounds a few ulps apart.
+# tests (tests/local_update/test_local_update_fast_paths.py); the fused kernel rounds a few ulps apart.
 EAGER = False
 
 

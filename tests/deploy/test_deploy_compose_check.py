@@ -1,0 +1,121 @@
+"""deploy/compose-check.sh: docs/deployment.md runs exactly its commands, it refuses a small disk, and
+(marked `docker`, opt-in) it passes end to end where a Docker engine can run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flwr.common.config import parse_config_args
+
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.deploy import compose_check
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.loop import run_federated
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _docs_compose_block() -> str:
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    section = page[page.index("### docker compose"):]
+    found = re.search(r"```bash\n(.*?)\n```", section, re.S)
+    assert found, "no bash block in the compose section of docs/deployment.md"
+    return found.group(1)
+
+
+def test_the_documented_compose_section_is_what_the_check_runs() -> None:
+    assert _docs_compose_block() == compose_check.readme_block()
+
+
+def test_every_phase_tears_down_with_down_v_after_it_brings_up() -> None:
+    assert compose_check.PHASES["insecure-down"] == ["$COMPOSE -f compose.yml down -v"]
+    assert compose_check.PHASES["tls-down"] == [f"$COMPOSE {compose_check.TLS_FILES} down -v"]
+    runs = [c for cmds in compose_check.PHASES.values() for c in cmds if " operator run /app/project " in c]
+    assert len(runs) == 2 and all(f"num-server-rounds={compose_check.ROUNDS}" in r for r in runs)
+
+
+def test_the_results_check_reads_a_real_runs_results_dir(tiny_data, tmp_path) -> None:
+    """The script the check runs inside the ServerApp's container, run here on the results dir
+    of the same run config in-process (the metrics grew a round-0 row once, and the check, run
+    only with Docker, broke on it unseen)."""
+    values = {**parse_config_args([compose_check.RUN_CONFIG]), "run-name": "compose-insecure",
+              "results-dir": str(tmp_path), "data-dir": tiny_data["fashion-mnist"]}
+    cfg = RunConfig.from_flower(values)
+    run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    done = subprocess.run([sys.executable, "-c", compose_check.results_script(str(tmp_path),
+                                                                             "compose-insecure")],
+                          capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout)
+    assert found["rows"] == [[r, 2, 2] for r in range(1, compose_check.ROUNDS + 1)]
+    assert found["model"] > 0
+
+
+def test_it_refuses_to_start_with_less_free_disk_than_its_measured_peak(monkeypatch, tmp_path) -> None:
+    assert compose_check.MIN_FREE_GB >= 12.4 + 2  # the peak measured by the first full run, + margin
+    monkeypatch.setattr(compose_check, "free_gb", lambda path: 15.9)
+    started = []
+    monkeypatch.setattr(compose_check.dockerd.OwnDockerd, "start", lambda self: started.append(1))
+    with pytest.raises(SystemExit, match="only 15.9 GB free .* it needs 16 GB"):
+        compose_check.run_check(tmp_path)
+    assert not started  # nothing was started or built
+
+
+@pytest.mark.parametrize("status,expected", [(200, True), (404, False), (None, False)])
+def test_the_host_probe_counts_only_an_answer_of_the_superlinks_own(status, expected) -> None:
+    """compose-check's probe of the SuperLink's port from the host (issue 21 §5): a 200 on
+    /health is the SuperLink; a gateway that accepts every connection (this machine's answers
+    404/426) or nothing listening is not."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(status if self.path == "/health" else 500)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    port = server.server_address[1]
+    if status is None:
+        server.server_close()  # nothing listens there any more
+        assert compose_check.superlink_answers("127.0.0.1", port) is expected
+        return
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert compose_check.superlink_answers("127.0.0.1", port) is expected
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _docker_can_run() -> str:
+    """Why not, or '' when it can: root, Debian's apt (to install the engine), a kernel that
+    lets dockerd start (checked by the script itself), and the user opted in."""
+    if os.environ.get("ADAPTFL_CI_DOCKER") != "1":
+        return "opt-in: set ADAPTFL_CI_DOCKER=1 (needs 16 GB of disk and ~10 minutes)"
+    if os.geteuid() != 0:
+        return "needs root (dockerd, apt-get)"
+    if shutil.which("apt-get") is None and shutil.which("dockerd") is None:
+        return "neither dockerd nor apt-get to install it"
+    return ""
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(bool(_docker_can_run()), reason=_docker_can_run() or "runs")
+def test_the_compose_demo_runs_both_variants_end_to_end() -> None:
+    done = subprocess.run(["bash", str(ROOT / "deploy" / "compose-check.sh")], capture_output=True,
+                          text=True, timeout=3600, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert summary.startswith("compose-check OK")
+    assert summary.count("rounds [(1, 2, 2), (2, 2, 2)]") == 2, summary

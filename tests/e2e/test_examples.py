@@ -1,0 +1,210 @@
+"""The examples in examples/, run as their READMEs say, on tiny settings.
+
+(a) own-data-model: your task and model by `package.module:function`, 2 rounds under `flwr run`
+    from the example's own Flower app whose pyproject lists only the keys it sets;
+(b) flower-app-fedact: a stock Flower app on `FedACT(...).start(...)` with `ClientSession`, 2
+    rounds under `flwr run`; its FedAvg original still works, and its README shows the real diff;
+(c) torch-optimizer: `LocalUpdate` with a torch LR scheduler and a state_dict round trip.
+
+The Flower runs use a private managed SuperLink (stopped by PID) and this checkout's adaptfl
+(PYTHONPATH), so another installed adaptfl cannot answer for it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+from adaptfl.algorithms.config import RunConfig, declared_keys
+from adaptfl.client_app.session import ClientSession
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.strategies.base import AdaptiveStrategy
+from tests.conftest import needs_fashion_mnist
+from tests.support.flower_processes import PROJECT, flower_env, stop_local_superlink
+from tests.support.run_outputs import final_model, metric_rows
+
+EXAMPLES = PROJECT / "examples"
+OWN = EXAMPLES / "own-data-model"
+STOCK = EXAMPLES / "flower-app-fedact"
+TORCH = EXAMPLES / "torch-optimizer"
+needs_flwr = pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
+
+
+def example_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(extra or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT), env.get("PYTHONPATH", "")) if p)
+    env["HF_HUB_OFFLINE"] = "1"  # nothing here may reach for the network
+    return env
+
+
+def flwr_run_app(app: Path, flwr_home: Path, num_supernodes: int, run_config: str
+                 ) -> subprocess.CompletedProcess[str]:
+    """`flwr run <app> --stream` in simulation, as the example's README says; the SuperLink that
+    `flwr run` starts is stopped by its PID afterwards."""
+    federation = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+    try:
+        return subprocess.run(
+            ["flwr", "run", str(app), "--stream", "--federation-config", federation,
+             "--run-config", run_config],
+            env=example_env(flower_env(flwr_home)), capture_output=True, text=True, timeout=600,
+            check=False)
+    finally:
+        stop_local_superlink(flwr_home)
+
+
+def app_config(app: Path) -> dict:
+    with open(app / "pyproject.toml", "rb") as fh:
+        return tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+
+
+def tail(done: subprocess.CompletedProcess[str]) -> str:
+    return done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("app", [OWN, STOCK, TORCH], ids=lambda p: p.name)
+def test_each_example_is_a_project_that_depends_on_adaptfl(app: Path) -> None:
+    with open(app / "pyproject.toml", "rb") as fh:
+        project = tomllib.load(fh)["project"]
+    assert any(re.match(r"adaptfl\b", d) for d in project["dependencies"]), project["dependencies"]
+    assert (app / "README.md").is_file()
+
+
+# --- (a) your own data and model --------------------------------------------------------------
+def test_own_data_app_sets_only_its_own_keys() -> None:
+    config = app_config(OWN)
+    assert set(config) <= set(declared_keys())  # adaptfl's keys, no copies of the rest
+    assert len(config) < 15 < len(declared_keys())
+    assert config["task"] == "digits_app.task:load" and config["model"] == "digits_app.task:build"
+
+
+@pytest.mark.flower
+@needs_flwr
+def test_own_data_and_model_train_two_rounds_under_flwr_run(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("sklearn", reason="pip install -e examples/own-data-model (scikit-learn)")
+    results = tmp_path / "results"
+    done = flwr_run_app(OWN, tmp_path / "flwr-home", 3,
+                        f"num-server-rounds=2 results-dir='{results}' run-name='digits'")
+    assert done.returncode == 0, tail(done)
+    rows = metric_rows(results / "digits")
+    assert [r["replies-accepted"] for r in rows] == [3, 3], tail(done)
+    assert rows[-1]["test-accuracy"] > 0.4, rows  # 10 digits: chance is 0.1
+    # The global model is the user's `build(task)`, not a built-in one.
+    monkeypatch.syspath_prepend(str(OWN))
+    task_module = importlib.import_module("digits_app.task")
+    expected = task_module.build(task_module.load("")).state_dict()
+    model = final_model(results / "digits")
+    assert {k: v.shape for k, v in model.items()} == {k: v.shape for k, v in expected.items()}
+
+
+# --- (b) a stock Flower app switched to FedACT -------------------------------------------------
+def switch_diff() -> str:
+    """What the example's README shows: the FedAvg app -> the FedACT app."""
+    out = []
+    for name in ("server_app.py", "client_app.py"):
+        before = (STOCK / "stock_app" / "fedavg" / name).read_text().splitlines(keepends=True)
+        after = (STOCK / "stock_app" / name).read_text().splitlines(keepends=True)
+        out += difflib.unified_diff(before, after, f"stock_app/fedavg/{name}", f"stock_app/{name}")
+    return "".join(out)
+
+
+def test_the_readme_shows_the_real_switch_diff() -> None:
+    shown = re.search(r"```diff\n(.*?)```", (STOCK / "README.md").read_text(), re.S)
+    assert shown is not None, "examples/flower-app-fedact/README.md has no ```diff block"
+    assert shown.group(1) == switch_diff(), "stale diff: paste `python -m tests.e2e.test_examples`"
+
+
+def run_stock_app_in_process(package: str, num_nodes: int, out_dir: Path) -> dict:
+    """The example's own ServerApp main and ClientApp train function, with adaptfl's in-process
+    grid as the transport (no Flower processes): central accuracy per round."""
+    server = importlib.import_module(f"{package}.server_app")
+    client = importlib.import_module(f"{package}.client_app")
+    run_config = {**app_config(STOCK), "num-server-rounds": 2, "out-dir": str(out_dir)}
+    grid = InProcessGrid(num_nodes, run_config, handler=client.train)
+    torch.manual_seed(0)
+    server.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                              run_config=run_config))
+    return {int(r): m["accuracy"] for r, m in json.loads((out_dir / "central.json").read_text()).items()}
+
+
+@pytest.mark.slow
+@needs_fashion_mnist
+def test_stock_app_works_before_and_after_the_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    monkeypatch.syspath_prepend(str(STOCK))
+    fedavg = run_stock_app_in_process("stock_app.fedavg", 3, tmp_path / "fedavg")
+    fedact = run_stock_app_in_process("stock_app", 3, tmp_path / "fedact")
+    for accuracy in (fedavg, fedact):
+        assert sorted(accuracy) == [0, 1, 2] and accuracy[2] > max(0.4, accuracy[0] + 0.2), accuracy
+    train = json.loads((tmp_path / "fedact" / "train.json").read_text())
+    # ACT's diagnostics come back from the clients: FedACT's optimizer ran in the user's loop.
+    assert all("pos-ratio" in m and m["replies-accepted"] == 3 for m in train.values()), train
+
+
+@pytest.mark.flower
+@needs_flwr
+@needs_fashion_mnist
+def test_stock_flower_app_runs_fedact_two_rounds_under_flwr_run(tmp_path: Path) -> None:
+    """The Done-when bullet: `FedACT(fraction_train=1.0, rho=0.5, tau=0.3)` in a stock Flower
+    ServerApp with `strategy.start`, 2 rounds."""
+    out = tmp_path / "out"
+    done = flwr_run_app(STOCK, tmp_path / "flwr-home", 3, f"num-server-rounds=2 out-dir='{out}'")
+    assert done.returncode == 0, tail(done)
+    assert (out / "central.json").is_file(), tail(done)
+    assert "Starting FedACT strategy" in done.stdout + done.stderr
+    accuracy = {int(r): m["accuracy"] for r, m in json.loads((out / "central.json").read_text()).items()}
+    assert sorted(accuracy) == [0, 1, 2] and accuracy[2] > max(0.4, accuracy[0] + 0.2), accuracy
+    train = json.loads((out / "train.json").read_text())
+    assert [m["replies-accepted"] for m in train.values()] == [3, 3]
+    assert all("pos-ratio" in m for m in train.values())
+    assert (out / "model.pt").is_file()
+
+
+# --- (c) LocalUpdate as a plain torch optimizer -------------------------------------------------
+@pytest.mark.slow  # a subprocess that imports torch and reads Fashion-MNIST: ~9 s
+@needs_fashion_mnist
+def test_torch_optimizer_example_resumes_bit_for_bit_under_a_scheduler() -> None:
+    done = subprocess.run([sys.executable, "train.py", "--steps", "40"], cwd=TORCH, env=example_env(),
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, tail(done)
+    out = done.stdout
+    assert "resumed from step 20: bit-identical to the uninterrupted run" in out, out
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out).groups())
+    assert last < 0.5 * first, out
+    # Cosine annealing reached the optimizer: the last step moved the weights far less.
+    ratio = float(re.search(r"last step / first: ([\d.e+-]+)", out).group(1))
+    assert ratio < 0.05, out
+
+
+if __name__ == "__main__":  # the diff for examples/flower-app-fedact/README.md
+    print(switch_diff(), end="")
+
+
+def test_a_session_warns_when_the_loop_takes_another_number_of_steps(caplog) -> None:
+    """The server scales Δ by the run's K (Δ_G = -mean Δ/(K·lr)): a user's loop that takes fewer
+    steps than the strategy was told is named in the client's log."""
+    model = torch.nn.Linear(3, 2)
+    strategy = AdaptiveStrategy(RunConfig.of(algorithm="fedact", local_steps=5))
+    strategy.initialize(model.state_dict())
+    session = ClientSession(strategy.instruction(1), model)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    for _ in range(2):
+        logits = model(x)
+        session.backward(session.loss(x, logits, torch.nn.functional.cross_entropy(logits, y)), logits)
+        session.step()
+    with caplog.at_level(logging.WARNING):
+        session.reply_content(4)
+    assert "this client took 2 local steps, the run's local-steps is 5" in caplog.text

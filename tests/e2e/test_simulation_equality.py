@@ -1,0 +1,45 @@
+"""`flwr run` simulation and the in-process engine give the identical global model."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import run_inprocess
+from tests.conftest import needs_fashion_mnist
+from tests.support.flower_processes import flwr_run_simulation, stop_local_superlink
+from tests.support.run_outputs import assert_same_model, final_model, metric_rows
+
+SETTINGS = {"num-server-rounds": 2, "local-steps": 3, "batch-size": 32, "num-threads": 1,
+            "dirichlet-alpha": 0.3, "seed": 7}
+
+
+@pytest.mark.flower
+@needs_fashion_mnist
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
+def test_two_rounds_of_fedact_match_between_simulation_and_in_process(tmp_path) -> None:
+    results = tmp_path / "results"
+    overrides = " ".join(f"{k}={v}" for k, v in SETTINGS.items())
+    run_config = f"{overrides} results-dir='{results}' run-name='sim' algorithm='fedact'"
+    try:
+        done = flwr_run_simulation(tmp_path / "flwr-home", 3, run_config)
+    finally:
+        stop_local_superlink(tmp_path / "flwr-home")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sim_dir = results / "sim"
+    assert (sim_dir / "model.pt").exists(), done.stdout[-3000:]
+
+    cfg = RunConfig.from_flower({**SETTINGS,
+                                 "results-dir": str(results), "run-name": "inproc"})
+    torch.set_num_threads(1)
+    inproc_dir = run_inprocess(cfg, num_nodes=3)
+
+    sim_model = final_model(sim_dir)
+    inproc_model = final_model(inproc_dir)
+    assert_same_model(sim_model, inproc_model)
+    sim_rows = metric_rows(sim_dir)
+    assert [r["replies-accepted"] for r in sim_rows] == [3, 3]
+    assert sim_rows[-1]["test-accuracy"] > 0.3
