@@ -60,6 +60,7 @@ def preflight(merged: dict[str, Any]) -> None:
     is the one line `main` prints."""
     from adaptfl.algorithms.config import RunConfig
     from adaptfl.server_app.loop import build_run, check_results_dir
+    from adaptfl.server_app.outputs import results_root
 
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when `datasets` is imported
     logging.disable(logging.WARNING)
@@ -67,6 +68,10 @@ def preflight(merged: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = RunConfig.from_flower(merged)
+            # A relative results-dir first (issue 33 §2): Flower's ServerApp runs in the SuperLink's
+            # working directory, so it would fail there after Ray started; refused here, naming
+            # the key, before the task is loaded or anything is written.
+            results_root(cfg)
             build_run(cfg)
             check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
     finally:
