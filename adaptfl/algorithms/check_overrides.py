@@ -88,6 +88,10 @@ def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, An
     defaults = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {}))
     parsed = parse_config_args(overrides)
     for key in parsed:
+        if key not in defaults and key in _adaptfl_keys():
+            raise ValueError(f"key {key!r} exists in adaptfl but is not listed in "
+                             f"{app_dir / 'pyproject.toml'} [tool.flwr.app.config]: list it there "
+                             "(with its default) to override it with --run-config (Flower's rule)")
         if key not in defaults:
             close = difflib.get_close_matches(key, defaults, n=3)
             hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "no similar key"
@@ -96,6 +100,12 @@ def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, An
     merged = fuse_dicts(defaults, parsed)
     validate(merged)
     return merged
+
+
+def _adaptfl_keys() -> set[str]:
+    from adaptfl.algorithms.config import declared_keys
+
+    return set(declared_keys())
 
 
 def main(argv: list[str] | None = None) -> int:
