@@ -60,6 +60,7 @@ def preflight(merged: dict[str, Any]) -> None:
     is the one line `main` prints."""
     from adaptfl.algorithms.config import RunConfig
     from adaptfl.server_app.loop import build_run, check_results_dir
+    from adaptfl.server_app.outputs import results_root
 
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when `datasets` is imported
     logging.disable(logging.WARNING)
@@ -67,6 +68,10 @@ def preflight(merged: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = RunConfig.from_flower(merged)
+            # A relative results-dir first (issue 33 §2): Flower's ServerApp runs in the SuperLink's
+            # working directory, so it would fail there after Ray started; refused here, naming
+            # the key, before the task is loaded or anything is written.
+            results_root(cfg)
             build_run(cfg)
             check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
     finally:
@@ -83,6 +88,10 @@ def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, An
     defaults = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {}))
     parsed = parse_config_args(overrides)
     for key in parsed:
+        if key not in defaults and key in _adaptfl_keys():
+            raise ValueError(f"key {key!r} exists in adaptfl but is not listed in "
+                             f"{app_dir / 'pyproject.toml'} [tool.flwr.app.config]: list it there "
+                             "(with its default) to override it with --run-config (Flower's rule)")
         if key not in defaults:
             close = difflib.get_close_matches(key, defaults, n=3)
             hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "no similar key"
@@ -91,6 +100,12 @@ def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, An
     merged = fuse_dicts(defaults, parsed)
     validate(merged)
     return merged
+
+
+def _adaptfl_keys() -> set[str]:
+    from adaptfl.algorithms.config import declared_keys
+
+    return set(declared_keys())
 
 
 def main(argv: list[str] | None = None) -> int:

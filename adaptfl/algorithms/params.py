@@ -122,9 +122,11 @@ def fields_of(cls: type) -> tuple[FieldInfo, ...]:
     return result
 
 
-def coerce(key: str, value: Any, info: FieldInfo) -> Any:
+def coerce(key: str, value: Any, info: FieldInfo, has_preset: bool = False) -> Any:
     """One run-config value into the field's type; Flower parses `lr=1` as int, so an int is
-    accepted for a float. Raises a one-line ValueError naming the key."""
+    accepted for a float. Raises a one-line ValueError naming the key; it offers "preset" only
+    where there is one (`has_preset`: an algorithm's preset sets the field, or its default is
+    derived), not for settings such as num-server-rounds (issue 33 §7)."""
     if value is None and info.optional:
         return None
     expected = info.type
@@ -135,7 +137,7 @@ def coerce(key: str, value: Any, info: FieldInfo) -> Any:
             raise ValueError(f"run-config {key}={value!r}: expected true or false")
         return value
     if not isinstance(value, expected) or isinstance(value, bool):
-        hint = f" or \"{PRESET}\"" if info.optional or info.default is not None else ""
+        hint = f" or \"{PRESET}\"" if has_preset or info.default in (None, PRESET) else ""
         raise ValueError(f"run-config {key}={value!r}: expected {expected.__name__}{hint}")
     return value
 
@@ -163,7 +165,8 @@ class Component:
         kwargs: dict[str, Any] = {}
         for info in fields_of(cls):
             if info.key in values and values[info.key] != PRESET:
-                kwargs[info.name] = coerce(info.key, values[info.key], info)
+                has_preset = base is not None and hasattr(base, info.name)
+                kwargs[info.name] = coerce(info.key, values[info.key], info, has_preset)
             elif base is not None and hasattr(base, info.name):
                 kwargs[info.name] = getattr(base, info.name)
         return cls(**kwargs)

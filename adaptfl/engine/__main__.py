@@ -48,6 +48,8 @@ def refuse(err: BaseException) -> SystemExit:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.num_nodes < 1:  # named as typed, before the heavy imports (issue 33 §7)
+        raise refuse(ValueError(f"--num-nodes {args.num_nodes}: must be >= 1"))
     level = logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     from adaptfl.algorithms.config import RunConfig  # heavy: torch, Flower

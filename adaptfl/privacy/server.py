@@ -66,8 +66,9 @@ def target_error(privacy: Privacy, planned: float, rounds: int, sampled: int, po
     what = f"{rounds} rounds" if rounds > 1 else "round 1 alone"
     return (f"dp-target-epsilon={privacy.dp_target_epsilon:g}: {what} of dp-noise-multiplier="
             f"{privacy.dp_noise_multiplier:g}, {sampled} of {population} nodes sampled, spend ε="
-            f"{planned:.4g} at dp-delta={privacy.dp_delta:g}; raise dp-noise-multiplier or the target, "
-            "or plan fewer rounds" + (" (or dp-on-target='stop')" if rounds > 1 else ""))
+            f"{planned:.4g} at dp-delta={privacy.dp_delta:g}; raise dp-noise-multiplier or the target"
+            # Fewer rounds cannot help when round 1 alone is past the target (issue 33 §3).
+            + (", or plan fewer rounds (or dp-on-target='stop')" if rounds > 1 else ""))
 
 
 def round_combine(privacy: Privacy, fed: Federation, contract: Contract, replies: int,

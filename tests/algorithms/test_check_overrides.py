@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptfl.algorithms.check_overrides import main
+from adaptfl.algorithms.check_overrides import main, merged_config
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -38,3 +38,19 @@ def test_overrides_merge_over_the_defaults_as_flower_merges_them(capsys, tmp_pat
     settings.write_text("rho = 0.25\nalgorithm = 'fedadamw'\n")
     code, out, _ = run(capsys, "--run-config", str(settings), "--get", "rho", "--get", "algorithm")
     assert code == 0 and out.splitlines() == ["0.25", "fedadamw"]
+
+
+def test_an_adaptfl_key_the_app_does_not_list_is_named_as_unlisted(tmp_path) -> None:  # noqa: ANN001
+    # Issue 33 §4: a user's own app lists only its keys; overriding a real adaptfl key it does not
+    # list said "unknown key 'tau' (no similar key)"; it must say the key exists and where to list it.
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "mine"\nversion = "0.1.0"\n[tool.flwr.app]\npublisher = "me"\n'
+        '[tool.flwr.app.components]\nserverapp = "adaptfl.server_app.app:app"\n'
+        'clientapp = "adaptfl.client_app.app:app"\n[tool.flwr.app.config]\nlr = 0.01\n')
+    with pytest.raises(ValueError) as err:
+        merged_config(["tau=0.3"], tmp_path)
+    message = str(err.value)
+    assert "unknown" not in message and "'tau' exists" in message, message
+    assert "not listed" in message and "[tool.flwr.app.config]" in message, message
+    with pytest.raises(ValueError, match="unknown key 'taux'"):  # a key adaptfl lacks stays unknown
+        merged_config(["taux=0.3"], tmp_path)

@@ -69,6 +69,18 @@ def test_missing_data_is_refused_by_the_preflight_before_flower_starts(tmp_path:
 
 
 @needs_fashion_mnist
+def test_a_relative_results_dir_is_refused_by_the_preflight_naming_the_key(tmp_path: Path) -> None:
+    # Issue 33 §2: Flower's ServerApp runs in another working directory, so a relative results-dir
+    # failed after Flower started (a traceback, exit 1); it is refused in the preflight instead.
+    relative = f"relative-results-{os.getpid()}"
+    done = run_main_job(tmp_path, f"{TINY} results-dir='{relative}'")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr.splitlines() == [done.stderr.strip()], done.stderr  # exactly one line
+    assert done.stderr.startswith("config error: results-dir=") and "absolute" in done.stderr, done.stderr
+    assert "Successfully started run" not in done.stdout and "results:" not in done.stdout
+    assert not (tmp_path / "homes").exists() and not (PROJECT / relative).exists()  # nothing written
+
+
 def test_a_failing_run_exits_non_zero_and_names_the_failure(tmp_path: Path) -> None:
     results = tmp_path / "results"
     previous = results / "fedact-previous"  # a finished earlier run that must not be reported

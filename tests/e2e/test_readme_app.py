@@ -2,20 +2,32 @@
 §1c): taken from README.md as it is, written to `my_app.py`, imported, and its ServerApp's main
 run over two of its ClientApps (adaptfl's in-process grid instead of Flower's transport: the
 same Strategy.start and messages). Three rounds must train: every reply accepted, the central
-accuracy (its evaluate_fn) up from the initial model's."""
+accuracy (its evaluate_fn) up from the initial model's.
+
+Issue 33 §1: the same block, beside docs/own-app.md's pyproject, under a real `flwr run` (Flower's
+loader reads the source for plain `server = ServerApp()` assignments, which the in-process run
+cannot see), and without torch's requires-grad scalar warning."""
 
 from __future__ import annotations
 
 import importlib
 import re
+import shutil
 import sys
+import warnings
+from pathlib import Path
 
+import pytest
 from flwr.app import Context, MetricRecord, RecordDict
 
 from adaptfl.engine.inprocess import InProcessGrid
-from tests.support.flower_processes import PROJECT
+from tests.support.flower_processes import PROJECT, flwr_run_app_dir
 
 SECTION = "## Using adaptfl in your own Flower app"
+
+
+def _block(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
 def _snippet() -> str:
@@ -55,3 +67,47 @@ def _checked(reply, rejected: list):  # noqa: ANN001, ANN202
     if reply.has_error():
         rejected.append(reply.error.reason)
     return reply
+
+
+def test_the_readme_app_logs_its_loss_without_a_requires_grad_warning(tmp_path, monkeypatch) -> None:
+    (tmp_path / "my_app.py").write_text(_snippet())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("my_app", None)
+    app = importlib.import_module("my_app")
+    grid = InProcessGrid(1, {}, handler=app.train)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*requires_grad=True to a scalar.*")
+        app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+    sys.modules.pop("my_app", None)
+
+
+def test_the_readme_names_how_to_run_it() -> None:
+    text = (PROJECT / "README.md").read_text()
+    section = text[text.index(SECTION):]
+    assert "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in section
+    assert '--federation-config "num-supernodes=' in section
+    assert "docs/own-app.md" in section
+
+
+def _app_folder(root: Path) -> Path:
+    """The README's block as `my_app.py` beside docs/own-app.md's pyproject, as a user would save them."""
+    pyprojects = _block((PROJECT / "docs" / "own-app.md").read_text(), "toml")
+    assert len(pyprojects) == 1, "docs/own-app.md shows one pyproject"
+    app = root / "my-app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(pyprojects[0])
+    (app / "my_app.py").write_text(_snippet())
+    return app
+
+
+@pytest.mark.flower
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
+def test_the_readme_flower_app_runs_under_flwr_run(tmp_path: Path) -> None:
+    done = flwr_run_app_dir(_app_folder(tmp_path), tmp_path / "flwr-home", num_supernodes=2)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "Unable to find attribute" not in out and "Traceback" not in out, out[-4000:]
+    # "Initial global evaluation results: {'accuracy': 0.36}", then one "MetricRecord: {...}" a round
+    accuracies = [float(a) for a in re.findall(r"\{'accuracy': ([0-9.]+)\}", out)]
+    assert len(accuracies) == 4, out[-4000:]  # the initial model and three rounds
+    assert accuracies[-1] > max(accuracies[0], 0.5), accuracies  # 3 classes: chance is 1/3

@@ -69,3 +69,24 @@ def flwr_run_simulation(flwr_home: Path, num_supernodes: int, run_config: str,
         [flwr, "run", str(PROJECT), "--stream", "--federation-config", federation,
          "--run-config", run_config],
         env=flower_env(flwr_home), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def flwr_run_app_dir(app: Path, flwr_home: Path, num_supernodes: int, run_config: str | None = None,
+                     timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`flwr run <app> --stream` in simulation for an app folder other than this project (a user's
+    own app), with this checkout's adaptfl first on PYTHONPATH; the managed SuperLink that
+    `flwr run` starts is stopped by its PID afterwards."""
+    flwr = shutil.which("flwr")
+    if flwr is None:
+        raise FileNotFoundError("the `flwr` CLI is not on PATH")
+    env = flower_env(flwr_home)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT), env.get("PYTHONPATH", "")) if p)
+    federation = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+    command = [flwr, "run", str(app), "--stream", "--federation-config", federation]
+    if run_config is not None:
+        command += ["--run-config", run_config]
+    try:
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    finally:
+        stop_local_superlink(flwr_home)
