@@ -202,7 +202,8 @@ def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_doma
     """Clients clip and noise v / Θ_i (which then leave v >= 0 / PSD): the replies are accepted,
     the server's means go back into the domains (the state's invariants hold every round)."""
     cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
-                       **{**SMALL, "dp": "client", "num_server_rounds": 2, "fraction_train": 1.0},
+                       **{**SMALL, "dp": "client", "num_server_rounds": 2, "fraction_train": 1.0,
+                          "dp_seed": -1},  # a dp='client' node refuses a server's seed
                        algorithm=algorithm, dp_state_clip_norm=1e-3)
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)
     rows = metric_rows(out)
@@ -395,3 +396,26 @@ def test_noise_has_no_searchable_seed_and_a_known_seed_needs_the_testing_switch(
     with pytest.raises(ValueError, match="dp-testing-reproducible-noise"):
         Privacy(dp="central", dp_seed=7).check()
     Privacy(dp="central", dp_seed=7, dp_testing_reproducible_noise=True).check()
+
+
+def test_a_dp_client_node_refuses_a_seed_less_noise_or_a_larger_clip_than_its_own_floor() -> None:
+    """Issue 31 #2: the floor is the node's (node config), never the server's recipe."""
+    from adaptfl.privacy.client import check_floor
+
+    honest = Privacy(dp="client", dp_noise_multiplier=1.0, dp_clip_norm=1.0)
+    check_floor(honest, {})  # the default floor: z >= 1, C <= 1
+    cases = [
+        (Privacy(dp="client", dp_seed=7, dp_testing_reproducible_noise=True), {}, "dp-seed=7"),
+        (Privacy(dp="client", dp_noise_multiplier=1e-9), {}, "dp-min-noise-multiplier=1"),
+        (Privacy(dp="client", dp_noise_multiplier=2.0), {"dp-min-noise-multiplier": 3.0},
+         "dp-min-noise-multiplier=3"),
+        (Privacy(dp="client", dp_clip_norm=1e6), {}, "dp-max-clip-norm=1"),
+        (Privacy(dp="client", dp_state_clip_norm=50.0), {"dp-max-state-clip-norm": 5.0},
+         "dp-max-state-clip-norm=5"),
+    ]
+    for privacy, node, named in cases:
+        with pytest.raises(ValueError, match=f"refused by this node.*{named}"):
+            check_floor(privacy, node)
+    check_floor(Privacy(dp="client", dp_seed=7, dp_testing_reproducible_noise=True),
+                {"dp-testing-reproducible-noise": "true"})
+    check_floor(Privacy(dp="central", dp_noise_multiplier=1e-9), {})  # central: the server's noise
