@@ -47,6 +47,7 @@ from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, RoundI
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
 from adaptfl.local_update.rules.sophia import gnb_loss
 from adaptfl.local_update.shell import LocalUpdate
+from adaptfl.privacy.client import check_floor
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class ClientSession:
         self.info = round_from_recipe(recipe)
         self.privacy, self.sampled = privacy_from_recipe(recipe)
         self.node_id = context.node_id if context is not None else 0
+        check_floor(self.privacy, context.node_config if context is not None else {})  # dp='client'
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
         self.model = model

@@ -9,8 +9,10 @@ The bound applied (`dp-accounting`):
                          sampled Gaussian of Wang, Balle & Kasiviswanathan (AISTATS 2019, Thm 27)
                          under replace-one neighbours, where one client's records move the sum
                          by 2·C, so the event's noise multiplier is z/2
-    no-amplification     the plain Gaussian under add/remove-one (sensitivity C, noise z·C):
-                         what Flower's DifferentialPrivacy*FixedClipping wrappers account
+    no-amplification     the plain Gaussian, no credit for sampling, under replace-one: the mean
+                         divides by the released m, so one client moves the sum by 2·C and the
+                         event's noise multiplier is z/2 (Flower's DifferentialPrivacy*FixedClipping
+                         wrappers account add/remove-one at z, which under-counts ε 2-2.5x here)
 
 Flower's `RdpAccountant` fixes N for the whole run; nodes come and go between rounds here, so the
 events are composed into dp_accounting's accountant directly (tests/privacy/test_privacy.py checks both
@@ -53,13 +55,14 @@ def _event_rdp(z: float, n: int, population: int, accounting: str) -> tuple[np.n
     from dp_accounting.rdp import RdpAccountant
 
     sampled = accounting == "without-replacement"
-    relation = NeighboringRelation.REPLACE_ONE if sampled else NeighboringRelation.ADD_OR_REMOVE_ONE
-    accountant = RdpAccountant(neighboring_relation=relation)
-    if sampled:  # replace-one: one client's records move the sum by 2·C, so z/2
+    # replace-one in both: one client's records move the sum by 2·C, so z/2
+    if sampled:
+        accountant = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
         accountant.compose(dp_event.SampledWithoutReplacementDpEvent(
             population, n, dp_event.GaussianDpEvent(z / 2)))
-    else:
-        accountant.compose(dp_event.GaussianDpEvent(z))
+    else:  # the plain Gaussian's RDP α/(2σ²) is the same under either relation at sensitivity 1
+        accountant = RdpAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
+        accountant.compose(dp_event.GaussianDpEvent(z / 2))
     # the accountant keeps its curve private; dp-accounting is pinned < 0.7 by flwr[dp]
     return np.array(accountant._orders), np.array(accountant._rdp)  # noqa: SLF001
 

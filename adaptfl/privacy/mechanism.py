@@ -57,15 +57,45 @@ def start_bound(privacy: Privacy, record: str) -> float:
     return privacy.dp_clip_norm if record == wire.DELTA else privacy.dp_state_clip_norm
 
 
-def round_seed(dp_seed: int, *parts: object) -> int:
-    """The noise seed of one release (a round, a client): OS entropy unless dp-seed is set."""
+def round_seed(dp_seed: int, *parts: object) -> int | None:
+    """The noise seed of one release (a round, a client): None (the OS CSPRNG, no seed at all)
+    unless dp-seed is set, which Privacy.check allows only with dp-testing-reproducible-noise."""
     if dp_seed < 0:
-        return secrets.randbits(32)
+        return None
     digest = hashlib.sha256("/".join(map(str, (dp_seed, *parts))).encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
 
-def add_noise(tensors: Mapping[str, torch.Tensor], std: float, rng: np.random.RandomState) -> Tensors:
+class OsGaussian:
+    """N(mean, std²) from the OS CSPRNG (`os.urandom`, the kernel's ChaCha20/getrandom): every
+    draw reads fresh kernel entropy-seeded bytes, so there is no seed to search (a 2^32 seed space
+    was searchable; this one is the kernel CSPRNG's ≥ 256-bit state). 53-bit uniforms from 64
+    random bits each, then Box-Muller. Mironov's low-bit attack on float Gaussians is not closed
+    (docs/privacy.md)."""
+
+    def normal(self, mean: float, std: float, size: int | tuple[int, ...] | None = None
+               ) -> np.ndarray | float:
+        shape = () if size is None else ((size,) if isinstance(size, int) else tuple(size))
+        count = int(np.prod(shape, dtype=np.int64))
+        half = (count + 1) // 2
+        bits = np.frombuffer(secrets.token_bytes(16 * half), dtype=np.uint64) >> np.uint64(11)
+        u = (bits.astype(np.float64) + 0.5) * 2.0 ** -53  # in (0, 1): log never sees 0
+        radius = np.sqrt(-2.0 * np.log(u[:half]))
+        angle = 2.0 * math.pi * u[half:]
+        z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+        out = mean + std * z.reshape(shape)
+        return float(out) if size is None else out
+
+
+Noise = np.random.RandomState | OsGaussian
+
+
+def noise_source(seed: int | None) -> Noise:
+    """The OS CSPRNG, or (seed given: tests only) NumPy's RandomState as Flower's DP draws it."""
+    return OsGaussian() if seed is None else np.random.RandomState(seed)
+
+
+def add_noise(tensors: Mapping[str, torch.Tensor], std: float, rng: Noise) -> Tensors:
     """t + N(0, std²) on every floating array, drawn in key order as Flower's
     `add_gaussian_noise_inplace` draws them (same seed, same noise); integer buffers unchanged."""
     out = {}
@@ -98,12 +128,12 @@ class GaussianMean:
     privacy: Privacy
     k: int  # records a client shares
     share_bound: float  # b: the largest share one reply may have in a mean
-    seed: int  # this round's noise seed
+    seed: int | None  # this round's noise seed; None: the OS CSPRNG
     count_stddev: float = 1.0  # σ_b of the adaptive clipped counts
     combined: list[str] = field(default_factory=list)  # records combined this round
 
     def __post_init__(self) -> None:
-        self.rng = np.random.RandomState(self.seed)
+        self.rng = noise_source(self.seed)
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         name = ALIASES.get(record, record)
@@ -141,11 +171,11 @@ class GaussianMean:
 
 
 def privatize(records: Mapping[str, Tensors], metrics: Mapping[str, float | int],
-              names: Sequence[str], privacy: Privacy, sampled: int, seed: int
+              names: Sequence[str], privacy: Privacy, sampled: int, seed: int | None
               ) -> tuple[dict[str, Tensors], dict[str, float | int]]:
     """dp='client': clip each shared record to its C and add this client's share of the noise,
     N(0, (z√k·C)²/n). Records are given by name; metrics in `names` are 1-element records."""
-    rng = np.random.RandomState(seed)
+    rng = noise_source(seed)
     k = len(names)
     std_of = {n: privacy.dp_noise_multiplier * math.sqrt(k) * start_bound(privacy, n) / math.sqrt(sampled)
               for n in names}

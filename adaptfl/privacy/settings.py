@@ -15,8 +15,9 @@
     dp-num-clients         N for the refusal before Flower starts (0: the nodes at round 1)
     dp-accounting          the bound: without-replacement (fixed-size sampling, what the strategy
                            does) or no-amplification (Flower's fixed-clipping accountant)
-    dp-seed                -1: noise from OS entropy; >= 0: reproducible noise, which anyone
-                           who knows the seed can subtract (tests and benchmarks only)
+    dp-seed                -1: noise from the OS CSPRNG; >= 0: reproducible noise, which anyone
+                           who knows the seed can subtract: refused unless
+    dp-testing-reproducible-noise  is true, the switch that says the run is a test, not private
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ class Privacy(Component):
     dp_accounting: str = param("without-replacement", "the privacy bound: without-replacement "
                                "(fixed-size sampling, replace-one) or no-amplification (add/remove "
                                "one, as Flower's fixed-clipping accountant)", choices=ACCOUNTING)
-    dp_seed: int = param(-1, "-1: noise from OS entropy; >= 0: reproducible noise (anyone who "
-                         "knows the seed can remove it: tests only)", within=(-1, None))
+    dp_seed: int = param(-1, "-1: noise from the OS CSPRNG; >= 0: reproducible noise (anyone who "
+                         "knows the seed can remove it): needs dp-testing-reproducible-noise",
+                         within=(-1, None))
+    dp_testing_reproducible_noise: bool = param(False, "TESTING ONLY: allow dp-seed >= 0; the run's "
+                                                "noise can then be subtracted and it is not private")
 
     @property
     def on(self) -> bool:
@@ -76,6 +80,10 @@ class Privacy(Component):
         return self.dp_clip_lr > 0.0
 
     def check(self) -> None:
+        if self.dp_seed >= 0 and not self.dp_testing_reproducible_noise:
+            raise ValueError(f"dp-seed={self.dp_seed}: a known seed lets anyone subtract the noise; "
+                             "set dp-testing-reproducible-noise=true (tests only, not private) or "
+                             "drop dp-seed")
         if self.dp == "client" and self.adaptive:
             raise ValueError("dp='client' with dp-clip-lr > 0: adaptive clipping needs the clients' "
                              "clipped counts, which dp='client' does not send; use dp-clip-lr=0 "

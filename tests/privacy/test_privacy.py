@@ -34,7 +34,8 @@ from tests.strategies.test_hostile_replies import (
 )
 from tests.support.run_outputs import metric_rows
 
-DP = dict(dp="central", weighting="uniform", dp_seed=7, dp_clip_norm=0.5, dp_state_clip_norm=0.3)
+DP = dict(dp="central", weighting="uniform", dp_seed=7,
+          dp_testing_reproducible_noise=True, dp_clip_norm=0.5, dp_state_clip_norm=0.3)
 FAMILIES = ["fedavg", "fedact", "fedpac-soap", "fedpac-soap+light", "fedpac-sophia", "fedmixp-muon",
             "scaffold", "mimelite", "hafedho", "fedadam", "feddyn"]
 F32_EPS = torch.finfo(torch.float32).eps
@@ -162,7 +163,7 @@ def test_epsilon_without_amplification_equals_flowers_fixed_clipping_accountant(
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant as FlowerRdp
 
     plain = FlowerRdp(PrivacyConfig(delta, 100, Relation.ADD_OR_REMOVE_ONE, SamplingMethod.NO_AMPLIFICATION))
-    plain.compose(GaussianPrivacyEvent(z, 10, 100), rounds)
+    plain.compose(GaussianPrivacyEvent(z / 2, 10, 100), rounds)  # replace-one: Flower's at z/2
     ours = epsilon([(z, 10, 100)] * rounds, delta, "no-amplification")
     assert ours == pytest.approx(plain.get_privacy_spent().epsilon, rel=1e-9)
     calibrated = noise_for(ours, 10, 100, rounds, delta, "no-amplification")
@@ -170,7 +171,8 @@ def test_epsilon_without_amplification_equals_flowers_fixed_clipping_accountant(
 
 
 SMALL = dict(num_server_rounds=4, local_steps=2, batch_size=16, model="mlp", run_name="t",
-             weighting="uniform", dp="central", dp_seed=1, fraction_train=0.5,
+             weighting="uniform", dp="central", dp_seed=1,
+                 dp_testing_reproducible_noise=True, fraction_train=0.5,
              dp_accounting="no-amplification")  # analytic RDP: the run's ε costs nothing
 
 
@@ -200,7 +202,8 @@ def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_doma
     """Clients clip and noise v / Θ_i (which then leave v >= 0 / PSD): the replies are accepted,
     the server's means go back into the domains (the state's invariants hold every round)."""
     cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
-                       **{**SMALL, "dp": "client", "num_server_rounds": 2, "fraction_train": 1.0},
+                       **{**SMALL, "dp": "client", "num_server_rounds": 2, "fraction_train": 1.0,
+                          "dp_seed": -1},  # a dp='client' node refuses a server's seed
                        algorithm=algorithm, dp_state_clip_norm=1e-3)
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)
     rows = metric_rows(out)
@@ -217,6 +220,7 @@ def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_doma
     ("aggregator='median'", "aggregator='median': only aggregator='mean'"),
     ("weighting='examples'", "weighting='examples' and max-weight-share=1"),
     ("dp-target-epsilon=0.5 dp-num-clients=100", "round 1 alone of dp-noise-multiplier=1"),
+    ("dp-seed=7", "dp-seed=7: a known seed lets anyone subtract the noise"),
 ])
 def test_bad_dp_input_is_one_line_exit_2(capsys, override: str, named: str) -> None:
     extra = " dp-on-target='stop'" if "target" in override else ""
@@ -244,7 +248,8 @@ def test_dp_central_on_fedavg_equals_flowers_server_side_fixed_clipping() -> Non
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
     z, clip, delta = 0.8, 0.05, 1e-5
-    ours = _strategy("fedavg", dp="central", weighting="uniform", dp_seed=11, dp_noise_multiplier=z,
+    ours = _strategy("fedavg", dp="central", weighting="uniform", dp_seed=11,
+                     dp_testing_reproducible_noise=True, dp_noise_multiplier=z,
                      dp_clip_norm=clip, dp_delta=delta, dp_accounting="no-amplification")
     replies = {n: _honest(ours, n) for n in range(1, 6)}
     replies[3]["arrays"][wire.DELTA] = {k: t * 40 for k, t in replies[3]["arrays"][wire.DELTA].items()}
@@ -254,6 +259,8 @@ def test_dp_central_on_fedavg_equals_flowers_server_side_fixed_clipping() -> Non
 
     accountant = RdpAccountant(PrivacyConfig(delta, 5, NeighboringRelation.ADD_OR_REMOVE_ONE,
                                              SamplingMethod.NO_AMPLIFICATION))
+    half = RdpAccountant(PrivacyConfig(delta, 5, NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                       SamplingMethod.NO_AMPLIFICATION))
     flower = DifferentialPrivacyServerSideFixedClipping(FedAvg(fraction_train=1.0), z, clip, 5,
                                                         accountant=accountant)
     messages = {m.metadata.dst_node_id: m for m in flower.configure_train(
@@ -270,7 +277,10 @@ def test_dp_central_on_fedavg_equals_flowers_server_side_fixed_clipping() -> Non
     for k in MODEL:
         assert torch.allclose(ours.state.model[k], theirs[k], rtol=0, atol=8 * F32_EPS * 4), k
     assert not torch.allclose(ours.state.model["w"], MODEL["w"] + replies[1]["arrays"][wire.DELTA]["w"])
-    assert ours.report.metrics["dp-epsilon"] == pytest.approx(flower.privacy_spent().epsilon, rel=1e-9)
+    from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+    half.compose(GaussianPrivacyEvent(z / 2, 5, 5), 1)  # replace-one at 2C: Flower's add/remove at z/2
+    assert ours.report.metrics["dp-epsilon"] == pytest.approx(half.get_privacy_spent().epsilon, rel=1e-9)
+    assert ours.report.metrics["dp-epsilon"] > 2 * flower.privacy_spent().epsilon  # Flower's under-counts
 
 
 def test_adaptive_clipping_moves_c_by_the_noised_count_and_spends_z_with_the_records() -> None:
@@ -343,7 +353,8 @@ def test_under_dp_claims_are_capped_by_max_weight_share_only_not_the_round_media
 
     claims = [10, 10, 10, 10, 30]  # median cap at 2x: 30 -> 20 (share 1/3); share cap: 3/7 -> 0.4
     strategy = _strategy("fedavg", dp="central", weighting="examples", max_weight_share=0.4,
-                         max_weight_ratio=2.0, dp_noise_multiplier=1e-9, dp_seed=1)
+                         max_weight_ratio=2.0, dp_noise_multiplier=1e-9, dp_seed=1,
+                             dp_testing_reproducible_noise=True)
     replies = {n: _honest(strategy, n) for n in range(1, 6)}
     for n, claim in zip(range(1, 6), claims, strict=True):
         replies[n]["metrics"][wire.NUM_EXAMPLES] = claim
@@ -356,3 +367,56 @@ def test_under_dp_claims_are_capped_by_max_weight_share_only_not_the_round_media
     moved = float(strategy.state.model["b"][0] - MODEL["b"][0])
     assert moved == pytest.approx(expected, rel=1e-5)
     assert shares[-1] == pytest.approx(0.4)
+
+
+def test_no_amplification_is_replace_one_at_z_over_2_against_an_independent_rdp() -> None:
+    """Issue 31 #4: the mean divides by the released m, so one client moves it by 2C/m: the
+    plain Gaussian at noise multiplier z/2. Independent: RDP α/(2(z/2)²)·T, ε by dp_accounting's
+    conversion; and the issue's numbers (4 of 4, z = 1: 10.73 after 1 round, 48.8 after 10)."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    orders = np.concatenate([np.linspace(1.01, 8, 100), np.arange(8, 256, 0.5)])
+    for z, rounds in [(1.0, 1), (1.0, 10), (0.5, 3), (2.0, 100)]:
+        rdp = rounds * orders / (2 * (z / 2) ** 2)
+        independent = float(compute_epsilon(orders, rdp, 1e-5)[0])
+        ours = epsilon([(z, 4, 4)] * rounds, 1e-5, "no-amplification")
+        assert ours == pytest.approx(independent, rel=2e-3), (z, rounds)
+    assert epsilon([(1.0, 4, 4)], 1e-5, "no-amplification") == pytest.approx(10.73, abs=0.01)
+    assert epsilon([(1.0, 4, 4)] * 10, 1e-5, "no-amplification") == pytest.approx(48.8, abs=0.1)
+
+
+def test_noise_has_no_searchable_seed_and_a_known_seed_needs_the_testing_switch() -> None:
+    """Issue 31 #1: without dp-seed no seed exists (round_seed is None: the OS CSPRNG, whose state
+    is the kernel's ≥ 256 bits); two draws differ; a dp-seed alone is refused."""
+    assert round_seed(-1, "server", 1) is None
+    assert isinstance(mechanism.noise_source(None), mechanism.OsGaussian)
+    a, b = mechanism.OsGaussian().normal(0.0, 1.0, 50_000), mechanism.OsGaussian().normal(0.0, 1.0, 50_000)
+    assert not np.array_equal(a, b)
+    assert float(np.std(a)) == pytest.approx(1.0, rel=0.02) and abs(float(np.mean(a))) < 0.02
+    assert isinstance(mechanism.OsGaussian().normal(0.0, 2.0), float)
+    with pytest.raises(ValueError, match="dp-testing-reproducible-noise"):
+        Privacy(dp="central", dp_seed=7).check()
+    Privacy(dp="central", dp_seed=7, dp_testing_reproducible_noise=True).check()
+
+
+def test_a_dp_client_node_refuses_a_seed_less_noise_or_a_larger_clip_than_its_own_floor() -> None:
+    """Issue 31 #2: the floor is the node's (node config), never the server's recipe."""
+    from adaptfl.privacy.client import check_floor
+
+    honest = Privacy(dp="client", dp_noise_multiplier=1.0, dp_clip_norm=1.0)
+    check_floor(honest, {})  # the default floor: z >= 1, C <= 1
+    cases = [
+        (Privacy(dp="client", dp_seed=7, dp_testing_reproducible_noise=True), {}, "dp-seed=7"),
+        (Privacy(dp="client", dp_noise_multiplier=1e-9), {}, "dp-min-noise-multiplier=1"),
+        (Privacy(dp="client", dp_noise_multiplier=2.0), {"dp-min-noise-multiplier": 3.0},
+         "dp-min-noise-multiplier=3"),
+        (Privacy(dp="client", dp_clip_norm=1e6), {}, "dp-max-clip-norm=1"),
+        (Privacy(dp="client", dp_state_clip_norm=50.0), {"dp-max-state-clip-norm": 5.0},
+         "dp-max-state-clip-norm=5"),
+    ]
+    for privacy, node, named in cases:
+        with pytest.raises(ValueError, match=f"refused by this node.*{named}"):
+            check_floor(privacy, node)
+    check_floor(Privacy(dp="client", dp_seed=7, dp_testing_reproducible_noise=True),
+                {"dp-testing-reproducible-noise": "true"})
+    check_floor(Privacy(dp="central", dp_noise_multiplier=1e-9), {})  # central: the server's noise
