@@ -4,7 +4,10 @@ The chain refuses such a rule with a one-line error naming it; a pure rule is ex
 
 from __future__ import annotations
 
+import sys
+import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,3 +76,58 @@ def test_heavy_ball_aliasing_its_state_is_refused_or_exact(registered, cfg):
 def test_pure_heavy_ball_keeps_its_momentum(registered, cfg):
     registered(PureHeavyBall, "test-pure-heavy-ball")
     assert torch.allclose(_two_steps(PureHeavyBall(), **cfg), torch.full((4,), 1.9))
+
+
+def _documented_rule() -> type:
+    """The worked local rule of docs/contributing.md, registered for the test only."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "contributing.md").read_text()
+    block = text.split("# adaptfl/local_update/rules/heavy_ball.py\n", 1)[1].split("```", 1)[0]
+    module = types.ModuleType("heavy_ball_doc")
+    sys.modules[module.__name__] = module  # dataclasses resolve the annotations through it
+    try:
+        exec(compile(block, "docs/contributing.md", "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
+    return module.HeavyBall
+
+
+@pytest.fixture
+def heavy_ball():
+    cls = _documented_rule()
+    yield cls
+    registry._REGISTRY["preconditioner"].pop("heavy-ball", None)
+
+
+def _train(groups: int, bucket: bool, **cfg: Any) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (7, 5, 3)]
+    params = [{"params": xs}] if groups == 1 else [{"params": xs[:1]}, {"params": xs[1:]}]
+    opt = LocalUpdate(params, lr=0.05, weight_decay=0.01, parameters_as_bucket_view=bucket, **cfg)
+    for _ in range(4):
+        for x in xs:
+            x.grad = torch.randn(x.shape, generator=gen)
+        opt.step()
+    return [x.detach().clone() for x in xs]
+
+
+def test_documented_rule_matches_torch_sgd_momentum(heavy_ball):
+    x = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    ref = torch.nn.Parameter(x.detach().clone())
+    opt = LocalUpdate([x], lr=0.1, weight_decay=0.0, preconditioner="heavy-ball")
+    sgd = torch.optim.SGD([ref], lr=0.1, momentum=0.9)
+    for grad in ([0.5, 0.25, -1.0], [-1.0, 0.5, 0.0], [0.25, 0.25, 0.25]):
+        x.grad, ref.grad = torch.tensor(grad), torch.tensor(grad)
+        opt.step()
+        sgd.step()
+        torch.testing.assert_close(x.detach(), ref.detach())
+
+
+@pytest.mark.parametrize("rule", ["heavy-ball", "sgd", "adamw", "adam"])
+@pytest.mark.parametrize("cfg", [{}, {"rho": 0.5, "trust": "act"}], ids=["alone", "fedact"])
+def test_every_path_of_the_chain_agrees(heavy_ball, rule, cfg):
+    """The reference chain (several groups: per-block, concatenated) against the one-vector
+    path of a single group, with and without the flat parameter bucket."""
+    reference = _train(2, False, preconditioner=rule, **cfg)
+    for bucket in (False, True):
+        for got, want in zip(_train(1, bucket, preconditioner=rule, **cfg), reference, strict=True):
+            torch.testing.assert_close(got, want)
