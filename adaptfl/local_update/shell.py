@@ -269,6 +269,12 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                            st.get("global_direction"), flat=True, corrected=d.corrected,
                            bucket=bucket, grads=grads if in_place else None, grad_views=views,
                            pending=d.pending)]
+        return self._tensor_blocks(rule, active, steps, lr, wd, decay)
+
+    def _tensor_blocks(self, rule: Preconditioner, active: list[torch.Tensor], steps: set[int],
+                       lr: float, wd: float, decay: float) -> list[Block]:
+        """One block per tensor: the rule's directions tensor by tensor (or the whole group at
+        once where it declares `batched_directions`), each checked fresh."""
         grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
         if rule.batched_directions and len(steps) == 1:  # the whole group at once (Muon)
             k = steps.pop()
