@@ -45,7 +45,6 @@ from adaptfl.algorithms.recipe import (
 )
 from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
-from adaptfl.local_update.rules.sophia import gnb_loss
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.privacy.client import check_floor
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
@@ -166,7 +165,7 @@ class ClientSession:
             from adaptfl.workloads import task_loss
 
             names = list(self.params)
-            grads = torch.autograd.grad(gnb_loss(logits, loss_fn or task_loss),
+            grads = torch.autograd.grad(self.optimizer.extra_loss(logits, loss_fn or task_loss),
                                         [self.params[n] for n in names], retain_graph=True,
                                         allow_unused=True)
             self._g_hat = {n: g for n, g in zip(names, grads, strict=True) if g is not None}

@@ -26,7 +26,7 @@ def as_groups(params: Iterable[Any], rule: Preconditioner) -> list[dict[str, Any
         return items
     if isinstance(items[0], tuple):
         return rule.groups(items, 1.0)
-    if rule.name == "muon":  # routing needs shapes only; positions stand in for names
+    if rule.routes_parameters:  # routing needs shapes only; positions stand in for names
         named = [(str(i), p) for i, p in enumerate(items)]
         groups = rule.groups(named, 1.0)
         return [{**g, "params": [p for _, p in g["params"]]} for g in groups]

@@ -56,6 +56,20 @@ def eager(method: Any) -> Any:
     return getattr(method, "__wrapped__", method)
 
 
+def _check_fresh(rule: Preconditioner, d: torch.Tensor | None, st: dict[str, Any],
+                 g: torch.Tensor) -> None:
+    """Refuse a direction that shares memory with the rule's state or with g: the chain scales
+    u in place (and overwrites g with the scores), so an aliased d would corrupt them."""
+    if d is None:
+        return
+    ptr = d.untyped_storage().data_ptr()
+    held = [("g", g), *((k, v) for k, v in st.items() if isinstance(v, torch.Tensor))]
+    for key, t in held:
+        if t.numel() and t.untyped_storage().data_ptr() == ptr:
+            raise ValueError(f"local rule {rule.name!r} returned a direction aliasing its {key!r}: "
+                             f"direction() must return a fresh tensor (the chain scales it in place)")
+
+
 class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
     """precondition → mix → correct → modulate → step (see the module docstring).
 
@@ -178,10 +192,16 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         """Whether the coming step refreshes Sophia's h (the caller then passes ĝ to `step`)."""
         for group in self.param_groups:
             rule = self.rule(group)
-            if rule.name == "sophia":
+            if rule.needs_loss:
                 k = max((self.state[p]["step"] for p in group["params"]), default=0)
-                return rule.refresh_due(k + 1)  # type: ignore[attr-defined]
+                return rule.refresh_due(k + 1)
         return False
+
+    def extra_loss(self, logits: torch.Tensor, loss_fn: Any) -> torch.Tensor:
+        """The loss whose gradient ĝ the coming step's `needs_loss` rule refreshes from
+        (Sophia's GNB loss), to pass as `step(g_hat=...)`."""
+        rule = next(r for r in map(self.rule, self.param_groups) if r.needs_loss)
+        return rule.extra_loss(logits, loss_fn)
 
     @torch.no_grad()
     def step(self, closure: Any = None, g_hat: Mapping[str, torch.Tensor] | None = None) -> Any:
@@ -244,12 +264,19 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 step.views = {"out": self._views_of(gi, "out", out, active),
                               **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
             d = rule.direction(g, st, step)
+            _check_fresh(rule, d.d, st, g)
             return [Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
                            st.get("global_direction"), flat=True, corrected=d.corrected,
                            bucket=bucket, grads=grads if in_place else None, grad_views=views,
                            pending=d.pending)]
+        return self._tensor_blocks(rule, active, steps, lr, wd, decay)
+
+    def _tensor_blocks(self, rule: Preconditioner, active: list[torch.Tensor], steps: set[int],
+                       lr: float, wd: float, decay: float) -> list[Block]:
+        """One block per tensor: the rule's directions tensor by tensor (or the whole group at
+        once where it declares `batched_directions`), each checked fresh."""
         grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
-        if hasattr(rule, "directions") and len(steps) == 1:  # the whole group at once (Muon)
+        if rule.batched_directions and len(steps) == 1:  # the whole group at once (Muon)
             k = steps.pop()
             directions = rule.directions(grads, [self.state[p] for p in active],
                                          Step(k, self.step_offset + k, self.mix_lambda, self.bs))
@@ -258,6 +285,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                                                                 self.step_offset + self.state[p]["step"],
                                                                 self.mix_lambda, self.bs))
                           for p, g in zip(active, grads, strict=True)]
+        for p, g, direction in zip(active, grads, directions, strict=True):
+            _check_fresh(rule, direction[0], self.state[p], g)
         return [Block([p], d, g, lr * scale, decay, rule.decay_after,
                        self.state[p].get("global_direction"))
                 for p, g, (d, scale, *_) in zip(active, grads, directions, strict=True)]
@@ -385,5 +414,5 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 continue
             gi, p = by_name[name]
             rule = self.rule(self.param_groups[gi])
-            if rule.name == "sophia":
-                rule.refresh(self.state[p], grad)  # type: ignore[attr-defined]
+            if rule.needs_loss:
+                rule.refresh(self.state[p], grad)

@@ -6,7 +6,10 @@ also its run-config keys) with pure per-tensor math behind one interface:
     slots                     state tensors shaped like the parameter, zero at the start
     init(p)                   any other state (SOAP's Kronecker factors)
     direction(g, st, step)    Direction(d, scale): d and the factor its lr is multiplied by;
-                              updates st. A rule may fuse the correction into its last pass:
+                              updates st. d must be a fresh tensor (or step.out), never a
+                              tensor of st nor g: the chain scales it in place, and refuses
+                              a direction that aliases them. A rule may fuse the
+                              correction into its last pass:
                               given step.addend it returns u = addend + step.mix·scale·d,
                               flagged `corrected` (AdamW and SGD do: two passes fewer)
     theta_shapes(name, shape) what of st is shared with the server (FedPAC Θ, FedMIX-P P)
@@ -73,6 +76,27 @@ class Preconditioner(Component):
     # beta2), Muon's `momentum`): the groups carry torch's names, so torch's schedulers
     # (OneCycleLR, CyclicLR with cycle_momentum) find and drive them
     torch_names: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Declared capabilities, read by the generic code (no name checks there):
+    needs_loss: ClassVar[bool] = False  # refreshes state from an extra loss (Sophia's GNB ĝ):
+    # `refresh_due(k)`, `extra_loss(logits, loss_fn)` and `refresh(st, ĝ)`
+    routes_parameters: ClassVar[bool] = False  # `groups` sends some parameters elsewhere (Muon)
+    batched_directions: ClassVar[bool] = False  # has `directions(gs, sts, step)` for a whole group
+
+    def refresh_due(self, k: int) -> bool:
+        """Whether local step k refreshes the rule's state from `extra_loss` (`needs_loss`)."""
+        return False
+
+    def extra_loss(self, logits: torch.Tensor, loss_fn: Any) -> torch.Tensor:
+        """The loss whose gradient ĝ `refresh` reads (`needs_loss` only)."""
+        raise NotImplementedError(f"{self.name} needs no extra loss")
+
+    def refresh(self, st: dict[str, Any], g_hat: torch.Tensor) -> None:
+        """Update the state from ĝ after the step (`needs_loss` only)."""
+
+    def directions(self, gs: Sequence[torch.Tensor], sts: Sequence[dict[str, Any]], step: Step
+                   ) -> list[Direction]:
+        """The directions of a whole group at once (`batched_directions` only)."""
+        return [self.direction(g, st, step) for g, st in zip(gs, sts, strict=True)]
 
     def init(self, p: torch.Tensor) -> dict[str, Any]:
         return {}

@@ -107,6 +107,8 @@ class Muon(Preconditioner):
     default_lr = 0.02
     default_weight_decay = 0.01
     elementwise = False
+    routes_parameters = True  # the non-matrix parameters go to its AdamW half (`groups`)
+    batched_directions = True  # batched Newton-Schulz per shape (`directions`)
     slots = ("momentum_buffer",)
     theta_slots = ("momentum_buffer",)
     shareable = True

@@ -63,6 +63,7 @@ class Sophia(Preconditioner):
     slots = ("exp_avg", "hessian")
     theta_slots = ("hessian",)
     shareable = True
+    needs_loss = True
 
     def theta_domain(self, slot: str) -> Domain:
         return NONNEG  # h is an EMA of ĝ²: a negative h turns clip(m / max(ρ·bs·h, ε)) to sign(m)
@@ -75,6 +76,9 @@ class Sophia(Preconditioner):
     def refresh_due(self, k: int) -> bool:
         """Refresh after local steps 1, 1+k_h, 1+2k_h, … (so a short round still refreshes)."""
         return (k - 1) % self.hessian_interval == 0
+
+    def extra_loss(self, logits: torch.Tensor, loss_fn: Any) -> torch.Tensor:
+        return gnb_loss(logits, loss_fn)
 
     def refresh(self, st: dict[str, Any], g_hat: torch.Tensor) -> None:
         hessian_update_(st["hessian"], g_hat, self.sophia_beta2)
