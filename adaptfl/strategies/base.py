@@ -240,6 +240,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
                  **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
                  **privacy_stats}
+        if self.report.clipped:
+            stats["replies-clipped"] = float(self.report.clipped)
         if weights != claimed:  # replies whose claim was above max-weight-ratio or -share
             stats["weights-capped"] = float(sum(b < c or b / sum(bounded) > fed.max_weight_share
                                                 for b, c in zip(bounded, claimed, strict=True)))

@@ -16,7 +16,7 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
-from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
+from adaptfl.strategies.screen import cap_to_median, capped_factors, clip_contributions, screened
 from adaptfl.strategies.state import RoundReport, ServerState
 from adaptfl.strategies.validation import (
     DecodedReply,
@@ -65,11 +65,27 @@ class ReplyIntake:
             raise ReplyRejected(f"message type {meta.message_type!r}, expected {MessageType.TRAIN!r}")
 
     def _accept(self, replies: Iterable[Message]) -> list[tuple[int, DecodedReply]]:
-        contract = self.contract()
-        assert self.spec is not None
-        expected = contract.reply_spec(self.spec)
-        domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
-        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
+        """The round's replies that count, in summation order: grouped by the node they answer
+        for, each decoded against the contract, partition ids bound, screened, then each one's
+        weighted contribution clipped (`_clip`)."""
+        by_node = self._by_node(replies)
+        accepted = self._decode_all(by_node)
+        assert self.state is not None
+        dropped, self.state.partition_owners = bind_partitions(
+            accepted, self.state.partition_owners, self._connected)
+        for node, why in dropped.items():
+            accepted.pop(node)
+            self._reject(str(node), why)
+        pairs = sorted(accepted.items(), key=summation_order(accepted))
+        kept = [pairs[i] for i in self._screen(pairs)]
+        self._clip([r for _, r in kept])
+        for node, reply in kept:  # only now: a dropped claimer of another's partition id notes nothing
+            self.report.note_client(node, reply.metrics)
+        return kept
+
+    def _by_node(self, replies: Iterable[Message]) -> dict[int | None, list[Message]]:
+        """Replies by the sampled node they answer for; a forged one (sent by another node) is
+        dropped alone, kept out of the victim's bucket so it cannot drop the victim's reply."""
         by_node: dict[int | None, list[Message]] = {}
         sent = {m.metadata.message_id: m.metadata.dst_node_id
                 for m in self._messages if m.metadata.message_id}
@@ -77,7 +93,7 @@ class ReplyIntake:
         for msg in replies:
             node = self._sender(msg, sent)
             if node is not None and not msg.has_error() and msg.metadata.src_node_id != node:
-                forged.append((node, msg))  # kept out of the victim's bucket: it must not drop its reply
+                forged.append((node, msg))
                 continue
             by_node.setdefault(node, []).append(msg)
         for node, msg in forged:
@@ -87,33 +103,43 @@ class ReplyIntake:
         # (Flower's error reply) is one: an honest client whose training crashed sends it
         self.report.answered = sum(node is not None and any(not m.has_error() for m in msgs)
                                    for node, msgs in by_node.items())
+        return by_node
+
+    def _decode_all(self, by_node: Mapping[int | None, list[Message]]) -> dict[int, DecodedReply]:
+        contract = self.contract()
+        assert self.spec is not None
+        expected = contract.reply_spec(self.spec)
+        domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
+        metrics = metric_domains(contract, self.cfg.privacy)
+        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
         accepted: dict[int, DecodedReply] = {}
         for node, msgs in by_node.items():
             try:
-                if node is None:
-                    raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
-                                        "instruction of this round")
-                if len(msgs) > 1:  # one sampled node, one reply: a second one is not trusted
-                    raise ReplyRejected(f"{len(msgs)} replies from one node")
-                self._check_identity(node, msgs[0])
-                self.report.latency[str(node)] = self._latency(node, msgs[0])
-                decoded = decode_reply(msgs[0], expected, max_bytes, contract.up_metrics, domains,
-                                       metric_domains(contract, self.cfg.privacy))
+                decoded = self._decode_one(node, msgs, expected, max_bytes, domains, metrics)
             except ReplyRejected as why:
                 self._reject("unknown" if node is None else str(node), str(why))
                 continue
             except Exception as err:  # noqa: BLE001 - whatever one reply holds, it cannot stop the round
                 self._reject(str(node), f"undecodable reply ({type(err).__name__}: {err})")
                 continue
+            assert node is not None
             self.report.bytes_up += decoded.num_bytes
             accepted[node] = decoded
-        assert self.state is not None
-        dropped, self.state.partition_owners = bind_partitions(
-            accepted, self.state.partition_owners, self._connected)
-        for node, why in dropped.items():
-            accepted.pop(node)
-            self._reject(str(node), why)
-        pairs = sorted(accepted.items(), key=summation_order(accepted))
+        return accepted
+
+    def _decode_one(self, node: int | None, msgs: list[Message], expected, max_bytes: int,  # noqa: ANN001
+                    domains, metrics) -> DecodedReply:  # noqa: ANN001
+        if node is None:
+            raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
+                                "instruction of this round")
+        if len(msgs) > 1:  # one sampled node, one reply: a second one is not trusted
+            raise ReplyRejected(f"{len(msgs)} replies from one node")
+        self._check_identity(node, msgs[0])
+        self.report.latency[str(node)] = self._latency(node, msgs[0])
+        return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics)
+
+    def _screen(self, pairs: list[tuple[int, DecodedReply]]) -> list[int]:
+        """Indices of `pairs` that pass the screen against the round's others (screen.py)."""
         replies = [r for _, r in pairs]
         factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
         # under dp, clipping bounds every reply; a screen that drops by value would leak
@@ -125,9 +151,13 @@ class ReplyIntake:
         for i, why in screened_out.items():
             self._reject(str(pairs[i][0]), why)
         self.report.screened = len(screened_out)
-        for i in kept:  # only now: a dropped claimer of another's partition id notes nothing
-            self.report.note_client(pairs[i][0], pairs[i][1].metrics)
-        return [pairs[i] for i in kept]
+        return kept
+
+    def _clip(self, replies: list[DecodedReply]) -> None:
+        """Each kept reply's weighted Δ contribution at most max-contribution-ratio × the round's
+        median (screen.clip_contributions); off under dp, whose clipping bounds every reply."""
+        ratio = 0.0 if self.cfg.privacy.on else self.cfg.federation.max_contribution_ratio
+        self.report.clipped = clip_contributions(replies, self._claims(replies), ratio, wire.DELTA)
 
     def _latency(self, node: int, reply: Message) -> float:
         """Seconds from the instruction's creation to the reply's (the hosts' clocks may differ
@@ -144,6 +174,8 @@ class ReplyIntake:
         # under dp the median cap is off: through the median one client's claim would move the
         # others' weights, outside the share bound the noise is sized for (privacy/mechanism.py)
         ratio = 0.0 if self.cfg.privacy.on else fed.max_weight_ratio
+        if ratio > 0.0 and fed.max_contribution_ratio > 0.0:  # a weight bounded as its contribution
+            ratio = min(ratio, fed.max_contribution_ratio)
         return cap_to_median(claimed, ratio) if capped else claimed
 
     def _reject(self, node: str, why: str) -> None:

@@ -81,6 +81,7 @@ class RoundReport:
     bytes_up: int = 0
     screened: int = 0  # replies dropped for a norm beyond screen-ratio × the others' median
     screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
+    clipped: int = 0  # replies whose weighted Δ contribution was clipped (max-contribution-ratio)
     latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
     metrics: dict[str, float] = field(default_factory=dict)
     # partition id (node id for a reply without one) -> where each accepted reply's client ran

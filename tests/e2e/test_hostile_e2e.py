@@ -27,7 +27,7 @@ from tests.support.run_outputs import final_model, metric_rows
 MARGIN = 0.06  # of 200 test images; clean runs reach ~0.75-0.80 here
 # The safe defaults (screen-ratio, max-weight-ratio) off: the papers' plain mean, and the
 # robust aggregators alone
-UNSCREENED = {"screen_ratio": 0.0, "max_weight_ratio": 0.0}
+UNSCREENED = {"screen_ratio": 0.0, "max_weight_ratio": 0.0, "max_contribution_ratio": 0.0}
 Rewrite = Callable[[dict, dict], None]  # (arrays by record, metrics) -> in place
 
 

@@ -26,7 +26,7 @@ HOSTILE = 5
 BIG = 3.4e38  # finite at float32
 # The safe defaults (screen-ratio, max-weight-ratio: strategies/screen.py) off: what the checks
 # behind them (domains, invariants, the aggregators) do alone
-UNSCREENED = {"screen_ratio": 0.0, "max_weight_ratio": 0.0}
+UNSCREENED = {"screen_ratio": 0.0, "max_weight_ratio": 0.0, "max_contribution_ratio": 0.0}
 
 
 def _strategy(algorithm: str, **kw) -> AdaptiveStrategy:
