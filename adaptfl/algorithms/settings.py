@@ -50,10 +50,11 @@ class Federation(Component):
     screen_ratio: float = param(10.0, "drop a reply whose Δ norm exceeds this many times the "
                                 "median of the round's other replies' (its capped weight × norm if "
                                 "its claim was capped); 0: off", within=(0.0, None))
-    max_contribution_ratio: float = param(2.0, "clip each reply's weighted contribution (its weight "
+    max_contribution_ratio: float = param(0.0, "clip each reply's weighted contribution (its weight "
                                           "over the round's median weight × its Δ norm) to this many "
                                           "times the round's median contribution, and its weight to "
-                                          "this many times the median weight (issue 32; 0: off)",
+                                          "this many times the median weight (centered clipping; 0: off, "
+                                          "the default until its honest-run effect is measured)",
                                           within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds", within=(1, None),
