@@ -45,6 +45,7 @@ from adaptfl.algorithms.recipe import (
 )
 from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
+from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.privacy.client import check_floor
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
@@ -139,6 +140,7 @@ class ClientSession:
         self._losses: list[torch.Tensor] = []
         self._stepped = self._lossed = False
         self._g_hat: dict[str, torch.Tensor] | None = None
+        self._native_steps = native.steps_run()  # to tell the reply's step-path
 
     # --- the training loop's hooks ------------------------------------------------------------
     def loss(self, x: torch.Tensor, logits: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -217,6 +219,7 @@ class ClientSession:
         if self._losses:
             values[wire.TRAIN_LOSS] = train_loss
         values.update(self.optimizer.diagnostics())
+        values[wire.STEP_PATH] = step_path(self.device, native.steps_run() - self._native_steps)
         for out in outputs:
             values.update(out.metrics)
         values.update(metrics or {})
@@ -230,3 +233,13 @@ class ClientSession:
         for name, tensors in records.items():
             content[name] = ArrayRecord(tensors)
         return content
+
+
+def step_path(device: torch.device, native_steps: int) -> int:
+    """The `step-path` code (wire.STEP_PATHS) of a round: native where the CPU loops ran at least
+    one of its steps (the steps that measure PosRatio/TopMass run the eager passes by design),
+    cuda on a CUDA device, eager otherwise (no compiler, a rule without native loops, a model
+    below the loops' size)."""
+    if native_steps > 0:
+        return wire.STEP_PATHS.index("native")
+    return wire.STEP_PATHS.index("cuda" if device.type == "cuda" else "eager")

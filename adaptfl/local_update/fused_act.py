@@ -78,6 +78,7 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
     (nor run), where `applies` says no."""
     if not applies(tau, scale, x, u, g):
         return False
+    native.note_step()
     kernel = pending if pending is not None and _adam_fuses(pending, u, g, grads) else None
     if pending is not None and kernel is None:
         pending.run()

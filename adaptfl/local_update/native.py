@@ -1,4 +1,4 @@
-"""FedACT's AdamW direction, trust pass and step as C loops on the CPU (native.c), compiled
+"""FedACT's AdamW direction, trust pass and step as C loops on the CPU (native_source.py), compiled
 once per machine.
 
 torch's fused AdamW kernel and eager torch after it need about 29 passes over the D entries
@@ -9,15 +9,18 @@ the band selection's entries without storing s; `pick` selects the k-th largest 
 x = (1 - δ)·x + φ ⊙ u with φ from the threshold compare. `band` is the first pass without the
 AdamW part (where the kernel ran already).
 
-Built with the C compiler found (`$CC`, else cc, gcc or clang; about a second) on first use,
-kept under `$ADAPTFL_NATIVE_CACHE` (default ~/.cache/adaptfl/native), keyed by the source, the
-compiler and the CPU. Before first use, `library()` runs the loops on small problems against
-what they replace and keeps them only if the results are bit for bit the same: the band and
-step against the eager passes (the step as fused multiply-add or as product then sum, whichever
-matches torch's `addcmul_`), the AdamW part against `torch._fused_adamw_` (the form, of those
-torch's compiler may have built, that matches; none: the kernel runs, then `band`). Without a
-compiler, or if the check fails, or with `ADAPTFL_NATIVE=0`, `library()` is None and the eager
-passes run: the same numbers, slower.
+Built from `native_source.SOURCE` (a Python string, so that a Flower App Bundle carries it: the
+FAB keeps only .py, .toml, .md, .yaml, .yml, .json and .jsonl files) with the C compiler found
+(`$CC`, else cc, gcc or clang; about a second) on first use, kept under `$ADAPTFL_NATIVE_CACHE`
+(default ~/.cache/adaptfl/native), keyed by a hash of the source, the compiler and the CPU. Before
+first use, `library()` runs the loops on small problems against what they replace and keeps them
+only if the results are bit for bit the same: the band and step against the eager passes (the step
+as fused multiply-add or as product then sum, whichever matches torch's `addcmul_`), the AdamW
+part against `torch._fused_adamw_` (the form, of those torch's compiler may have built, that
+matches; none: the kernel runs, then `band`). Without a compiler, or if the check fails, or with
+`ADAPTFL_NATIVE=0`, `library()` is None and the eager passes run: the same numbers, slower (one
+warning line per process, except under `ADAPTFL_NATIVE=0`). `steps_run()` counts the native steps
+taken, so a round's reply can say which path ran (`step_path`, the metric `step-path`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SOURCE = Path(__file__).with_name("native.c")
+from adaptfl.local_update.native_source import SOURCE
+
 ENABLED = os.environ.get("ADAPTFL_NATIVE", "1") != "0"  # the tests switch it per test
 _GRAIN = 1 << 15  # entries per thread at least: below this a thread costs more than it does
 _FLAGS = (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], [])  # first that builds
@@ -110,6 +114,19 @@ class Segments:
 
 _loaded: Library | None = None
 _tried = False
+_steps_run = 0  # FedACT steps the loops ran in this process (`note_step`)
+
+
+def note_step() -> None:
+    """Count one step that the loops ran (fused_act.act_step_, once per step it takes)."""
+    global _steps_run
+    _steps_run += 1
+
+
+def steps_run() -> int:
+    """How many steps the loops have run in this process: a client compares it before and
+    after its round to say which path the round took (client_app/session.py, `step-path`)."""
+    return _steps_run
 
 
 def library() -> Library | None:
@@ -247,9 +264,10 @@ def _build(flags: tuple[tuple[str, ...], ...] | None = None) -> Path | None:
     tests build other instruction sets with e.g. ("-march=native", "-mno-avx512f"))."""
     cc = _compiler()
     if cc is None:
-        _log.info("no C compiler found: FedACT's trust step runs its eager passes")
+        _log.warning("no C compiler found (set CC, or install cc, gcc or clang): FedACT's trust "
+                     "step runs its eager passes, the same numbers, slower")
         return None
-    source = SOURCE.read_bytes()
+    source = SOURCE.encode()
     tries = tuple(map(tuple, _FLAGS)) if flags is None else flags
     key = hashlib.sha256(b"\0".join([source, cc.encode(), _cpu().encode(), platform.machine().encode(),
                                      *([] if flags is None else [repr(flags).encode()])])).hexdigest()[:20]
@@ -259,13 +277,14 @@ def _build(flags: tuple[tuple[str, ...], ...] | None = None) -> Path | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     for extra in tries:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / target.name
+            out, src = Path(tmp) / target.name, Path(tmp) / "adaptfl_native.c"
+            src.write_bytes(source)
             cmd = [cc, "-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
-                   "-shared", *extra, str(SOURCE), "-o", str(out), "-lm"]
+                   "-shared", *extra, str(src), "-o", str(out), "-lm"]
             if subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0:
                 os.replace(out, target)  # atomic: concurrent processes see a whole file or none
                 return target
-    _log.warning("%s could not compile %s: FedACT's trust step runs its eager passes", cc, SOURCE)
+    _log.warning("%s could not compile native_source.SOURCE: FedACT's trust step runs its eager passes", cc)
     return None
 
 
@@ -320,7 +339,7 @@ def _checked(lib: Library) -> Library | None:
 
 
 # torch's kernel: vector length (8 or 16 floats) and which products its compiler fused
-# (native.c, ADAM_LOOP); the forms seen first: AVX2/AVX-512 builds, then plain C
+# (native_source.py, ADAM_LOOP); the forms seen first: AVX2/AVX-512 builds, then plain C
 _ADAM_FORMS = list(dict.fromkeys([(8, 43), (16, 43), (8, 0), (16, 0)] + [
     (vec, kind) for vec in (8, 16, 4) for kind in range(64) if (kind >> 1) & 3 < 3 and (kind >> 4) & 3 < 3]))
 

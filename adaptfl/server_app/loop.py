@@ -19,6 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
+from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_parameters, load_federated
 from adaptfl.algorithms.stage import ClientData
@@ -201,6 +202,8 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
                "latency": {n: round(t, 3) for n, t in report.latency.items()}}
         if report.skip_reason:
             row["skip-reason"] = report.skip_reason
+        if report.step_path() is not None:  # which local-step path the clients took
+            row[wire.STEP_PATH] = report.step_path()
         if report.clients:
             row["clients"] = report.clients
         row["server-rss-mb"] = rss_mb()

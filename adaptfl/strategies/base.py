@@ -254,7 +254,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:
         """Weighted means of the clients' numeric metrics over the replies that report each
         (a metric no client reports is absent, never a fake 0); the peak memory is the largest."""
-        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE, wire.PEAK_MEMORY}
+        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE, wire.PEAK_MEMORY,
+                wire.STEP_PATH}  # codes and ids: no mean
         keys = sorted({k for r in replies for k in r.metrics} - skip)
         out = {}
         peaks = [float(r.metrics[wire.PEAK_MEMORY]) for r in replies if wire.PEAK_MEMORY in r.metrics]

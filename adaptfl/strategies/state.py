@@ -86,8 +86,15 @@ class RoundReport:
     metrics: dict[str, float] = field(default_factory=dict)
     # partition id (node id for a reply without one) -> where each accepted reply's client ran
     # and its state came from ("ray-node" as 12 hex digits, "client-state" and
-    # "local-state-source" 0/1/2, "peak-memory-mb"), for replies that report them, and its "node-id"
+    # "local-state-source" 0/1/2, "peak-memory-mb", "step-path" by name), for replies that report
+    # them, and its "node-id"
     clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
+
+    def step_path(self) -> str | None:
+        """The local-step paths the accepted replies took ("native", or e.g. "eager+native" where
+        they differ), for the round's metrics row; None if no reply said."""
+        paths = sorted({str(c[wire.STEP_PATH]) for c in self.clients.values() if wire.STEP_PATH in c})
+        return "+".join(paths) or None
 
     def note_client(self, node: int, metrics: Mapping[str, float | int]) -> None:
         """Per accepted reply, not averaged: the Ray node it ran on, where its client state came
@@ -102,6 +109,9 @@ class RoundReport:
                 noted[source] = int(metrics[source])
         if wire.PEAK_MEMORY in metrics:
             noted[wire.PEAK_MEMORY] = float(metrics[wire.PEAK_MEMORY])
+        code = metrics.get(wire.STEP_PATH)
+        if isinstance(code, int) and 0 <= code < len(wire.STEP_PATHS):  # else not said
+            noted[wire.STEP_PATH] = wire.STEP_PATHS[code]
         if noted:
             noted["node-id"] = node  # what `latency` and `rejected` are keyed by
             self.clients[str(int(metrics.get(wire.PARTITION_ID, node)))] = noted

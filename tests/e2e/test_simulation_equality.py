@@ -1,4 +1,5 @@
-"""`flwr run` simulation and the in-process engine give the identical global model."""
+"""`flwr run` simulation and the in-process engine give the identical global model, both on FedACT's
+native CPU loops (`step-path`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import shutil
 import pytest
 import torch
 
+from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import run_inprocess
+from adaptfl.local_update import native
 from tests.conftest import needs_fashion_mnist
 from tests.support.flower_processes import flwr_run_simulation, stop_local_superlink
 from tests.support.run_outputs import assert_same_model, final_model, metric_rows
@@ -42,4 +45,9 @@ def test_two_rounds_of_fedact_match_between_simulation_and_in_process(tmp_path) 
     assert_same_model(sim_model, inproc_model)
     sim_rows = metric_rows(sim_dir)
     assert [r["replies-accepted"] for r in sim_rows] == [3, 3]
+    # the ClientApps ran from the FAB, which carries no .c file: they built FedACT's native CPU
+    # loops from native_source.py, as the in-process engine does (eager only without a compiler)
+    path = "native" if native.library() is not None else "eager"
+    assert [r[wire.STEP_PATH] for r in sim_rows] == [path, path], sim_rows
+    assert [r[wire.STEP_PATH] for r in metric_rows(inproc_dir)] == [path, path]
     assert sim_rows[-1]["test-accuracy"] > 0.3

@@ -1,16 +1,19 @@
-"""FedACT's native trust pass and step (local_update/native.c, fused_act.py) against the eager
+"""FedACT's native trust pass and step (local_update/native_source.py, fused_act.py) against the eager
 passes they replace: the same parameters and moments bit for bit, step after step, whether the
 band hits, misses to the sample's band or to the radix selection; the loops alone against
 torch's compares, counts and `torch.topk`'s set (ties to the lower index) at any thread split;
 the AdamW-and-band pass against torch's own fused AdamW kernel; the loops built for other
-instruction sets (AVX2, plain C); and the eager passes where no compiler is found or the loops
-fail their check."""
+instruction sets (AVX2, plain C); the build from the Python string alone (no .c file: what a
+Flower App Bundle carries); and the eager passes, with one warning line, where no compiler is
+found or the loops fail their check."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,6 +174,36 @@ def test_without_a_compiler_the_eager_passes_run(fresh_native, monkeypatch: pyte
     gen = torch.Generator().manual_seed(0)
     x, u, g = (torch.randn(N, generator=gen) for _ in range(3))
     assert not fused_act.act_step_(x, u, g, 0.5, 2.0, 0.5, -1e-3, None, Workspace())
+
+
+def test_the_loops_build_from_the_python_source_alone(fresh_native,  # noqa: ANN001
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Flower App Bundle carries .py files, not .c: the source is the string in native_source.py
+    assert not list(Path(native.__file__).parent.glob("*.c"))
+    lib = _lib()
+    assert lib.path.parent == fresh_native and lib.adam is not None
+    monkeypatch.setattr(native, "SOURCE", native.SOURCE + "\n/* changed */\n")
+    changed = native._build()  # another source: another key, a fresh build
+    assert changed is not None and changed != lib.path and len(list(fresh_native.glob("*.so"))) == 2
+
+
+@pytest.mark.parametrize("missing", ["no-compiler-found", "cc-path-missing"])
+def test_without_a_compiler_one_warning_line_however_many_steps(fresh_native, missing: str,  # noqa: ANN001
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    if missing == "no-compiler-found":
+        monkeypatch.setattr(native, "_compiler", lambda: None)
+    else:
+        monkeypatch.setenv("CC", str(fresh_native / "no-such-compiler"))
+    gen = torch.Generator().manual_seed(0)
+    x, u, g = (torch.randn(N, generator=gen) for _ in range(3))
+    before = native.steps_run()
+    with caplog.at_level(logging.INFO, logger=native.__name__):
+        for _ in range(5):
+            assert not fused_act.act_step_(x, u, g.clone(), 0.5, 2.0, 0.5, -1e-3, None, Workspace())
+    said = [r for r in caplog.records if r.name == native.__name__]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, said
+    assert native.steps_run() == before  # no native step counted
 
 
 def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa: ANN001

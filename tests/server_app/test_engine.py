@@ -7,9 +7,11 @@ import json
 
 import pytest
 
+from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse as handle_train
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.local_update import native
 from adaptfl.server_app.loop import run_federated
 from adaptfl.workloads import build_model
 from tests.conftest import needs_fashion_mnist
@@ -32,8 +34,14 @@ def test_fedact_run_writes_metrics_plot_and_model(tmp_path, tiny_data) -> None:
     assert -1.0 <= rows[1]["direction-consistency"] <= 1.0
     # Round 2 also ships Δ_G and v̄ (one model's worth each): more bytes down than round 1.
     assert rows[1]["bytes-down"] > 2.5 * rows[0]["bytes-down"]
+    # which local-step path ran: FedACT's native CPU loops wherever they build here
+    path = "native" if native.library() is not None else "eager"
+    assert [r[wire.STEP_PATH] for r in rows] == [path, path]
+    assert all(c[wire.STEP_PATH] == path for r in rows for c in r["clients"].values())
     with (out / "metrics.csv").open() as fh:
-        assert len(list(csv.DictReader(fh))) == 3  # round 0 (the initial model), 1, 2
+        table = list(csv.DictReader(fh))
+        assert len(table) == 3  # round 0 (the initial model), 1, 2
+        assert [r[wire.STEP_PATH] for r in table] == ["", path, path]
     assert (out / "plot.png").stat().st_size > 1000
     state = final_model(out)
     build_model("cnn", 10, 1, 28).load_state_dict(state)

@@ -113,6 +113,22 @@ def test_extra_client_metrics_are_averaged_and_recorded() -> None:
     assert "pos-ratio" not in strategy.report.metrics  # nobody reported it: no fake 0
 
 
+def test_the_step_path_is_noted_per_client_by_name_and_never_averaged() -> None:
+    strategy = _strategy(algorithm="fedavg", lr="preset")
+    native, eager = wire.STEP_PATHS.index("native"), wire.STEP_PATHS.index("eager")
+    _one_round(strategy, 1, (1, {**GOOD_A, "v": None, "extra_metrics": {wire.STEP_PATH: native}}),
+               (2, {**GOOD_B, "v": None, "extra_metrics": {wire.STEP_PATH: native}}))
+    assert wire.STEP_PATH not in strategy.report.metrics  # a code, not a mean
+    assert strategy.report.step_path() == "native"
+    assert {c[wire.STEP_PATH] for c in strategy.report.clients.values()} == {"native"}
+    _one_round(strategy, 2, (1, {**GOOD_A, "v": None, "extra_metrics": {wire.STEP_PATH: eager}}),
+               (2, {**GOOD_B, "v": None, "extra_metrics": {wire.STEP_PATH: native}}))
+    assert strategy.report.step_path() == "eager+native"
+    _one_round(strategy, 3, (1, {**GOOD_A, "v": None, "extra_metrics": {wire.STEP_PATH: 7}}),
+               (2, {**GOOD_B, "v": None}))
+    assert strategy.report.step_path() is None  # an unknown code, and nothing said: no path
+
+
 def test_a_non_finite_extra_metric_is_left_out_not_the_reply() -> None:
     strategy = _strategy(algorithm="fedavg", lr="preset")
     _one_round(strategy, 1, (1, {**GOOD_A, "v": None, "extra_metrics": {"accuracy": float("nan"),

@@ -1,4 +1,13 @@
-/* FedACT's AdamW direction, trust pass and step on the CPU, each one loop over the flat
+"""The C source of FedACT's CPU loops (native.py compiles it on first use).
+
+Held as a Python string, not as a .c file, because a Flower App Bundle carries only .py, .toml,
+.md, .yaml, .yml, .json and .jsonl files: a `.c` file beside native.py is left out of the FAB
+that `flwr run` and a deployment install, so their ClientApps would run the eager passes. This is
+the one copy of the source; native.py keys its build cache by a hash of it, so an edit here
+rebuilds.
+"""
+
+SOURCE = r"""/* FedACT's AdamW direction, trust pass and step on the CPU, each one loop over the flat
    vectors (native.py compiles this once per machine and checks it against torch's fused
    AdamW kernel and eager passes before use).
 
@@ -173,7 +182,8 @@ typedef __m512 vf;
 #define V_SQRT _mm512_sqrt_ps
 #define V_FMA _mm512_fmadd_ps
 #define V_GT(x, y) ((unsigned)_mm512_cmp_ps_mask(x, y, _CMP_GT_OQ))
-#define V_IN(x, l, h) ((unsigned)(_mm512_cmp_ps_mask(x, l, _CMP_GE_OQ) & _mm512_cmp_ps_mask(x, h, _CMP_LE_OQ)))
+#define V_IN(x, l, h) \
+  ((unsigned)(_mm512_cmp_ps_mask(x, l, _CMP_GE_OQ) & _mm512_cmp_ps_mask(x, h, _CMP_LE_OQ)))
 #else
 #define VW 8
 typedef __m256 vf;
@@ -187,7 +197,9 @@ typedef __m256 vf;
 #define V_SQRT _mm256_sqrt_ps
 #define V_FMA _mm256_fmadd_ps
 #define V_GT(x, y) ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(x, y, _CMP_GT_OQ)))
-#define V_IN(x, l, h) ((unsigned)_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(x, l, _CMP_GE_OQ), _mm256_cmp_ps(x, h, _CMP_LE_OQ))))
+#define V_IN(x, l, h)                                             \
+  ((unsigned)_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(x, l, _CMP_GE_OQ), \
+                                              _mm256_cmp_ps(x, h, _CMP_LE_OQ))))
 #endif
 #define ADAM_BAND_VECTOR 1
 
@@ -396,3 +408,4 @@ int adaptfl_act(float *x, float *u, const float *a, float *m, float *v, const fl
   adaptfl_step(x, u, gp, off, nseg, n, *t, ipos[1], dec, decay, ca, cg, fused, 0, nt);
   return 1;
 }
+"""
