@@ -12,6 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _argv0(proc: subprocess.Popen[bytes]) -> str:
+    """The program a process runs, for messages (Popen.args is a list here, typed as any command form)."""
+    args = proc.args
+    first = args[0] if isinstance(args, list | tuple) else args
+    return os.fsdecode(first) if isinstance(first, bytes) else str(first)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -30,12 +37,12 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], log_file: Path, limi
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}: "
+            raise RuntimeError(f"{_argv0(proc)} exited with {proc.returncode}: "
                                f"{log_file.read_text()[-2000:]}")
         if reaches(port):
             return
         time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on port {port} after {limit} s ({proc.args[0]})")
+    raise TimeoutError(f"nothing listens on port {port} after {limit} s ({_argv0(proc)})")
 
 
 def wait_for_line(proc: subprocess.Popen[bytes], log_file: Path, text: str, limit: float = 60) -> None:
@@ -43,7 +50,7 @@ def wait_for_line(proc: subprocess.Popen[bytes], log_file: Path, text: str, limi
     deadline = time.monotonic() + limit
     while text not in log_file.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.args[0]} never logged {text!r} (exit {proc.poll()}): "
+            raise RuntimeError(f"{_argv0(proc)} never logged {text!r} (exit {proc.poll()}): "
                                f"{log_file.read_text(errors='replace')[-2000:]}")
         time.sleep(0.2)
 
