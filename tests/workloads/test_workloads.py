@@ -310,7 +310,7 @@ def test_numpy_and_torch_labels_agree() -> None:
 @pytest.mark.slow
 def test_partitions_identical_in_a_fresh_process() -> None:
     script = (
-        "import torch; from workloads import partition_indices as p;"
+        "import torch; from adaptfl.workloads import partition_indices as p;"
         "l = torch.arange(3000) % 10;"
         "print(p(l, 8, 5, 'dirichlet', 0.1, 3).tolist(), p(l, 8, 2, 'iid', 0.1, 3).tolist())"
     )
