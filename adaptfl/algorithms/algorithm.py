@@ -159,6 +159,13 @@ class Algorithm:
         if duplicated:
             raise ValueError(f"algorithm {name!r}: two components claim the records {duplicated}")
 
+    def reply_record_count(self) -> int:
+        """How many records a reply carries (Δ, the uploads, the required metrics): what dp
+        noises, known before any model is built."""
+        stages = self.stages()
+        return 1 + sum(len(s.records_up()) for s in stages) + \
+            len({m.name for s in stages for m in s.up_metrics})
+
     def contract(self, spec: ModelSpec) -> Contract:
         """The records of this algorithm's messages, with the shapes of this model."""
         stages = self.stages()

@@ -10,6 +10,7 @@
                   share bound); dp='client' needs `uniform`, the weights each client's noise
                   share is calibrated for
     target ε      set with dp on; with dp-num-clients = N the planned rounds are checked here
+    σ_b           when set, the adaptive clipping's counts must leave the records some of z
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from adaptfl.algorithms.algorithm import Algorithm
 from adaptfl.algorithms.settings import Federation
 from adaptfl.privacy.accountant import planned_epsilon
+from adaptfl.privacy.mechanism import records_noise_multiplier
 from adaptfl.privacy.settings import Privacy
 from adaptfl.strategies.sampling import sample_size
 
@@ -40,6 +42,8 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
                          f"{fed.max_weight_share:g}: one client's claimed num-examples could carry "
                          f"the whole mean; use {need}")
     population = privacy.dp_num_clients
+    if privacy.dp_count_stddev > 0.0:  # σ_b set: the adaptive counts' share of z is known now
+        records_noise_multiplier(privacy, algorithm.reply_record_count(), privacy.dp_count_stddev)
     if privacy.dp_target_epsilon > 0.0 and population > 0:
         n = sample_size(fed, population)
         rounds = fed.num_server_rounds if privacy.dp_on_target == "refuse" else 1

@@ -33,6 +33,8 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.client_app.device import select_device
 from adaptfl.client_app.train import autocast_dtype
+from adaptfl.privacy.mechanism import records_noise_multiplier
+from adaptfl.privacy.server import count_stddev
 from adaptfl.strategies.sampling import hostile_count, nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
 
@@ -97,6 +99,9 @@ def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, 
         raise ValueError(f"min-replies={fed.min_replies} with fraction-train={fed.fraction_train:g} "
                          f"needs {needed} nodes (a round samples {sample_size(fed, num_nodes)} of "
                          f"{num_nodes}): lower min-replies or add nodes")
+    if cfg.privacy.on:  # σ_b defaults to n/20: with the nodes known, the counts' share of z is too
+        records_noise_multiplier(cfg.privacy, cfg.algorithm.reply_record_count(),
+                                 count_stddev(cfg.privacy, sample_size(fed, num_nodes)))
     refusals = []
     for node in node_configs:
         try:

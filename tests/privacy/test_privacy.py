@@ -317,9 +317,23 @@ def test_adaptive_c_carries_over_rounds_and_too_noisy_counts_are_refused() -> No
             carried = float(strategy.state.extras["aggregator/dp-clip-norm"][wire.DELTA])
             assert carried != DP["dp_clip_norm"]
     assert strategy.report.metrics["dp-clip-norm"] == pytest.approx(carried)
-    noisy = _strategy("fedact", **DP, dp_clip_lr=0.3, dp_count_stddev=0.1, dp_noise_multiplier=1.0)
     with pytest.raises(ValueError, match=r"dp-count-stddev=0.1: .* use dp-count-stddev > 0.707"):
-        noisy.configure_train(1, ArrayRecord(noisy.state.model), ConfigRecord(), GRID)
+        RunConfig.of(algorithm="fedact", **DP, dp_clip_lr=0.3, dp_count_stddev=0.1,
+                     dp_noise_multiplier=1.0)  # set: refused with the config
+
+
+def test_the_default_count_noise_is_checked_with_the_nodes_before_round_1(tiny_data) -> None:
+    """σ_b = n/20 by default: 2 sampled nodes give 0.1, too noisy for fedact's 2 records at z = 1."""
+    from adaptfl.server_app.loop import build_run
+    from adaptfl.server_app.run_checks import check_nodes
+
+    cfg = RunConfig.of(algorithm="fedact", model="mlp", data_dir=tiny_data["fashion-mnist"], **DP,
+                       dp_clip_lr=0.3, dp_noise_multiplier=1.0)
+    strategy, _, task = build_run(cfg)
+    assert cfg.algorithm.reply_record_count() == len(shared_records(strategy.contract()))
+    with pytest.raises(ValueError, match=r"dp-count-stddev=0.1: the clipped counts of 2 records"):
+        check_nodes(cfg, task, InProcessGrid(2, cfg.to_flower()).node_configs())
+    check_nodes(cfg, task, InProcessGrid(40, cfg.to_flower()).node_configs())  # σ_b = 2: fine
 
 
 def test_the_results_section_is_rendered_from_the_table_and_spliced_once() -> None:
