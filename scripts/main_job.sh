@@ -93,7 +93,19 @@ while [ $# -gt 0 ]; do
   user_configs+=("$value")
 done
 
-check_args=()
+# The simulated nodes (the last num-supernodes of a --federation-config, else our 10): the
+# preflight's checks that need the population (dp's planned ε, its count noise) run with them.
+supernodes=10
+for ((i = 0; i < ${#other_args[@]}; i++)); do
+  case ${other_args[i]} in
+    --federation-config) value=${other_args[i + 1]:-} ;;
+    --federation-config=*) value=${other_args[i]#*=} ;;
+    *) continue ;;
+  esac
+  [[ $value =~ num-supernodes=([0-9]+) ]] && supernodes=${BASH_REMATCH[1]}
+done
+
+check_args=(--nodes "$supernodes")
 for value in ${user_configs[@]+"${user_configs[@]}"}; do check_args+=(--run-config "$value"); done
 # One line naming the key and what is allowed (Flower itself says "Invalid run configuration"),
 # then the ServerApp's own preflight (load the task, build the model, one client step), so a

@@ -52,7 +52,7 @@ def validate(merged: dict[str, Any]) -> None:
     RunConfig.from_flower(merged)
 
 
-def preflight(merged: dict[str, Any]) -> None:
+def preflight(merged: dict[str, Any], nodes: int = 0) -> None:
     """Raise ValueError (or the loader's OSError/ImportError) if the ServerApp would refuse this
     run before round 1: the very function it calls first (server_app/loop.py: build_run).
 
@@ -61,6 +61,7 @@ def preflight(merged: dict[str, Any]) -> None:
     from adaptfl.algorithms.config import RunConfig
     from adaptfl.server_app.loop import build_run, check_results_dir
     from adaptfl.server_app.outputs import results_root
+    from adaptfl.server_app.run_checks import check_nodes
 
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when `datasets` is imported
     logging.disable(logging.WARNING)
@@ -72,7 +73,9 @@ def preflight(merged: dict[str, Any]) -> None:
             # working directory, so it would fail there after Ray started; refused here, naming
             # the key, before the task is loaded or anything is written.
             results_root(cfg)
-            build_run(cfg)
+            _, _, task = build_run(cfg)
+            if nodes > 0:  # the simulation's node count: the checks the engine makes with its nodes
+                check_nodes(cfg, task, [{} for _ in range(nodes)])
             check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
     finally:
         logging.disable(logging.NOTSET)
@@ -119,12 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preflight", action="store_true",
                         help="also load the task, build the model and run one client step, as the "
                              "ServerApp does before round 1")
+    parser.add_argument("--nodes", type=int, default=0, metavar="N",
+                        help="with --preflight: the run will have N nodes (num-supernodes); check "
+                             "what needs them too (dp's planned ε and count noise, empty partitions)")
     args = parser.parse_args(argv)
     try:
         merged = merged_config(args.run_config, args.app)
         values = [merged[key] for key in args.get]
         if args.preflight:
-            preflight(merged)
+            preflight(merged, args.nodes)
     except click.ClickException as err:  # flwr's parser reports bad TOML this way
         return _fail(err.message)
     except KeyError as err:

@@ -41,15 +41,22 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
         raise ValueError(f"dp={privacy.dp!r} with weighting='examples' and max-weight-share="
                          f"{fed.max_weight_share:g}: one client's claimed num-examples could carry "
                          f"the whole mean; use {need}")
-    population = privacy.dp_num_clients
     if privacy.dp_count_stddev > 0.0:  # σ_b set: the adaptive counts' share of z is known now
         records_noise_multiplier(privacy, algorithm.reply_record_count(), privacy.dp_count_stddev)
-    if privacy.dp_target_epsilon > 0.0 and population > 0:
-        n = sample_size(fed, population)
-        rounds = fed.num_server_rounds if privacy.dp_on_target == "refuse" else 1
-        planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, rounds,
-                                  privacy.dp_delta, privacy.dp_accounting)
-        if planned > privacy.dp_target_epsilon:
-            from adaptfl.privacy.server import target_error
+    if privacy.dp_num_clients > 0:
+        check_planned_target(privacy, fed, privacy.dp_num_clients)
 
-            raise ValueError(target_error(privacy, planned, rounds, n, population))
+
+def check_planned_target(privacy: Privacy, fed: Federation, population: int) -> None:
+    """The rounds planned (dp-on-target='refuse'; round 1 alone with 'stop') must fit the target
+    ε with `population` nodes: dp-num-clients, or the nodes once known (server_app/run_checks.py)."""
+    if not privacy.on or privacy.dp_target_epsilon <= 0.0:
+        return
+    n = sample_size(fed, population)
+    rounds = fed.num_server_rounds if privacy.dp_on_target == "refuse" else 1
+    planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, rounds,
+                              privacy.dp_delta, privacy.dp_accounting)
+    if planned > privacy.dp_target_epsilon:
+        from adaptfl.privacy.server import target_error
+
+        raise ValueError(target_error(privacy, planned, rounds, n, population))

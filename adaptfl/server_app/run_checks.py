@@ -33,6 +33,7 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.client_app.device import select_device
 from adaptfl.client_app.train import autocast_dtype
+from adaptfl.privacy.checks import check_planned_target
 from adaptfl.privacy.mechanism import records_noise_multiplier
 from adaptfl.privacy.server import count_stddev
 from adaptfl.strategies.sampling import hostile_count, nodes_needed, sample_size
@@ -102,6 +103,8 @@ def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, 
     if cfg.privacy.on:  # σ_b defaults to n/20: with the nodes known, the counts' share of z is too
         records_noise_multiplier(cfg.privacy, cfg.algorithm.reply_record_count(),
                                  count_stddev(cfg.privacy, sample_size(fed, num_nodes)))
+        if cfg.privacy.dp_num_clients == 0:  # the nodes are the population (privacy/server.py)
+            check_planned_target(cfg.privacy, fed, num_nodes)
     refusals = []
     for node in node_configs:
         try:

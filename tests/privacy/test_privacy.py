@@ -192,7 +192,7 @@ def test_a_target_epsilon_stops_before_the_round_that_would_pass_it(tmp_path, ti
                            **{**SMALL, "run_name": "r"}, dp_target_epsilon=target)
     with pytest.raises(ValueError, match=r"dp-target-epsilon=.*4 rounds .* 2 of 4 nodes"):
         run_federated(InProcessGrid(4, refused.to_flower()), refused)  # refuse: before round 1
-    assert not (tmp_path / "r" / "model.pt").exists()
+    assert not (tmp_path / "r").exists()  # with the nodes, before any row is written (§8)
 
 
 @needs_fashion_mnist

@@ -52,6 +52,22 @@ def test_check_overrides_preflight_passes_a_runnable_config(capsys, tiny_data) -
     assert code == 0 and out == "mlp\n", err
 
 
+@pytest.mark.parametrize(("dp", "named"), [
+    ("dp-target-epsilon=1.0", "dp-target-epsilon=1: 20 rounds of dp-noise-multiplier=1, 10 of 10"),
+    ("dp-clip-lr=0.2", "dp-count-stddev=0.5: the clipped counts of 2 records"),  # σ_b = n/20
+])
+def test_preflight_with_the_node_count_refuses_what_needs_the_nodes(
+        capsys, tiny_data, dp: str, named: str) -> None:
+    """main_job passes num-supernodes as --nodes: dp's checks that need the population come
+    before Flower starts (issue 31 §8), not at round 1 after a round-0 row."""
+    config = f"model='mlp' data-dir='{tiny_data['fashion-mnist']}' dp='central' weighting='uniform' {dp}"
+    assert check_overrides(["--preflight", "--run-config", config]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    code = check_overrides(["--preflight", "--nodes", "10", "--run-config", config])
+    _, err = capsys.readouterr()
+    assert code == REFUSED_EXIT_CODE and err.count("\n") == 1 and named in err, err
+
+
 def test_check_overrides_preflight_refuses_a_run_name_in_use_and_removes_nothing(
         capsys, tiny_data, tmp_path: Path) -> None:
     held = tmp_path / "results" / "earlier"
@@ -84,6 +100,18 @@ def test_main_job_refuses_a_bad_task_before_flower_starts(tmp_path: Path, case: 
     assert done.stderr.startswith("config error: ") and named in done.stderr, done.stderr
     assert "starting a private Flower SuperLink" not in done.stdout, done.stdout
     assert not (tmp_path / "homes").exists()  # no Flower home, no run folder
+
+
+@pytest.mark.slow
+def test_main_job_checks_dp_with_its_num_supernodes_before_flower_starts(tmp_path: Path) -> None:
+    env = dict(os.environ, ADAPTFL_SKIP_SETUP="1", ADAPTFL_FLOWER_HOMES=str(tmp_path / "homes"))
+    done = subprocess.run([str(SCRIPT), "--federation-config", "num-supernodes=4", "--run-config",
+                           f"model='mlp' dp='central' weighting='uniform' dp-target-epsilon=1.0 "
+                           f"results-dir='{tmp_path / 'results'}'"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == REFUSED_EXIT_CODE, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "4 of 4 nodes sampled" in done.stderr, done.stderr
+    assert not (tmp_path / "homes").exists() and not (tmp_path / "results").exists()
 
 
 @pytest.mark.slow  # a subprocess that imports torch
