@@ -97,6 +97,15 @@ def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:
         return None
     if run_dir is None or not cfg.output.run_name:
         raise ValueError("resume=true needs run-name (the run to continue) or resume-from")
+    if not run_dir.is_dir():  # a misspelt run-name must not start a fresh run (issue 33 §7)
+        import difflib
+
+        root = run_dir.parent
+        names = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+        close = difflib.get_close_matches(run_dir.name, names, n=3)
+        hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "no run of a similar name there"
+        raise ValueError(f"resume=true: run-name={cfg.output.run_name!r} has no run in {run_dir.parent} "
+                         f"({hint}); resume needs the name of an earlier run")
     if not (run_dir / STATE_FILE).is_file():
         log.warning("resume=true but %s has no checkpoint yet: starting at round 1", run_dir)
         return None

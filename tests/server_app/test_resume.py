@@ -98,4 +98,14 @@ def test_resume_settings_that_cannot_work_are_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="expected true or false"):
         RunConfig.from_flower({"resume": 1})
     fresh = RunConfig.of(results_dir=str(tmp_path), run_name="new", resume=True)
+    (tmp_path / "new").mkdir()  # a run killed before its first checkpoint
     assert resume_source(fresh, tmp_path / "new") is None  # nothing to resume yet: round 1
+
+
+def test_resume_of_a_misspelt_run_name_is_refused_naming_it(tmp_path) -> None:
+    # Issue 33 §7: resume=true with a run-name that has no folder started a fresh run with only a
+    # WARNING; it is refused (exit 2 from the engine and the preflight), naming the close names.
+    (tmp_path / "fedact-run1").mkdir()
+    typo = RunConfig.of(results_dir=str(tmp_path), run_name="fedact-rnu1", resume=True)
+    with pytest.raises(ValueError, match=r"'fedact-rnu1' has no run in .*did you mean 'fedact-run1'"):
+        resume_source(typo, tmp_path / "fedact-rnu1")
