@@ -40,6 +40,7 @@ from pathlib import Path
 from adaptfl import source as where
 from adaptfl.deploy import commands, netns
 from adaptfl.deploy.processes import PeakMemory, ProcessGroup, free_port, wait_for_line, wait_for_port
+from adaptfl.deploy.run_status import settled
 
 # adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
 # An installed wheel has neither; its entry points then stop in one line (adaptfl/source.py: checkout).
@@ -51,7 +52,8 @@ LOCAL_USER = "local-user"  # the SuperLink's address, dialled by a process outsi
 
 @dataclass
 class LoopbackResult:
-    run: subprocess.CompletedProcess[str] | None  # `flwr run` (None: not asked for)
+    # `flwr run`, its return code the run's final status (run_status.settled); None: not asked for
+    run: subprocess.CompletedProcess[str] | None
     intruder_exit: int | None  # exit status of the unregistered SuperNode (None: not started)
     log_dir: Path
     seconds: float  # wall time of `flwr run`
@@ -219,6 +221,7 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
             local = attack_with_ca_only(certs, env, connection=LOCAL_USER)
             attacks.update({f"local-{k}": v for k, v in local.items()})
         nodes = Nodes(group, workdir, certs, public_address, num_nodes)
+        operator = lambda args: flwr_cli(args, env, timeout=60, enter=ns.enter)  # noqa: E731
         side = threading.Thread(target=during, args=(nodes,), daemon=True) if during else None
         started = time.perf_counter()
         run, more, peaks = None, [], []
@@ -226,15 +229,17 @@ def run_loopback(workdir: Path, num_nodes: int, run_config: str | None, intruder
             if side is not None:
                 side.start()
             if run_config is not None:
-                run = flwr_cli(["run", str(PROJECT), CONNECTION, "--stream", "--run-config", run_config],
-                               env, timeout=timeout, enter=ns.enter)
+                run = settled(flwr_cli(["run", str(PROJECT), CONNECTION, "--stream", "--run-config",
+                                        run_config], env, timeout=timeout, enter=ns.enter),
+                              operator, CONNECTION, timeout)
             seconds = time.perf_counter() - started
             if side is not None:
                 side.join(timeout=60)
         for app, config in more_runs:
             with PeakMemory(group) as other:
-                more.append(flwr_cli(["run", str(app), CONNECTION, "--stream", "--run-config", config],
-                                     env, timeout=timeout, enter=ns.enter))
+                more.append(settled(flwr_cli(["run", str(app), CONNECTION, "--stream", "--run-config",
+                                              config], env, timeout=timeout, enter=ns.enter),
+                                    operator, CONNECTION, timeout))
             peaks.append(other.peak_mb)
         return LoopbackResult(run=run, intruder_exit=intruder_exit, log_dir=group.log_dir,
                               seconds=seconds,
