@@ -322,86 +322,112 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         return self._scaled
 
     def _chain(self, blocks: list[Block], diagnose: bool) -> None:
-        """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped."""
-        ref_lr = self.ref_lr
-        at_step = 1.0  # a factor of u left to the step itself (the scores are scale-invariant)
+        """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped:
+        combine → (the trust rule's own fused passes, where it has them) → modulate → move."""
         if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
-            b = blocks[0]
-            # corrected: u's pass may still be pending; the trust step below may run it itself
-            u, g = b._d if b.corrected else b.d, b.g
-            ratio = b.coef / ref_lr if ref_lr else 1.0
-            sizes = None  # the tensors' sizes, listed below where needed (not on the native step)
-            dg = None
-            if b.corrected:  # u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it)
-                pass
-            elif self.rho > 0.0:
-                u.mul_((1.0 - self.rho) * ratio)
-                if b.global_direction is not None:  # Δ_G = 0 before the first aggregation
-                    u.add_(b.global_direction, alpha=self.rho)
-            else:  # no correction: the ranking of s = u ⊙ g and the diagnostics do not change
-                at_step = ratio  # with a positive factor, so it is applied in the step's pass
+            u, g, at_step = self._combine_flat(blocks[0])
         else:
-            sizes = [p.numel() for b in blocks for p in b.params]
-            n, like = sum(sizes), blocks[0].params[0].detach()
-            u = torch.cat([b.scaled_direction(ref_lr).reshape(-1) for b in blocks],
-                          out=self.work.get("u", n, like))
-            g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("g", n, like))
-            dg = None
-            if self.rho > 0.0 and all(b.global_direction is not None for b in blocks):
+            u, g, at_step = self._combine_blocks(blocks)
+        scale = -self.ref_lr * at_step  # the step's factor of u
+        if self._fused_trust_step(blocks, u, g, scale, diagnose):
+            return  # the rule's own passes (FedACT on a CPU: native loops, fused_act.py)
+        b = blocks[0]
+        b.settle()  # u written, if its pass was left to the trust step
+        sizes = [p.numel() for b in blocks for p in b.params]
+        phi = self._modulate(b, u, g, sizes, diagnose, scale)
+        if len(blocks) == 1 and b.bucket is not None:  # one pass over the flat parameters
+            b.move(u, scale, phi)
+        elif any(b.decay_after for b in blocks):
+            self._move_decaying_after(blocks, u, sizes, phi)
+        else:
+            self._move(blocks, u, sizes, phi, scale)
+
+    def _combine_flat(self, b: Block) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """u of one flat block, in place in its direction's buffer; (u, g, the factor of u left
+        to the step: the scores are scale-invariant, so without correction c/L joins the step)."""
+        if b.corrected:  # u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it); its pass may
+            return b._d, b.g, 1.0  # still be pending: the trust step below may run it itself
+        u, ratio = b.d, b.coef / self.ref_lr if self.ref_lr else 1.0
+        if self.rho <= 0.0:  # no correction: the ranking of s = u ⊙ g and the diagnostics do
+            return u, b.g, ratio  # not change with a positive factor, applied in the step's pass
+        u.mul_((1.0 - self.rho) * ratio)
+        if b.global_direction is not None:  # Δ_G = 0 before the first aggregation
+            u.add_(b.global_direction, alpha=self.rho)
+        return u, b.g, 1.0
+
+    def _combine_blocks(self, blocks: list[Block]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """u and g of several blocks (or one per tensor) gathered into one vector each."""
+        ref_lr = self.ref_lr
+        n, like = sum(p.numel() for b in blocks for p in b.params), blocks[0].params[0].detach()
+        u = torch.cat([b.scaled_direction(ref_lr).reshape(-1) for b in blocks],
+                      out=self.work.get("u", n, like))
+        g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("g", n, like))
+        if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
+            u.mul_(1.0 - self.rho)
+            if all(b.global_direction is not None for b in blocks):
                 dg = torch.cat([b.global_direction.reshape(-1) for b in blocks],
                                out=self.work.get("dg", n, like))
-            if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
-                u.mul_(1.0 - self.rho)
-                if dg is not None:
-                    u.add_(dg, alpha=self.rho)
-        phi = None  # with trust: -L·φ (the step's factor folded in), so x += phi ⊙ u is one pass
+                u.add_(dg, alpha=self.rho)
+        return u, g, 1.0
+
+    def _fused_trust_step(self, blocks: list[Block], u: torch.Tensor, g: torch.Tensor,
+                          scale: float, diagnose: bool) -> bool:
+        """The one door to the fast paths: the trust rule's fused modulate-and-move over one
+        bucketed block (native loops or fused_act.py); False where it has none for this step."""
         b = blocks[0]
-        if self.trust.active and not diagnose and len(blocks) == 1 and b.bucket is not None \
-                and not b.decay_after and self.trust.step_(b.bucket, u, g, -ref_lr * at_step,
-                                                           b.decay_factor(), self.work, b.grads,
-                                                           b.grad_views, b.pending):
-            return  # the rule's own passes (FedACT on a CPU: native loops, fused_act.py)
-        b.settle()  # u written, if its pass was left to the trust step
-        if sizes is None:
-            sizes = [p.numel() for p in b.params]
-        if self.trust.active or diagnose:
-            b.fill_g()  # where the gradients stayed in place
-            scores = g.mul_(u)  # s = u ⊙ g in g's buffer (g is not needed after this)
-            if diagnose:
-                self._record(scores)
-            if self.trust.active:
-                phi = self.trust.phi_(scores, sizes, self.work, scale=-ref_lr * at_step)
-        if len(blocks) == 1 and blocks[0].bucket is not None:  # one pass over the flat parameters
-            blocks[0].move(u, -ref_lr * at_step, phi)
-            return
-        # no decay on a rule's initialising step (SOAP's first one moves nothing of its own)
+        if not self.trust.active or diagnose or len(blocks) != 1 or b.bucket is None or b.decay_after:
+            return False
+        return self.trust.step_(b.bucket, u, g, scale, b.decay_factor(), self.work, b.grads,
+                                b.grad_views, b.pending)
+
+    def _modulate(self, b: Block, u: torch.Tensor, g: torch.Tensor, sizes: list[int],
+                  diagnose: bool, scale: float) -> torch.Tensor | None:
+        """s = u ⊙ g (in g's buffer: g is not read after this), the diagnostics of s, and the
+        trust factors -L·φ (the step's factor folded in, so x += φ ⊙ u is one pass); None: no trust."""
+        if not (self.trust.active or diagnose):
+            return None
+        b.fill_g()  # where the gradients stayed in place
+        scores = g.mul_(u)
+        if diagnose:
+            self._record(scores)
+        return self.trust.phi_(scores, sizes, self.work, scale=scale) if self.trust.active else None
+
+    @staticmethod
+    def _move(blocks: list[Block], u: torch.Tensor, sizes: list[int], phi: torch.Tensor | None,
+              scale: float) -> None:
+        """x = (1-δ)·x + scale·u (or + φ ⊙ u), per tensor with torch's foreach kernels; no decay
+        on a rule's initialising step (SOAP's first one moves nothing of its own)."""
         params = [p for b in blocks for p in b.params]
         steps = [v.view_as(p) for v, p in zip(u.split(sizes), params, strict=True)]
-        factors = None if phi is None else [v.view_as(p) for v, p in zip(phi.split(sizes), params,
-                                                                          strict=True)]
-        if not any(b.decay_after for b in blocks):
-            decays = [0.0 if b.d is None else b.decay for b in blocks for _ in b.params]
-            if any(decays):
-                if len(set(decays)) == 1:
-                    torch._foreach_mul_(params, 1.0 - decays[0])
-                else:
-                    for p, dec in zip(params, decays, strict=True):
-                        p.mul_(1.0 - dec)
-            if factors is None:
-                torch._foreach_add_(params, steps, alpha=-ref_lr * at_step)
+        decays = [0.0 if b.d is None else b.decay for b in blocks for _ in b.params]
+        if any(decays):
+            if len(set(decays)) == 1:
+                torch._foreach_mul_(params, 1.0 - decays[0])
             else:
-                torch._foreach_addcmul_(params, steps, factors)
-            return
+                for p, dec in zip(params, decays, strict=True):
+                    p.mul_(1.0 - dec)
+        if phi is None:
+            torch._foreach_add_(params, steps, alpha=scale)
+        else:
+            factors = [v.view_as(p) for v, p in zip(phi.split(sizes), params, strict=True)]
+            torch._foreach_addcmul_(params, steps, factors)
+
+    def _move_decaying_after(self, blocks: list[Block], u: torch.Tensor, sizes: list[int],
+                             phi: torch.Tensor | None) -> None:
+        """SOAP's order: x = (x - L·u)(1-δ), the correction's share given back undecayed."""
+        ref_lr = self.ref_lr
+        params = [p for b in blocks for p in b.params]
         owners = [b for b in blocks for _ in b.params]
+        steps = u.split(sizes)
+        factors = None if phi is None else phi.split(sizes)
         for i, (b, p) in enumerate(zip(owners, params, strict=True)):
-            # SOAP: x = (x - L·u)(1-δ), the correction's share given back undecayed
             decay = 0.0 if b.d is None else b.decay
             if not b.decay_after:
                 p.mul_(1.0 - decay)
             if factors is None:
-                p.add_(steps[i], alpha=-ref_lr)
+                p.add_(steps[i].view_as(p), alpha=-ref_lr)
             else:
-                p.addcmul_(steps[i], factors[i])
+                p.addcmul_(steps[i].view_as(p), factors[i].view_as(p))
             if b.decay_after:
                 p.mul_(1.0 - decay)
                 b.add_correction(-ref_lr * self.rho * decay, only=p)
