@@ -239,37 +239,43 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         if self.correction == "after-step":  # FedPAC: the local optimizer (and so its decay)
             decay *= 1.0 - self.rho  # runs at lr·(1-ρ); the (1-ρ) of its move is the chain's
         if rule.elementwise and len(active) == len(group["params"]) and len(steps) == 1:
-            k = steps.pop()
-            g, views = self._flat_grad(gi, active)
-            n, like = g.numel(), g
-            out = self.work.get(f"u{gi}", n, like)
-            bucket = self._bucket(gi, active) if self.bucket_view else None
-            grads = [p.grad for p in active]
-            in_place = self._grads_stay(rule, wd, g, grads)
-            if not in_place:
-                torch._foreach_copy_(views, grads)
-            if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
-                g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
-                       alpha=wd)
-            st = self._flat[gi]
-            # One group alone in the optimizer: the rule may fuse u = ρ·Δ_G + (1-ρ)·(lr/L)·d
-            # itself (lr/L = 1 unless this group runs at its own lr, as Muon's AdamW half does).
-            fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
-            mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
-            step = Step(k, self.step_offset + k, self.mix_lambda, self.bs, out=out, mix=mix,
-                        addend=self._scaled_direction(st["global_direction"]) if fuse else None,
-                        defer=self.trust.takes_pending)
-            if in_place:
-                step.grads = grads
-                step.views = {"out": self._views_of(gi, "out", out, active),
-                              **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
-            d = rule.direction(g, st, step)
-            _check_fresh(rule, d.d, st, g)
-            return [Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
-                           st.get("global_direction"), flat=True, corrected=d.corrected,
-                           bucket=bucket, grads=grads if in_place else None, grad_views=views,
-                           pending=d.pending)]
+            return [self._flat_block(gi, rule, active, steps.pop(), lr, wd, decay)]
         return self._tensor_blocks(rule, active, steps, lr, wd, decay)
+
+    def _flat_block(self, gi: int, rule: Preconditioner, active: list[torch.Tensor], k: int,
+                    lr: float, wd: float, decay: float) -> Block:
+        """The whole group as one flat vector (an elementwise rule, every parameter active at
+        one step count): the rule's direction in the group's `u` buffer, gradients read in place
+        where they can stay (`_grads_stay`)."""
+        g, views = self._flat_grad(gi, active)
+        n, like = g.numel(), g
+        out = self.work.get(f"u{gi}", n, like)
+        bucket = self._bucket(gi, active) if self.bucket_view else None
+        grads = [p.grad for p in active]
+        in_place = self._grads_stay(rule, wd, g, grads)
+        if not in_place:
+            torch._foreach_copy_(views, grads)
+        if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
+            g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
+                   alpha=wd)
+        st = self._flat[gi]
+        # One group alone in the optimizer: the rule may fuse u = ρ·Δ_G + (1-ρ)·(lr/L)·d
+        # itself (lr/L = 1 unless this group runs at its own lr, as Muon's AdamW half does).
+        fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
+        mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
+        step = Step(k, self.step_offset + k, self.mix_lambda, self.bs, out=out, mix=mix,
+                    addend=self._scaled_direction(st["global_direction"]) if fuse else None,
+                    defer=self.trust.takes_pending)
+        if in_place:
+            step.grads = grads
+            step.views = {"out": self._views_of(gi, "out", out, active),
+                          **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
+        d = rule.direction(g, st, step)
+        _check_fresh(rule, d.d, st, g)
+        return Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
+                     st.get("global_direction"), flat=True, corrected=d.corrected,
+                     bucket=bucket, grads=grads if in_place else None, grad_views=views,
+                     pending=d.pending)
 
     def _tensor_blocks(self, rule: Preconditioner, active: list[torch.Tensor], steps: set[int],
                        lr: float, wd: float, decay: float) -> list[Block]:
