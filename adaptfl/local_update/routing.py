@@ -22,20 +22,26 @@ def route_muon(shapes: Sequence[tuple[str, Sequence[int]]], routing: str = "hidd
     if routing not in ROUTINGS:
         raise ValueError(f"invalid muon-routing={routing!r}: choose one of {ROUTINGS}")
     matrices = [n for n, s in shapes if len(s) >= 2]
-    if routing == "all-2d":
-        chosen = matrices
-    else:
-        # Learnt tokens and position tables (class_token, pos_embedding) are not layer weights.
-        weights = [n for n in matrices if n.endswith("weight")]
-        edge = {weights[0], weights[-1]} if weights else set()  # first layer, classifier head
-        chosen = [n for n in weights
-                  if n not in edge and not any(h in n.lower() for h in _EMBEDDING_HINTS)]
-    key = (routing, *[n for n, _ in shapes])
-    if key not in _logged:
-        _logged.add(key)
-        rest = [n for n, _ in shapes if n not in chosen]
-        log.info("muon routing %s: Muon %s; AdamW %s", routing, chosen, rest)
-        if not chosen:
-            log.warning("muon routing %s left Muon no matrix: everything runs AdamW "
-                        "(muon-routing='all-2d' routes every ≥2-D weight to Muon)", routing)
+    chosen = matrices if routing == "all-2d" else _hidden_weights(matrices)
+    _log_once(routing, [n for n, _ in shapes], chosen)
     return chosen
+
+
+def _hidden_weights(matrices: list[str]) -> list[str]:
+    """Muon's authors' split: layer weights between the first layer and the classifier head;
+    learnt tokens and position tables (class_token, pos_embedding) are not layer weights."""
+    weights = [n for n in matrices if n.endswith("weight")]
+    edge = {weights[0], weights[-1]} if weights else set()  # first layer, classifier head
+    return [n for n in weights if n not in edge and not any(h in n.lower() for h in _EMBEDDING_HINTS)]
+
+
+def _log_once(routing: str, names: list[str], chosen: list[str]) -> None:
+    key = (routing, *names)
+    if key in _logged:
+        return
+    _logged.add(key)
+    rest = [n for n in names if n not in chosen]
+    log.info("muon routing %s: Muon %s; AdamW %s", routing, chosen, rest)
+    if not chosen:
+        log.warning("muon routing %s left Muon no matrix: everything runs AdamW "
+                    "(muon-routing='all-2d' routes every ≥2-D weight to Muon)", routing)
