@@ -111,6 +111,7 @@ for value in ${user_configs[@]+"${user_configs[@]}"}; do check_args+=(--run-conf
 # then the ServerApp's own preflight (load the task, build the model, one client step), so a
 # missing data file or a model that does not fit is one line in seconds, before any Flower
 # process or run folder exists. Exit 2: refused; 1: the check itself crashed (server_app/exit_codes.py).
+start=$SECONDS  # "done in N s" counts from here: the check, the SuperLink and the run
 say "checking the run config, the task and the model (the ServerApp's preflight)"
 merged=$(python -m adaptfl.algorithms.check_overrides ${check_args[@]+"${check_args[@]}"} \
            --preflight --get algorithm --get run-name --get results-dir) || exit $?
@@ -193,11 +194,11 @@ done
 superexec_groups=$(pgrep -P "$superlink_pid" || true)
 
 # ---- the run -------------------------------------------------------------------------------
-say "flwr run . --stream (10 simulated clients unless your --federation-config says otherwise)"
+say "flwr run . --stream ($supernodes simulated clients, set here with num-supernodes: Flower's" \
+  "warning that its default changed from 10 to 2 is printed for every simulation)"
 [ -z "${RAY_ADDRESS:-}" ] || say "the simulation attaches to the Ray cluster at RAY_ADDRESS=$RAY_ADDRESS"
 say "results will go to $run_dir"
 say "Flower's log follows (also in ${home#"$checkout"/}/flwr-run.log); round 1 waits ~20 s for Ray and torch"
-start=$SECONDS
 exec {log_fd}> >(tee "$home/flwr-run.log")  # the screen and a file
 tee_pid=$!
 # In the background, so that a signal to this script reaches the trap at once.
