@@ -205,9 +205,12 @@ def act(x: torch.Tensor, u: torch.Tensor, adam: tuple[torch.Tensor, ...] | None,
     it missed. Buffers as `pick`'s, idx.numel() // nt entries per block."""
     lib = _required()
     a, m, v, coef = (None,) * 4 if adam is None else (t.data_ptr() for t in adam)
-    if adam is not None and lib.adam is None:
+    if adam is None:
+        vec, kind = 1, 0
+    elif lib.adam is None:
         raise RuntimeError("act with adam needs a form of torch's AdamW kernel (none matched here)")
-    vec, kind = lib.adam if adam is not None and lib.adam is not None else (1, 0)
+    else:
+        vec, kind = lib.adam
     if not lib.dll.adaptfl_act(x.data_ptr(), u.data_ptr(), a, m, v, *g.args(), u.numel(),
                                coef, vec, kind, lo, hi, idx.data_ptr(), val.data_ptr(),
                                idx.numel() // nt, counts.data_ptr(), nt, work.data_ptr(),
@@ -368,8 +371,8 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
         lists = [list(t.split(sizes)) for t in (u, g, mm, vv)]
         # mypy cannot match the unpacked *lists to the overloads' positional tensor lists
         torch._fused_adamw_(*lists, [], [torch.tensor(step)] * len(sizes), lr=lr,  # type: ignore[call-overload]
-                            beta1=beta1,
-                            beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
+                            maximize=False)
         cases.append((adam_coefficients(beta1, beta2, eps, lr, step, coef.clone()), u, mm, vv))
     segments = Segments(list(g.split(sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
     for form in _ADAM_FORMS:

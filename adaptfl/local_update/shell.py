@@ -139,8 +139,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         """torch's, with the group's hyperparameters under torch's names (`beta1=` given alone
         becomes `betas`) and, once the optimizer is built, its state made for the next `step`
         (progressive unfreezing: the new parameters start at step 0 with zero moments)."""
-        # cast: the "preconditioner" registry holds Preconditioner subclasses only
         name = param_group.get("preconditioner", self.defaults["preconditioner"])
+        # cast: the "preconditioner" registry holds Preconditioner subclasses only
         cls = cast(type[Preconditioner], lookup("preconditioner", name))
         group = dict(param_group)
         for key, fields in cls.torch_names.items():
