@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import Contract, ModelSpec
@@ -117,7 +117,9 @@ class Algorithm:
             if chosen not in term_choices():
                 raise ValueError(f"invalid {TERM_SWITCH}={chosen!r}: choose one of {term_choices()}")
             same = [t for t in self.terms if t.name == chosen]
-            terms = () if chosen == "none" else (same[0] if same else registry("term")[chosen](),)
+            # cast: the "term" components are Stages (algorithms/components/)
+            terms = () if chosen == "none" else \
+                (same[0] if same else cast(Stage, registry("term")[chosen]()),)
         changes["terms"] = tuple(type(t).build(values, base=t) for t in terms)
         if type(changes["preconditioner"]) is not type(self.preconditioner):
             changes["weight_decay"] = None  # another rule: its own default weight decay

@@ -110,7 +110,8 @@ def frozen_digest(model: torch.nn.Module) -> str:
     sha = hashlib.sha256()
     for name, t in zip(names, tensors, strict=True):
         sha.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        sha.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        # an ndarray is a Buffer; numpy's stubs don't match hashlib's Buffer protocol here
+        sha.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     digest = sha.hexdigest()
     with _DIGESTS_LOCK:
         _DIGESTS.appendleft(([weakref.ref(frozen[n]) for n in names], stamp, digest))

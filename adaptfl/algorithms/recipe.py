@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from adaptfl.algorithms.algorithm import SLOTS, Algorithm
 from adaptfl.algorithms.params import Component, fields_of, lookup
 from adaptfl.algorithms.settings import Data, LanguageModel, Privacy, Runtime
-from adaptfl.algorithms.stage import RoundInfo
+from adaptfl.algorithms.stage import RoundInfo, Stage
 
 CLIENT_STATE_DIR = "output.client-state-dir"
 CLIENT_STATE_MEMORY = "output.client-state-memory"
@@ -66,9 +66,12 @@ def algorithm_from_recipe(record: Mapping[str, Any]) -> Algorithm:
     from adaptfl.algorithms.catalog import catalog
 
     name = str(record["algorithm"])
-    parts = {slot: _build(kind, str(record[slot]), record, slot) for slot, (kind, _) in SLOTS.items()}
+    # Any: the slots' components, each of its own kind (Algorithm types them Any too)
+    parts: dict[str, Any] = {slot: _build(kind, str(record[slot]), record, slot)
+                             for slot, (kind, _) in SLOTS.items()}
     names = [n for n in str(record.get("terms", "")).split(",") if n]
-    terms = tuple(_build("term", n, record, f"terms.{n}") for n in names)
+    # cast: the "term" components are Stages (algorithms/components/)
+    terms = tuple(cast(Stage, _build("term", n, record, f"terms.{n}")) for n in names)
     paper = catalog()[name].paper if name in catalog() else "user-defined"
     algorithm = Algorithm(name, paper, terms=terms, **parts)
     algorithm.check()

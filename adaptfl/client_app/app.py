@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
+from typing import cast
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ def _partition(context: Context, data: Data, seed: int, labels: torch.Tensor) ->
            f"{data.dirichlet_alpha}|{data.classes_per_client}|{seed}")
     cached = context.state.config_records.get(PARTITION_CACHE)
     if cached is not None and cached.get("key") == key:
-        rows = np.frombuffer(cached["rows"], dtype=np.int64)
+        rows = np.frombuffer(cast(bytes, cached["rows"]), dtype=np.int64)  # stored as bytes below
         return torch.from_numpy(rows.copy()), pid
     indices = partition_indices(labels, count, pid, data.partitioning, data.dirichlet_alpha, seed,
                                 data.classes_per_client)
@@ -98,7 +99,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     llm = llm_from_recipe(recipe)
     data_dir = str(node.get(wire.NODE_DATA_DIR, data.data_dir))
     task = load_task(data.task, data_dir, data.model, llm)
-    seed = int(recipe["round.seed"])  # algorithms/recipe.py
+    seed = int(cast(int, recipe["round.seed"]))  # an int, as algorithms/recipe.py writes it
     indices, client_id = _partition(context, data, seed, task.labels)
     model = build_task_model(data.model, task, llm, data_dir)
     split = task.train
@@ -115,9 +116,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     log.info("client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
              session.train_loss(), device)
     metrics = {wire.PARTITION_ID: client_id, wire.PEAK_MEMORY: peak_memory_mb(device)}
-    node = ray_node()
-    if node is not None:
-        metrics[wire.RAY_NODE] = node
+    ray = ray_node()  # not `node`: that is the node config above
+    if ray is not None:
+        metrics[wire.RAY_NODE] = ray
     return session.reply(num_examples=len(indices), metrics=metrics)
 
 

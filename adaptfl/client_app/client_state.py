@@ -123,6 +123,7 @@ class ClientStateStore:
         if self.server_round <= 1:
             return None, StateSource.NONE
         memory = {r: k for r, k in self._memory(name).items() if r < self.server_round}
+        why: str | None  # None: usable
         if memory:
             try:
                 tensors = dict(self.context.state.array_records[memory[max(memory)]].to_torch_state_dict())

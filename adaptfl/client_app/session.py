@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -49,6 +49,9 @@ from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.privacy.client import check_floor
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
+
+if TYPE_CHECKING:
+    from flwr.app.typing import MetricRecordValues
 
 log = logging.getLogger(__name__)
 BASE_RECORDS = frozenset({wire.ARRAYS})
@@ -229,7 +232,8 @@ class ClientSession:
             seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
             records, values = privatize(records, values, names, self.privacy, self.sampled, seed)
         content = RecordDict({wire.DELTA: ArrayRecord(records.pop(wire.DELTA)),
-                              wire.METRICS: MetricRecord(values)})
+                              # cast: dict is invariant; its int/float values are MetricRecordValues
+                              wire.METRICS: MetricRecord(cast("dict[str, MetricRecordValues]", values))})
         for name, tensors in records.items():
             content[name] = ArrayRecord(tensors)
         return content

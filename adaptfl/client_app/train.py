@@ -67,6 +67,8 @@ def run_local_steps(session: ClientSession, split: Split, loss_fn: Loss, indices
         positions = torch.stack(batches).to(device, non_blocking=True) if batches else None
     for k, batch in enumerate(batches):
         if preloaded is not None:
+            if positions is None:  # set above whenever there are batches to run
+                raise RuntimeError("preloaded batches without their positions")
             x, y = preloaded[0][positions[k]], preloaded[1][positions[k]]
         else:
             x, y = split.batch(indices[batch])

@@ -153,7 +153,10 @@ def peak_memory_inprocess(num_nodes: int = 100) -> dict[str, Any]:
                f"results-dir={tempfile.mkdtemp(prefix='adaptfl-mem-')}"]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=tempfile.gettempdir(), capture_output=True, text=True, check=True)
-    kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no maximum RSS in the output of {command[0]}: {done.stderr[-500:]!r}")
+    kb = int(found.group(1))
     return {"num-nodes": num_nodes, "peak-rss-bytes": kb * 1024, "wall-s": time.perf_counter() - started}
 
 

@@ -56,6 +56,8 @@ class Block:
     def fill_g(self) -> None:
         """Copy the gradients into g where the step left them in place (`grads`)."""
         if self.grads is not None:
+            if self.grad_views is None:
+                raise RuntimeError("a block with gradients left in place needs their grad_views in g")
             torch._foreach_copy_(self.grad_views, self.grads)
             self.grads = None
 

@@ -8,7 +8,7 @@ whether or not it is measured (tests/local_update/test_local_update_diagnostics.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -65,7 +65,8 @@ class Diagnostics:
         if self.rho > 0.0:
             u.mul_(1.0 - self.rho)
             if all(b.global_direction is not None for b in blocks):
-                u.add_(torch.cat([b.global_direction.reshape(-1) for b in blocks],
+                # cast: the all() above checked every block has one
+                u.add_(torch.cat([cast(torch.Tensor, b.global_direction).reshape(-1) for b in blocks],
                                  out=self.work.get("diag.dg", n, like)), alpha=self.rho)
         g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("diag.g", n, like))
         return g.mul_(u)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ def _adam_fuses(kernel: FusedAdamPass, u: torch.Tensor, g: torch.Tensor,
     float, as for every β1 in use)."""
     return (native.adam_usable() and kernel.out is u and kernel.addend is not None
             and (kernel.lists[1] is grads if grads is not None else kernel.lists[1][0] is g)
-            and np.float32(1.0 - kernel.beta1) < 0.5
+            and bool(np.float32(1.0 - kernel.beta1) < 0.5)
             and kernel.addend.dtype == kernel.exp_avg.dtype == kernel.exp_avg_sq.dtype == torch.float32)
 
 
@@ -90,7 +91,7 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
         nt = native.threads(n)
         cap = n // (_CAP * nt) + 256
         adam = None if kernel is None else (
-            kernel.addend, kernel.exp_avg, kernel.exp_avg_sq,
+            cast(torch.Tensor, kernel.addend), kernel.exp_avg, kernel.exp_avg_sq,  # _adam_fuses: not None
             native.adam_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr, kernel.step,
                                      ws.get("act.adam", 6, g)))
         kernel = None  # done by the call, hit or miss
@@ -105,6 +106,8 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
         kernel.run()
     # the band missed or there was none: the scores stored in g's buffer, the sample's band
     if grads is not None:
+        if grad_views is None:
+            raise ValueError("act_step_ with grads needs their grad_views (g's views) to copy them into")
         torch._foreach_copy_(grad_views, grads)
     sel = band.select(g.mul_(u), k, ws, hint=False)
     if sel is None:  # both bands missed: the eager passes (radix selection)

@@ -44,7 +44,8 @@ from adaptfl.local_update.native_source import SOURCE
 
 ENABLED = os.environ.get("ADAPTFL_NATIVE", "1") != "0"  # the tests switch it per test
 _GRAIN = 1 << 15  # entries per thread at least: below this a thread costs more than it does
-_FLAGS = (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], [])  # first that builds
+_FLAGS: tuple[list[str], ...] = (  # first that builds
+    ["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], [])
 _log = logging.getLogger(__name__)
 _P, _I64, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -81,7 +82,10 @@ class Library:
                   g: Segments, coef: torch.Tensor, lo: float, hi: float, idx: torch.Tensor,
                   val: torch.Tensor, counts: torch.Tensor, nt: int,
                   adam: tuple[int, int] | None = None) -> None:
-        vec, kind = adam or self.adam
+        form = adam or self.adam
+        if form is None:
+            raise RuntimeError("adam_band needs a form of torch's AdamW kernel (none matched here)")
+        vec, kind = form
         self.dll.adaptfl_adam_band(u.data_ptr(), a.data_ptr(), m.data_ptr(), v.data_ptr(), *g.args(),
                                    u.numel(), coef.data_ptr(), vec, kind, lo, hi, idx.data_ptr(),
                                    val.data_ptr(), idx.numel() // nt, counts.data_ptr(), nt)
@@ -201,7 +205,12 @@ def act(x: torch.Tensor, u: torch.Tensor, adam: tuple[torch.Tensor, ...] | None,
     it missed. Buffers as `pick`'s, idx.numel() // nt entries per block."""
     lib = _required()
     a, m, v, coef = (None,) * 4 if adam is None else (t.data_ptr() for t in adam)
-    vec, kind = lib.adam if adam is not None else (1, 0)
+    if adam is None:
+        vec, kind = 1, 0
+    elif lib.adam is None:
+        raise RuntimeError("act with adam needs a form of torch's AdamW kernel (none matched here)")
+    else:
+        vec, kind = lib.adam
     if not lib.dll.adaptfl_act(x.data_ptr(), u.data_ptr(), a, m, v, *g.args(), u.numel(),
                                coef, vec, kind, lo, hi, idx.data_ptr(), val.data_ptr(),
                                idx.numel() // nt, counts.data_ptr(), nt, work.data_ptr(),
@@ -360,8 +369,10 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
     for beta1, beta2, eps, lr, step in ((0.9, 0.999, 1e-8, -0.7, 3.0), (0.6, 0.95, 1e-3, -1e-3, 1.0)):
         u, mm, vv = a.clone(), m.clone(), v.clone()
         lists = [list(t.split(sizes)) for t in (u, g, mm, vv)]
-        torch._fused_adamw_(*lists, [], [torch.tensor(step)] * len(sizes), lr=lr, beta1=beta1,
-                            beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+        # mypy cannot match the unpacked *lists to the overloads' positional tensor lists
+        torch._fused_adamw_(*lists, [], [torch.tensor(step)] * len(sizes), lr=lr,  # type: ignore[call-overload]
+                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
+                            maximize=False)
         cases.append((adam_coefficients(beta1, beta2, eps, lr, step, coef.clone()), u, mm, vv))
     segments = Segments(list(g.split(sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
     for form in _ADAM_FORMS:
@@ -373,7 +384,8 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
 
 
 def _adam_matches(lib: Library, form: tuple[int, int], a: torch.Tensor, m: torch.Tensor,
-                  v: torch.Tensor, g: Segments, case: tuple, scratch: tuple) -> bool:
+                  v: torch.Tensor, g: Segments, case: tuple,
+                  scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]) -> bool:
     coef, u_ref, m_ref, v_ref = case
     u, mm, vv = torch.empty_like(a), m.clone(), v.clone()
     lib.adam_band(u, a, mm, vv, g, coef, 0.0, -1.0, *scratch, adam=form)

@@ -24,7 +24,7 @@ FedACT's update is a handful of passes over one vector and its top-k one global 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -132,13 +132,16 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self._scaled_key: tuple | None = None
         for gi in range(len(self.param_groups)):
             self._init_group(gi)
-        self.register_load_state_dict_post_hook(lambda opt: opt._repack())
+        # torch types the hook's argument as Optimizer: it is this LocalUpdate
+        self.register_load_state_dict_post_hook(lambda opt: cast(LocalUpdate, opt)._repack())
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's, with the group's hyperparameters under torch's names (`beta1=` given alone
         becomes `betas`) and, once the optimizer is built, its state made for the next `step`
         (progressive unfreezing: the new parameters start at step 0 with zero moments)."""
-        cls = lookup("preconditioner", param_group.get("preconditioner", self.defaults["preconditioner"]))
+        name = param_group.get("preconditioner", self.defaults["preconditioner"])
+        # cast: the "preconditioner" registry holds Preconditioner subclasses only
+        cls = cast(type[Preconditioner], lookup("preconditioner", name))
         group = dict(param_group)
         for key, fields in cls.torch_names.items():
             named = [f for f in fields if f in group]
@@ -171,7 +174,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
     # --- groups, rules and names ------------------------------------------------------------
     def rule(self, group: dict[str, Any]) -> Preconditioner:
         """The group's rule, rebuilt from its entries (so changing e.g. beta1 there takes effect)."""
-        cls = lookup("preconditioner", group["preconditioner"])
+        cls = cast(type[Preconditioner], lookup("preconditioner", group["preconditioner"]))  # as above
         given = fields_from_group(cls, group)
         values = tuple((f.name, given.get(f.name, f.default)) for f in fields_of(cls))
         key = (cls, values)
@@ -251,7 +254,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         n, like = g.numel(), g
         out = self.work.get(f"u{gi}", n, like)
         bucket = self._bucket(gi, active) if self.bucket_view else None
-        grads = [p.grad for p in active]
+        grads = cast(list[torch.Tensor], [p.grad for p in active])  # active: the params with a grad
         in_place = self._grads_stay(rule, wd, g, grads)
         if not in_place:
             torch._foreach_copy_(views, grads)
@@ -281,7 +284,9 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                        lr: float, wd: float, decay: float) -> list[Block]:
         """One block per tensor: the rule's directions tensor by tensor (or the whole group at
         once where it declares `batched_directions`), each checked fresh."""
-        grads = [p.grad if not (rule.coupled_decay and wd) else p.grad.add(p, alpha=wd) for p in active]
+        given = cast(list[torch.Tensor], [p.grad for p in active])  # active: the params with a grad
+        grads = [gr if not (rule.coupled_decay and wd) else gr.add(p, alpha=wd)
+                 for p, gr in zip(active, given, strict=True)]
         if rule.batched_directions and len(steps) == 1:  # the whole group at once (Muon)
             k = steps.pop()
             directions = rule.directions(grads, [self.state[p] for p in active],
@@ -325,7 +330,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             self._scaled = torch.mul(direction, self.rho, out=self.work.get("rho-dg", direction.numel(),
                                                                            direction))
             self._scaled_key = key
-        return self._scaled
+        return cast(torch.Tensor, self._scaled)  # computed together with _scaled_key, so set here
 
     def _chain(self, blocks: list[Block], diagnose: bool) -> None:
         """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped:
@@ -351,9 +356,14 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
     def _combine_flat(self, b: Block) -> tuple[torch.Tensor, torch.Tensor, float]:
         """u of one flat block, in place in its direction's buffer; (u, g, the factor of u left
         to the step: the scores are scale-invariant, so without correction c/L joins the step)."""
-        if b.corrected:  # u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it); its pass may
-            return b._d, b.g, 1.0  # still be pending: the trust step below may run it itself
-        u, ratio = b.d, b.coef / self.ref_lr if self.ref_lr else 1.0
+        # corrected: u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it); its pass may still
+        # be pending, and the trust step below may run it itself
+        u = b._d if b.corrected else b.d
+        if u is None:
+            raise RuntimeError("an elementwise rule's flat step needs a direction; its rule gave none")
+        if b.corrected:
+            return u, b.g, 1.0
+        ratio = b.coef / self.ref_lr if self.ref_lr else 1.0
         if self.rho <= 0.0:  # no correction: the ranking of s = u ⊙ g and the diagnostics do
             return u, b.g, ratio  # not change with a positive factor, applied in the step's pass
         u.mul_((1.0 - self.rho) * ratio)
@@ -371,7 +381,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
             u.mul_(1.0 - self.rho)
             if all(b.global_direction is not None for b in blocks):
-                dg = torch.cat([b.global_direction.reshape(-1) for b in blocks],
+                # cast: the all() above checked every block has one
+                dg = torch.cat([cast(torch.Tensor, b.global_direction).reshape(-1) for b in blocks],
                                out=self.work.get("dg", n, like))
                 u.add_(dg, alpha=self.rho)
         return u, g, 1.0

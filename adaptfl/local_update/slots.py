@@ -45,7 +45,8 @@ class NamedSlots:
 
     def named(self) -> list[tuple[str, torch.Tensor]]:
         """(name, parameter) in order; unnamed parameters are called by their position."""
-        out, i = [], 0
+        out: list[tuple[str, torch.Tensor]] = []
+        i = 0
         for group in self.param_groups:
             names = group.get("param_names") or [str(i + j) for j in range(len(group["params"]))]
             out.extend(zip(names, group["params"], strict=True))
@@ -53,7 +54,7 @@ class NamedSlots:
         return out
 
     def _by_name(self) -> dict[str, tuple[int, torch.Tensor]]:
-        out = {}
+        out: dict[str, tuple[int, torch.Tensor]] = {}
         for gi, group in enumerate(self.param_groups):
             names = group.get("param_names")
             for j, p in enumerate(group["params"]):
@@ -199,7 +200,7 @@ class NamedSlots:
 
     # --- torch's state_dict, plus what the chain keeps outside the per-parameter state -------
     def state_dict(self) -> dict[str, Any]:
-        out = super().state_dict()
+        out = super().state_dict()  # type: ignore[misc]  # a mixin: torch.optim.Optimizer in LocalUpdate's MRO
         out["local_update"] = {
             "steps": self.steps, "rho": self.rho, "correction": self.correction,
             "step_offset": self.step_offset, "mix_lambda": self.mix_lambda,
@@ -213,7 +214,8 @@ class NamedSlots:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         extra = state_dict.get("local_update")
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "local_update"})
+        super().load_state_dict(  # type: ignore[misc]  # a mixin: torch.optim.Optimizer in LocalUpdate's MRO
+            {k: v for k, v in state_dict.items() if k != "local_update"})
         if extra is None:  # a plain torch state dict: the per-parameter state only
             return
         self.steps, self.rho, self.correction = extra["steps"], extra["rho"], extra["correction"]

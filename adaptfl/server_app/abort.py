@@ -15,7 +15,7 @@ engine's CLI exits with `EXIT_CODE`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -46,7 +46,7 @@ class SkipGuard:
     starts from its rows, so a streak (or a run that never trained) carries over the
     interruption. window 0: 2 × limit."""
 
-    def __init__(self, limit: int, rows: list[Mapping] = (), window: int = 0) -> None:
+    def __init__(self, limit: int, rows: Sequence[Mapping] = (), window: int = 0) -> None:
         self.limit, self.streak, self.trained, self.last = limit, 0, False, "no replies"
         self.window = max(window or 2 * limit, limit)
         self.recent: list[bool] = []  # skipped?, the last `window` rounds
@@ -81,7 +81,7 @@ class SkipGuard:
                              f"initial one; last round: {self.last}")
 
 
-def fell_below_start(rows: list[Mapping]) -> str | None:
+def fell_below_start(rows: Sequence[Mapping]) -> str | None:
     """A warning line if the final model tests worse than the initial one (round 0), naming the
     round from which the accuracy stayed below it; None otherwise (or without round 0)."""
     scored = [(int(r["round"]), float(r["test-accuracy"])) for r in rows if "test-accuracy" in r]

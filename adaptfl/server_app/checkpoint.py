@@ -125,7 +125,7 @@ def check_same_job(cfg: RunConfig, source: Path) -> None:
 
 
 def _rows_up_to(path: Path, last_round: int) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not path.is_file():
         return rows
     for line in path.read_text().splitlines():

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -46,6 +47,9 @@ from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.sampling import NotEnoughNodes
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
+
+if TYPE_CHECKING:
+    from adaptfl.engine.inprocess import InProcessGrid
 
 log = logging.getLogger(__name__)
 PREFLIGHT_ROWS = 4  # examples of the test split one preflight step trains on
@@ -160,7 +164,7 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     """
     strategy, model, task = build_run(cfg)
     if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
-        check_nodes(cfg, task, grid.node_configs())
+        check_nodes(cfg, task, cast("InProcessGrid", grid).node_configs())  # the grid with static_nodes
     outputs = restore_or_start(cfg, strategy)
     strategy.summary()
     fed = cfg.federation

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -43,6 +43,9 @@ from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.sampling import hostile_count, sample_size, wait_for_nodes
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply
+
+if TYPE_CHECKING:
+    from flwr.app.typing import MetricRecordValues
 
 log = logging.getLogger(__name__)  # strategies/intake.py logs here too
 LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
@@ -190,7 +193,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
     def _skip(self, server_round: int, why: str) -> tuple[None, MetricRecord]:
         self.report.skipped, self.report.skip_reason = True, why
         log.warning("round %d skipped, state unchanged: %s", server_round, why)
-        return None, MetricRecord(self._metrics({}))
+        # cast: dict is invariant; its float values are MetricRecordValues
+        return None, MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics({})))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -245,7 +249,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         if weights != claimed:  # replies whose claim was above max-weight-ratio or -share
             stats["weights-capped"] = float(sum(b < c or b / sum(bounded) > fed.max_weight_share
                                                 for b, c in zip(bounded, claimed, strict=True)))
-        return ArrayRecord(self.state.model), MetricRecord(self._metrics(stats))
+        return ArrayRecord(self.state.model), \
+            MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics(stats)))  # as in _skip
 
     def _record_release(self, state: ServerState, replies: int) -> dict[str, float]:
         return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes)

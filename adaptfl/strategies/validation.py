@@ -15,9 +15,10 @@ import logging
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import TypeGuard, cast
 
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import Array, Message, RecordDict
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import ArraySpec
@@ -82,7 +83,7 @@ def _numpy_name(dtype: torch.dtype) -> str | None:
         return None
 
 
-def _check_metadata(record_name: str, record: Mapping[str, object], spec: ArraySpec) -> None:
+def _check_metadata(record_name: str, record: Mapping[str, Array], spec: ArraySpec) -> None:
     """Names, serialisation, shape, dtype and byte count from the arrays' metadata, so that a
     reply of the wrong size is dropped before its tensors are decoded (issue 21 §4: a 600 MiB
     reply was decoded in full, 2.7× the memory, before its shape was found wrong)."""
@@ -144,7 +145,7 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
     return out
 
 
-def _finite_number(value: object) -> bool:
+def _finite_number(value: object) -> TypeGuard[float | int]:
     """An int within int64 (what Flower's wire carries; float() of a larger one can overflow)
     or a finite float; not a bool, not a list."""
     if isinstance(value, bool):
@@ -206,7 +207,7 @@ def summation_order(replies: Mapping[int, DecodedReply]) -> Callable[[tuple[int,
     order), else the node ids."""
     pids = [r.metrics.get(wire.PARTITION_ID) for r in replies.values()]
     if all(isinstance(p, int) and p >= 0 for p in pids) and len(set(pids)) == len(pids):
-        return lambda item: item[1].metrics[wire.PARTITION_ID]
+        return lambda item: cast(int, item[1].metrics[wire.PARTITION_ID])  # all() above: an int each
     return lambda item: item[0]
 
 

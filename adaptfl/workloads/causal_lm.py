@@ -21,6 +21,7 @@ import copy
 import importlib.util
 import os
 from functools import lru_cache
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -130,8 +131,9 @@ def _adapted(spec: str, data_dir: str, rank: int, alpha: float, dropout: float, 
         raise ValueError(f"model={spec!r}: transformers cannot load it ({first})") from None
     if checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, task_type="CAUSAL_LM",
-                        target_modules=_target_modules(base, targets, spec))
+    # peft annotates lora_alpha as int but only divides by it (scaling = alpha / r): a float is fine
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,  # type: ignore[arg-type]
+                        task_type="CAUSAL_LM", target_modules=_target_modules(base, targets, spec))
     return CausalLM(get_peft_model(base, config))  # freezes the base (requires_grad=False)
 
 
@@ -147,8 +149,9 @@ def build_causal_lm(spec: str, llm: object, data_dir: str = "") -> CausalLM:
     model = copy.deepcopy(first, shared)
     for module in model.modules():  # fresh adapters from torch's RNG, as any model's init
         if hasattr(module, "reset_lora_parameters"):
-            for adapter in module.lora_A:
-                module.reset_lora_parameters(adapter, True)
+            layer = cast(Any, module)  # a peft LoraLayer (duck-typed by the check above)
+            for adapter in layer.lora_A:
+                layer.reset_lora_parameters(adapter, True)
     return model
 
 

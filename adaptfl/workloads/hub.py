@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 import datasets
@@ -159,7 +159,8 @@ def _tabular(spec: str, ds: datasets.Dataset, columns: list[str]) -> np.ndarray:
     table = ds.select_columns(columns).with_format("numpy")
     matrix = np.stack([np.asarray(table[name], dtype=np.float32) for name in columns], axis=1)
     if not np.isfinite(matrix).all():
-        bad = [c for c, ok in zip(columns, np.isfinite(matrix).all(axis=0), strict=True) if not ok]
+        finite = cast(np.ndarray, np.isfinite(matrix).all(axis=0))  # of a 2-D array: 1-D, per column
+        bad = [c for c, ok in zip(columns, finite, strict=True) if not ok]
         raise ValueError(f"task={spec!r}: column{'s' if len(bad) > 1 else ''} {bad} "
                          f"{'have' if len(bad) > 1 else 'has'} missing or infinite values")
     return matrix

@@ -8,6 +8,7 @@ pair would appear twice in the state_dict and be averaged twice on the server).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +122,7 @@ class LlamaDecoder(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, std=0.02)
-        for block in self.blocks:
+        for block in cast(list[Block], self.blocks):  # __init__ fills the ModuleList with Blocks only
             for proj in (block.attn.out, block.mlp.down):
                 nn.init.normal_(proj.weight, std=0.02 / (2 * self.cfg.num_layers) ** 0.5)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 from torch import nn
 
@@ -86,7 +87,7 @@ def _vit(num_classes: int, in_channels: int, image_size: int, hidden: int, heads
     patch_embedding = nn.Conv2d(in_channels, hidden, kernel_size=VIT_PATCH_SIZE, stride=VIT_PATCH_SIZE)
     fan_in = in_channels * VIT_PATCH_SIZE * VIT_PATCH_SIZE
     nn.init.trunc_normal_(patch_embedding.weight, std=math.sqrt(1 / fan_in))
-    nn.init.zeros_(patch_embedding.bias)
+    nn.init.zeros_(cast(nn.Parameter, patch_embedding.bias))  # bias=True (the default) creates it
     model.conv_proj = patch_embedding
     return model
 

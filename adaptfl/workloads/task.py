@@ -35,7 +35,8 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @runtime_checkable
 class Split(Protocol):
-    labels: torch.Tensor
+    @property  # read-only: the splits are frozen dataclasses
+    def labels(self) -> torch.Tensor: ...
 
     def __len__(self) -> int: ...
 

@@ -38,7 +38,8 @@ def fortune_files(root: Path) -> dict[tuple[str, str], Path]:
 def read_fortunes(path: Path) -> list[str]:
     """The quotes of one fortune file (separated by lines holding only `%`)."""
     text = path.read_bytes().decode("utf-8", errors="replace")
-    quotes, current = [], []
+    quotes: list[str] = []
+    current: list[str] = []
     for line in text.splitlines():
         if line.strip() == "%":
             quotes.append("\n".join(current).strip())

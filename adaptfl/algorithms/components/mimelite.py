@@ -43,6 +43,8 @@ def _batches(ctx: ClientRound, limit: int) -> Iterator[tuple[torch.Tensor, torch
     if limit and limit < data.num_examples and data.batches_of is not None:
         yield from data.batches_of(sample_rows(ctx, limit))
         return
+    if data.full_batches is None:  # full_gradient checks it first
+        raise ValueError("MimeLite needs the client's data for ∇f_i(x): pass data=ClientData(...)")
     seen = 0
     for x, y in data.full_batches():
         yield x, y

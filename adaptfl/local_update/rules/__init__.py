@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
 
@@ -178,8 +178,9 @@ def torch_keywords(preconditioner: str | Preconditioner, hyper: dict[str, Any]) 
     `betas=(b1, b2)` for the Adam family, `momentum=` for Muon."""
     from adaptfl.algorithms.params import lookup
 
-    cls = lookup("preconditioner", preconditioner) if isinstance(preconditioner, str) \
-        else type(preconditioner)
+    # the "preconditioner" registry holds Preconditioner subclasses only
+    cls = cast(type[Preconditioner], lookup("preconditioner", preconditioner)) \
+        if isinstance(preconditioner, str) else type(preconditioner)
     for key in cls.torch_names:
         if key in hyper:
             named = [f for f in cls.torch_names[key] if f in hyper]

@@ -61,7 +61,8 @@ class FusedAdamPass:
         elif self.addend is not self.out:
             self.out.copy_(self.addend)
         step = torch.full((), self.step, dtype=torch.float32, device=self.out.device)
-        torch._fused_adamw_(*self.lists, [], [step] * len(self.lists[0]), lr=self.lr,
+        # mypy cannot match the unpacked *self.lists to the overloads' positional tensor lists
+        torch._fused_adamw_(*self.lists, [], [step] * len(self.lists[0]), lr=self.lr,  # type: ignore[call-overload]
                             beta1=self.beta1, beta2=self.beta2, weight_decay=0.0, eps=self.eps,
                             amsgrad=False, maximize=False)
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from adaptfl.algorithms.domain import FINITE, Domain
 from adaptfl.algorithms.params import Component
+
+if TYPE_CHECKING:
+    from adaptfl.privacy.mechanism import GaussianMean
 
 Tensors = dict[str, torch.Tensor]
 Items = Sequence[Mapping[str, torch.Tensor]]
@@ -42,7 +45,7 @@ class AggregationRefused(ValueError):
 class Combine:
     """One round's combining, called once per record by the strategy and the stages."""
 
-    aggregator: Aggregator
+    aggregator: Aggregator | GaussianMean  # GaussianMean: the DP mean of dp='server' (privacy/)
     weights: list[float]  # per reply, after the max-weight-share cap
     domains: Mapping[str, Mapping[str, Domain]]  # record -> array -> domain (the contract's)
     memory: Mapping[str, Tensors] = field(default_factory=dict)  # slots before the round
