@@ -59,6 +59,7 @@ def preflight(merged: dict[str, Any]) -> None:
     Quietly: its warnings and progress bars come again from the ServerApp itself, so a refusal
     is the one line `main` prints."""
     from adaptfl.algorithms.config import RunConfig
+    from adaptfl.privacy.ledger import check_privacy_ledger
     from adaptfl.server_app.loop import build_run, check_results_dir
     from adaptfl.server_app.outputs import results_root
 
@@ -73,6 +74,7 @@ def preflight(merged: dict[str, Any]) -> None:
             # the key, before the task is loaded or anything is written.
             results_root(cfg)
             build_run(cfg)
+            check_privacy_ledger(cfg.privacy)  # a bad line, another δ or mode (issue 31 §8)
             check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
     finally:
         logging.disable(logging.NOTSET)

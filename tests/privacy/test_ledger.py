@@ -1,0 +1,106 @@
+"""dp-ledger (privacy/ledger.py, issue 31 §8): runs naming one file add up to one ε, a resumed
+round is not counted twice, and what cannot compose (another δ, a bad line) is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.recipe import to_recipe
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.privacy import ledger
+from adaptfl.privacy.accountant import epsilon
+from adaptfl.privacy.settings import Privacy
+from adaptfl.server_app import loop
+from adaptfl.server_app.loop import run_federated
+from tests.conftest import needs_fashion_mnist
+from tests.support.run_outputs import metric_rows
+
+# 2 rounds of 2 of 4 nodes, analytic RDP (no-amplification): each event is (1.0, 2, 4)
+TINY = dict(num_server_rounds=2, local_steps=1, batch_size=16, model="mlp", weighting="uniform",
+            dp="central", dp_seed=1, dp_testing_reproducible_noise=True, fraction_train=0.5,
+            dp_accounting="no-amplification")
+EVENT = (1.0, 2, 4)
+
+
+def _run(tmp_path, tiny_data, name: str, book, **extra):  # noqa: ANN001, ANN202
+    cfg = RunConfig.of(results_dir=str(tmp_path / "results"), data_dir=tiny_data["fashion-mnist"],
+                       run_name=name, dp_ledger=str(book), **{**TINY, **extra})
+    return run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
+
+
+def _lines(book) -> list[dict]:  # noqa: ANN001
+    return [json.loads(line) for line in book.read_text().splitlines()]
+
+
+@needs_fashion_mnist
+def test_two_runs_naming_one_ledger_report_epsilon_over_both(tmp_path, tiny_data) -> None:
+    book = tmp_path / "fashion-mnist.jsonl"
+    first = metric_rows(_run(tmp_path, tiny_data, "a", book))
+    second_dir = _run(tmp_path, tiny_data, "b", book)
+    second = metric_rows(second_dir)
+    lines = _lines(book)
+    assert [(e["run"].rsplit("/", 1)[-1], e["round"]) for e in lines] == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert lines[-1]["run"] == str(second_dir) and {e["delta"] for e in lines} == {1e-5}
+    whole = epsilon([EVENT] * 4, 1e-5, "no-amplification")  # the accountant, on its own
+    assert second[-1]["dp-epsilon-ledger"] == pytest.approx(whole, rel=1e-9)
+    assert second[-1]["dp-epsilon"] == pytest.approx(epsilon([EVENT] * 2, 1e-5, "no-amplification"))
+    assert whole > first[-1]["dp-epsilon"] and whole > second[-1]["dp-epsilon"]
+    assert first[-1]["dp-epsilon-ledger"] == pytest.approx(first[-1]["dp-epsilon"])  # alone then
+    assert second[0]["dp-epsilon-ledger"] == pytest.approx(epsilon([EVENT] * 3, 1e-5, "no-amplification"))
+    assert ledger.total_epsilon(book) == (pytest.approx(whole), 2, 4)
+
+
+@needs_fashion_mnist
+def test_a_round_rerun_on_resume_is_not_appended_twice(tmp_path, tiny_data, monkeypatch) -> None:
+    """Killed after round 2's ledger line, before its checkpoint: the resume reruns round 2."""
+    book = tmp_path / "ledger.jsonl"
+    save = loop.save_checkpoint
+
+    def dies_at_round_2(run_dir, state):  # noqa: ANN001, ANN202
+        if state.server_round == 2:
+            raise KeyboardInterrupt("killed")
+        save(run_dir, state)
+
+    monkeypatch.setattr(loop, "save_checkpoint", dies_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, tiny_data, "r", book)
+    assert [e["round"] for e in _lines(book)] == [1, 2]
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    rows = metric_rows(_run(tmp_path, tiny_data, "r", book, resume=True))
+    assert [e["round"] for e in _lines(book)] == [1, 2] and len({e["run-key"] for e in _lines(book)}) == 1
+    assert rows[-1]["dp-epsilon-ledger"] == pytest.approx(epsilon([EVENT] * 2, 1e-5, "no-amplification"))
+
+
+@needs_fashion_mnist
+def test_another_delta_in_the_ledger_is_refused_before_round_1(tmp_path, tiny_data) -> None:
+    book = tmp_path / "ledger.jsonl"
+    _run(tmp_path, tiny_data, "a", book, num_server_rounds=1)
+    with pytest.raises(ValueError, match=r"dp-delta=1e-05 .* this run at dp-delta=1e-06.* one δ"):
+        _run(tmp_path, tiny_data, "b", book, dp_delta=1e-6)
+    assert len(_lines(book)) == 1 and not (tmp_path / "results" / "b" / "model.pt").exists()
+
+
+def test_a_line_that_does_not_parse_is_refused_naming_the_file_and_line(tmp_path) -> None:
+    book = tmp_path / "ledger.jsonl"
+    good = {"z": 1.0, "n": 2, "N": 4, "delta": 1e-5, "accounting": "no-amplification", "run": "a",
+            "run-key": "k", "round": 1}
+    book.write_text(json.dumps(good) + "\n{not json\n")
+    privacy = Privacy(dp="central", dp_ledger=str(book), dp_accounting="no-amplification")
+    with pytest.raises(ValueError, match=rf"dp-ledger {book} line 2: not a privacy event"):
+        ledger.check_privacy_ledger(privacy)
+    book.write_text(json.dumps(good) + "\n" + json.dumps({**good, "accounting": "without-replacement"}))
+    with pytest.raises(ValueError, match="one accounting mode"):
+        ledger.check_privacy_ledger(privacy)
+
+
+def test_a_relative_or_dp_less_ledger_is_refused_and_clients_never_see_the_path(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"dp-ledger='ledger.jsonl' must be an absolute path"):
+        RunConfig.of(dp="central", weighting="uniform", dp_ledger="ledger.jsonl")
+    with pytest.raises(ValueError, match=r"dp-ledger=.* with dp='none'"):
+        RunConfig.of(dp_ledger=str(tmp_path / "l.jsonl"))
+    cfg = RunConfig.of(dp="central", weighting="uniform", dp_ledger=str(tmp_path / "l.jsonl"))
+    recipe = to_recipe(cfg.algorithm, cfg.round_info(1), cfg.data, privacy=cfg.privacy)
+    assert "privacy.dp" in recipe and not any("ledger" in k for k in recipe)
