@@ -42,7 +42,8 @@ def test_two_runs_naming_one_ledger_report_epsilon_over_both(tmp_path, tiny_data
     second_dir = _run(tmp_path, tiny_data, "b", book)
     second = metric_rows(second_dir)
     lines = _lines(book)
-    assert [(e["run"].rsplit("/", 1)[-1], e["round"]) for e in lines] == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    named = [(e["run"].rsplit("/", 1)[-1], e["round"]) for e in lines]
+    assert named == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
     assert lines[-1]["run"] == str(second_dir) and {e["delta"] for e in lines} == {1e-5}
     whole = epsilon([EVENT] * 4, 1e-5, "no-amplification")  # the accountant, on its own
     assert second[-1]["dp-epsilon-ledger"] == pytest.approx(whole, rel=1e-9)
@@ -104,3 +105,40 @@ def test_a_relative_or_dp_less_ledger_is_refused_and_clients_never_see_the_path(
     cfg = RunConfig.of(dp="central", weighting="uniform", dp_ledger=str(tmp_path / "l.jsonl"))
     recipe = to_recipe(cfg.algorithm, cfg.round_info(1), cfg.data, privacy=cfg.privacy)
     assert "privacy.dp" in recipe and not any("ledger" in k for k in recipe)
+
+
+def test_the_privacy_grid_names_one_ledger_per_data_set_and_renders_its_total(tmp_path, monkeypatch) -> None:
+    """harness/privacy.py with a fake sweep: every dp cell names <results>/ledgers/fashion-mnist.jsonl,
+    the ε = ∞ cells none, and the section states ε over the whole ledger."""
+    from adaptfl.harness import privacy as harness
+    from adaptfl.harness.table import append_row
+
+    book = harness.ledger_path(tmp_path)
+    cells = harness.PrivacyGrid(ledger=str(book)).cells()
+    dp_cells = [c for c in cells if "dp" in c.run_config]
+    assert {c.run_config.get("dp-ledger") for c in dp_cells} == {str(book)}
+    assert all("dp-ledger" not in c.run_config for c in cells if c not in dp_cells)
+    RunConfig.from_flower(dp_cells[0].run_config, drop_unused=True)  # a key the runs accept
+
+    privacy = Privacy(dp="central", dp_ledger=str(book), dp_accounting="no-amplification")
+
+    def fake_sweep(grid, results, jobs):  # noqa: ANN001, ANN202
+        assert grid.ledger == str(harness.ledger_path(results))
+        for key, rounds in (("a", 2), ("b", 1)):  # two runs' releases
+            for r in range(1, rounds + 1):
+                ledger.record(privacy, EVENT, f"{results}/runs/{key}", key, r)
+        append_row(results / f"{harness.NAME}.csv",
+                   {"cell": "c", "algorithm": "fedavg", "final-test-accuracy": 0.5, "dp": "central",
+                    "dp-target-epsilon": 8.0, "series:test-accuracy": json.dumps([0.5]),
+                    "series:dp-epsilon": json.dumps([1.0])})
+        return 1
+
+    monkeypatch.setattr(harness, "run_sweep", fake_sweep)
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\n## Systems\n")
+    harness.main(["--results-dir", str(tmp_path), "--out", str(page)])
+    whole = epsilon([EVENT] * 3, 1e-5, "no-amplification")
+    text = page.read_text()
+    assert f"**Total ε spent on fashion-mnist** (its ledger, `dp-ledger`): ε = {whole:.4g}" in text
+    assert "over all 2 dp runs, 3 released rounds" in text
+    assert "no ledger" in harness.section([], tmp_path / "none.jsonl")
