@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptfl.privacy.accountant import Event, epsilon
-from adaptfl.privacy.settings import Privacy
+from adaptfl.privacy.settings import ACCOUNTING, Privacy
 
 KEYS = ("z", "n", "N", "delta", "accounting", "run", "run-key", "round")
 
@@ -52,7 +52,8 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
     try:
         entry = json.loads(line)
         ok = isinstance(entry, dict) and all(k in entry for k in KEYS) and \
-            float(entry["z"]) > 0 and int(entry["n"]) >= 1 and int(entry["N"]) >= int(entry["n"])
+            float(entry["z"]) > 0 and 1 <= int(entry["n"]) <= int(entry["N"]) and \
+            0 < float(entry["delta"]) < 1 and entry["accounting"] in ACCOUNTING and int(entry["round"]) >= 1
     except (ValueError, TypeError):
         ok = False
     if not ok:

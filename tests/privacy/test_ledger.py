@@ -142,3 +142,21 @@ def test_the_privacy_grid_names_one_ledger_per_data_set_and_renders_its_total(tm
     assert f"**Total ε spent on fashion-mnist** (its ledger, `dp-ledger`): ε = {whole:.4g}" in text
     assert "over all 2 dp runs, 3 released rounds" in text
     assert "no ledger" in harness.section([], tmp_path / "none.jsonl")
+
+
+def test_runs_appending_at_once_leave_every_line_whole(tmp_path) -> None:
+    """Four writers at once (each its own open file, as separate runs are): no line lost or torn."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    book = tmp_path / "ledger.jsonl"
+    privacy = Privacy(dp="central", dp_ledger=str(book), dp_accounting="no-amplification")
+
+    def run(key: str) -> None:
+        for r in range(1, 26):
+            ledger.record(privacy, EVENT, key, key, r)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(run, "abcd"))
+    entries = ledger.read(book)
+    assert len(entries) == 100 and {(e["run-key"], e["round"]) for e in entries} == \
+        {(k, r) for k in "abcd" for r in range(1, 26)}
