@@ -158,8 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     results = args.results_dir.resolve()
-    run_sweep(PrivacyGrid(ledger=str(ledger_path(results))), results, args.jobs)  # type: ignore[arg-type]
-    rows = read_table(results / f"{NAME}.csv")
+    grid = PrivacyGrid(ledger=str(ledger_path(results)))
+    run_sweep(grid, results, args.jobs)  # type: ignore[arg-type]
+    # only this grid's cells: rows of dp cells run before dp-ledger (other ids) are not in its ledger
+    ids = {cell.cell_id for cell in grid.cells()}
+    rows = [r for r in read_table(results / f"{NAME}.csv") if r.get("cell") in ids]
     args.out.write_text(splice(args.out.read_text(), section(rows, ledger_path(results))))
     table = args.out.parent / "results-data" / f"{NAME}.csv"
     table.parent.mkdir(parents=True, exist_ok=True)

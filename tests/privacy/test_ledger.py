@@ -113,6 +113,7 @@ def test_the_privacy_grid_names_one_ledger_per_data_set_and_renders_its_total(tm
     from adaptfl.harness import privacy as harness
     from adaptfl.harness.table import append_row
 
+    monkeypatch.setattr(harness, "noise_multiplier", lambda target: 16.0 / target)  # no bisection
     book = harness.ledger_path(tmp_path)
     cells = harness.PrivacyGrid(ledger=str(book)).cells()
     dp_cells = [c for c in cells if "dp" in c.run_config]
@@ -127,10 +128,15 @@ def test_the_privacy_grid_names_one_ledger_per_data_set_and_renders_its_total(tm
         for key, rounds in (("a", 2), ("b", 1)):  # two runs' releases
             for r in range(1, rounds + 1):
                 ledger.record(privacy, EVENT, f"{results}/runs/{key}", key, r)
+        cell = next(c for c in grid.cells() if c.axes["algorithm"] == "fedavg"
+                    and c.run_config.get("dp-target-epsilon") == 8.0)
         append_row(results / f"{harness.NAME}.csv",
-                   {"cell": "c", "algorithm": "fedavg", "final-test-accuracy": 0.5, "dp": "central",
+                   {"cell": cell.cell_id, "algorithm": "fedavg", "final-test-accuracy": 0.5, "dp": "central",
                     "dp-target-epsilon": 8.0, "series:test-accuracy": json.dumps([0.5]),
                     "series:dp-epsilon": json.dumps([1.0])})
+        append_row(results / f"{harness.NAME}.csv",  # a dp cell of before the ledger: left out
+                   {"cell": "stale", "algorithm": "fedavg", "final-test-accuracy": 0.9, "dp": "central",
+                    "dp-target-epsilon": 8.0, "series:test-accuracy": json.dumps([0.9])})
         return 1
 
     monkeypatch.setattr(harness, "run_sweep", fake_sweep)
@@ -141,6 +147,7 @@ def test_the_privacy_grid_names_one_ledger_per_data_set_and_renders_its_total(tm
     text = page.read_text()
     assert f"**Total ε spent on fashion-mnist** (its ledger, `dp-ledger`): ε = {whole:.4g}" in text
     assert "over all 2 dp runs, 3 released rounds" in text
+    assert "| fedavg | 8 | – | 1.000 | 0.5000 ± 0.0000 | 0.5000 ± 0.0000 |" in text, text
     assert "no ledger" in harness.section([], tmp_path / "none.jsonl")
 
 
