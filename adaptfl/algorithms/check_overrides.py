@@ -59,6 +59,7 @@ def preflight(merged: dict[str, Any], nodes: int = 0) -> None:
     Quietly: its warnings and progress bars come again from the ServerApp itself, so a refusal
     is the one line `main` prints."""
     from adaptfl.algorithms.config import RunConfig
+    from adaptfl.privacy.ledger import check_privacy_ledger
     from adaptfl.server_app.loop import build_run, check_results_dir
     from adaptfl.server_app.outputs import results_root
     from adaptfl.server_app.run_checks import check_nodes
@@ -76,6 +77,7 @@ def preflight(merged: dict[str, Any], nodes: int = 0) -> None:
             _, _, task = build_run(cfg)
             if nodes > 0:  # the simulation's node count: the checks the engine makes with its nodes
                 check_nodes(cfg, task, [{} for _ in range(nodes)])
+            check_privacy_ledger(cfg.privacy)  # a bad line, another δ or mode (issue 31 §8)
             check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
     finally:
         logging.disable(logging.NOTSET)

@@ -17,6 +17,7 @@ from adaptfl.algorithms.algorithm import SLOTS, Algorithm
 from adaptfl.algorithms.params import Component, fields_of, lookup
 from adaptfl.algorithms.settings import Data, LanguageModel, Privacy, Runtime
 from adaptfl.algorithms.stage import RoundInfo, Stage
+from adaptfl.privacy.settings import SERVER_ONLY
 
 CLIENT_STATE_DIR = "output.client-state-dir"
 CLIENT_STATE_MEMORY = "output.client-state-memory"
@@ -45,7 +46,7 @@ def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
     out[CLIENT_STATE_DIR] = client_state_dir
     out[CLIENT_STATE_MEMORY] = client_state_memory
     if privacy is not None and privacy.on:  # what a dp='client' client clips and noises with
-        out.update({f"privacy.{k}": v for k, v in privacy.values().items()})
+        out.update({f"privacy.{k}": v for k, v in privacy.values().items() if k not in SERVER_ONLY})
         out[SAMPLED] = sampled
     return out
 

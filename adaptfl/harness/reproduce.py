@@ -16,8 +16,8 @@ from typing import Any
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.harness.grid import load_grid
 from adaptfl.harness.privacy import NAME as PRIVACY
+from adaptfl.harness.privacy import ledger_path, splice
 from adaptfl.harness.privacy import section as privacy_section
-from adaptfl.harness.privacy import splice
 from adaptfl.harness.report import held_line, render
 from adaptfl.harness.report import splice as splice_grid
 from adaptfl.harness.sweep import DEFAULT_RESULTS_DIR, run_sweep
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     for path, where in spliced:
         page = splice_grid(page, path.stem, render([path], where, out))
     privacy = read_table(results / f"{PRIVACY}.csv")  # harness.privacy's section, kept
-    out.write_text(splice(page, privacy_section(privacy)) if privacy else page)
+    out.write_text(splice(page, privacy_section(privacy, ledger_path(results))) if privacy else page)
     for path in [*grids, *(p for p, _ in spliced)]:  # the tables behind the page, next to it
         table = results / f"{path.stem}.csv"
         if table.is_file():

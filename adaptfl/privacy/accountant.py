@@ -17,7 +17,7 @@ The bound applied (`dp-accounting`):
 Flower's `RdpAccountant` fixes N for the whole run; nodes come and go between rounds here, so the
 events are composed into dp_accounting's accountant directly (tests/privacy/test_privacy.py checks both
 give the same ε where Flower's applies). The ledger is kept in the server state, so a resumed
-run keeps counting.
+run keeps counting; across runs on the same data: `dp-ledger` (privacy/ledger.py).
 """
 
 from __future__ import annotations

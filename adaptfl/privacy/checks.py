@@ -9,6 +9,7 @@
     weighting     `uniform`, or `examples` with max-weight-share < 1 (the cap is the noise's
                   share bound); dp='client' needs `uniform`, the weights each client's noise
                   share is calibrated for
+    dp-ledger     set with dp on (a run without dp has no ε to add to it)
     target ε      set with dp on; with dp-num-clients = N the planned rounds are checked here
     σ_b           when set, the adaptive clipping's counts must leave the records some of z
 """
@@ -28,6 +29,9 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
         if privacy.dp_target_epsilon > 0.0:
             raise ValueError(f"dp-target-epsilon={privacy.dp_target_epsilon:g} with dp='none': "
                              "nothing is noised; set dp='central' or dp='client'")
+        if privacy.dp_ledger:  # a run without dp has no bound to add: the ledger would lie
+            raise ValueError(f"dp-ledger={privacy.dp_ledger!r} with dp='none': a run without dp "
+                             "releases its data without a bound; set dp or drop dp-ledger")
         return
     aggregator = algorithm.aggregator.name
     if aggregator != "mean":

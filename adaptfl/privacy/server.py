@@ -6,7 +6,9 @@
                      (adaptfl's loop ends the run there and writes its outputs, exit 0; under
                      Flower's Strategy.start it is Flower's PrivacyBudgetExhausted)
     the round        GaussianMean combines every shared record (privacy/mechanism.py)
-    after it         the event (z, n, N) joins the ledger in the server state; ε is a metric
+    after it         the event (z, n, N) joins the ledger in the server state; ε is a metric;
+                     with dp-ledger, the event goes to that file too and dp-epsilon-ledger is ε
+                     over every run's events there (privacy/ledger.py)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from adaptfl.algorithms.contract import Contract
 from adaptfl.algorithms.settings import Federation
+from adaptfl.privacy import ledger
 from adaptfl.privacy.accountant import LEDGER, epsilon, ledger_of, ledger_record, planned_epsilon
 from adaptfl.privacy.mechanism import GaussianMean, records_noise_multiplier, round_seed, shared_records
 from adaptfl.privacy.settings import Privacy
@@ -45,6 +48,7 @@ def before_round(privacy: Privacy, state: ServerState, server_round: int, num_ro
     noisy for the adaptive clipping to leave the records any of z."""
     if privacy.on:
         records_noise_multiplier(privacy, len(shared_records(contract)), count_stddev(privacy, sampled))
+        ledger.check_privacy_ledger(privacy)  # a bad line, another δ or mode: refused unsent
     target = privacy.dp_target_epsilon
     if not privacy.on or target <= 0.0:
         return
@@ -79,12 +83,17 @@ def round_combine(privacy: Privacy, fed: Federation, contract: Contract, replies
 
 
 def record_release(privacy: Privacy, state: ServerState, replies: int, sampled: int,
-                   population: int) -> dict[str, float]:
-    """Add the round's event to the ledger of `state`; ε so far as the round's metrics."""
+                   population: int, server_round: int, run: str) -> dict[str, float]:
+    """Add the round's event to the ledger of `state` (and to dp-ledger's file); ε so far as
+    the round's metrics. `run` names the run in the file (its results folder)."""
     z = privacy.dp_noise_multiplier
     if privacy.dp == "client":  # m of the n noise shares arrived: less noise than planned
         z *= math.sqrt(min(replies, sampled) / sampled)
     events = [*ledger_of(state.extras), (z, sampled, population)]
     state.extras[LEDGER] = ledger_record(events)
-    return {"dp-epsilon": epsilon(events, privacy.dp_delta, privacy.dp_accounting),
-            "dp-noise-multiplier": z}
+    out = {"dp-epsilon": epsilon(events, privacy.dp_delta, privacy.dp_accounting),
+           "dp-noise-multiplier": z}
+    if ledger.path_of(privacy) is not None:
+        out["dp-epsilon-ledger"] = ledger.record(privacy, (z, sampled, population), run,
+                                                 state.run_key, server_round)
+    return out

@@ -15,6 +15,9 @@
     dp-num-clients         N for the refusal before Flower starts (0: the nodes at round 1)
     dp-accounting          the bound: without-replacement (fixed-size sampling, what the strategy
                            does) or no-amplification (Flower's fixed-clipping accountant)
+    dp-ledger              absolute path of a JSON-lines file every run on the same data appends
+                           its rounds' events to, for ε over all of them (privacy/ledger.py);
+                           empty: off. The server's alone: never sent to a client
     dp-seed                -1: noise from the OS CSPRNG; >= 0: reproducible noise, which anyone
                            who knows the seed can subtract: refused unless
     dp-testing-reproducible-noise  is true, the switch that says the run is a test, not private
@@ -22,6 +25,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from adaptfl.algorithms.params import Component, component, param
@@ -29,6 +33,7 @@ from adaptfl.algorithms.params import Component, component, param
 MODES = ("none", "central", "client")
 ON_TARGET = ("refuse", "stop")
 ACCOUNTING = ("without-replacement", "no-amplification")
+SERVER_ONLY = ("dp-ledger",)  # not in a client's recipe: a path on the server's machine
 
 
 @component("settings", "privacy")
@@ -65,6 +70,9 @@ class Privacy(Component):
     dp_accounting: str = param("without-replacement", "the privacy bound: without-replacement "
                                "(fixed-size sampling, replace-one) or no-amplification (add/remove "
                                "one, as Flower's fixed-clipping accountant)", choices=ACCOUNTING)
+    dp_ledger: str = param("", "absolute path of the JSON-lines ledger of every run on the same "
+                           "data (privacy/ledger.py): each round's event is appended and "
+                           "dp-epsilon-ledger is ε over all of them; empty: off")
     dp_seed: int = param(-1, "-1: noise from the OS CSPRNG; >= 0: reproducible noise (anyone who "
                          "knows the seed can remove it): needs dp-testing-reproducible-noise",
                          within=(-1, None))
@@ -80,6 +88,9 @@ class Privacy(Component):
         return self.dp_clip_lr > 0.0
 
     def check(self) -> None:
+        if self.dp_ledger and not os.path.isabs(os.path.expanduser(self.dp_ledger)):
+            raise ValueError(f"dp-ledger={self.dp_ledger!r} must be an absolute path: the ServerApp "
+                             "runs in the SuperLink's working directory")
         if self.dp_seed >= 0 and not self.dp_testing_reproducible_noise:
             raise ValueError(f"dp-seed={self.dp_seed}: a known seed lets anyone subtract the noise; "
                              "set dp-testing-reproducible-noise=true (tests only, not private) or "

@@ -147,6 +147,7 @@ def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
     source = check_results_dir(cfg)
     checkpoint = load_checkpoint(cfg, source) if source is not None else None  # before config.json
     outputs = RunOutputs(cfg)
+    strategy.run_dir = str(outputs.dir)
     if checkpoint is not None:
         strategy.state = checkpoint.state
         if not continues_same_job(source, outputs.dir):  # a fork: its clients' state is its own

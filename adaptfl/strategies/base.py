@@ -70,6 +70,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.state: ServerState | None = None
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
+        self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
 
@@ -237,9 +238,9 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             check_state(new, contract, algorithm)
         except (AggregationRefused, InvariantViolated) as why:
             if private is not None and private.combined:  # noise was drawn: a release all the same
-                self._record_release(self.state, len(accepted))
+                self._record_release(self.state, len(accepted), server_round)
             return self._skip(server_round, f"round refused: {why}")
-        privacy_stats = self._record_release(new, len(accepted)) if private is not None else {}
+        privacy_stats = self._record_release(new, len(accepted), server_round) if private is not None else {}
         self.state = new  # the only assignment: a failure above leaves the state untouched
         stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
                  **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
@@ -252,8 +253,9 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         return ArrayRecord(self.state.model), \
             MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics(stats)))  # as in _skip
 
-    def _record_release(self, state: ServerState, replies: int) -> dict[str, float]:
-        return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes)
+    def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
+        return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
+                                 server_round, self.run_dir or self.cfg.output.run_name)
 
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:

@@ -221,6 +221,7 @@ def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_doma
     ("weighting='examples'", "weighting='examples' and max-weight-share=1"),
     ("dp-target-epsilon=0.5 dp-num-clients=100", "round 1 alone of dp-noise-multiplier=1"),
     ("dp-seed=7", "dp-seed=7: a known seed lets anyone subtract the noise"),
+    ("dp-ledger='ledger.jsonl'", "dp-ledger='ledger.jsonl' must be an absolute path"),
 ])
 def test_bad_dp_input_is_one_line_exit_2(capsys, override: str, named: str) -> None:
     extra = " dp-on-target='stop'" if "target" in override else ""

@@ -1,0 +1,117 @@
+"""`dp-ledger`: one JSON-lines file of privacy events that every run naming it appends to, so ε
+covers all the runs on one data set (issue 31 §8), not each run alone.
+
+    one line per released round   {"z", "n", "N", "delta", "accounting", "run", "run-key", "round"}
+    appended                      under an exclusive flock, as one O_APPEND write: runs in
+                                  parallel (harness --jobs 2) share the file
+    a resumed run                 keyed by (run-key, round): a round already there is not
+                                  appended again (run-key is the job's, kept by resume)
+    refused (ValueError)          a line that does not parse (file and line named), and lines
+                                  of another δ or accounting mode than this run's: ε over mixed
+                                  bounds would be no bound
+
+The ledger covers exactly the runs that named the same file: one ledger per data set is the
+operator's to keep. dp-target-epsilon applies to the run's own ε, not the ledger's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from adaptfl.privacy.accountant import Event, epsilon
+from adaptfl.privacy.settings import ACCOUNTING, Privacy
+
+KEYS = ("z", "n", "N", "delta", "accounting", "run", "run-key", "round")
+
+
+def path_of(privacy: Privacy) -> Path | None:
+    return Path(privacy.dp_ledger).expanduser() if privacy.on and privacy.dp_ledger else None
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """Every entry of the ledger ([] when it does not exist yet), under a shared lock."""
+    try:
+        with path.open() as fh:
+            fcntl.flock(fh, fcntl.LOCK_SH)
+            return _entries(path, fh.read())
+    except FileNotFoundError:
+        return []
+
+
+def _entries(path: Path, text: str) -> list[dict[str, Any]]:
+    return [_parse(path, number, line) for number, line in enumerate(text.splitlines(), 1)
+            if line.strip()]
+
+
+def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
+    try:
+        entry = json.loads(line)
+        ok = isinstance(entry, dict) and all(k in entry for k in KEYS) and \
+            float(entry["z"]) > 0 and 1 <= int(entry["n"]) <= int(entry["N"]) and \
+            0 < float(entry["delta"]) < 1 and entry["accounting"] in ACCOUNTING and int(entry["round"]) >= 1
+    except (ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"dp-ledger {path} line {number}: not a privacy event (a JSON object with "
+                         f"{', '.join(KEYS)}); repair or remove that line")
+    return entry
+
+
+def check(path: Path, entries: Iterable[dict[str, Any]], delta: float, accounting: str) -> None:
+    """Refuse entries of another δ or bound: their ε does not compose with this run's."""
+    for entry in entries:
+        if float(entry["delta"]) != delta or entry["accounting"] != accounting:
+            raise ValueError(f"dp-ledger {path}: run {entry['run']!r} was accounted at dp-delta="
+                             f"{float(entry['delta']):g} dp-accounting={entry['accounting']!r}, this "
+                             f"run at dp-delta={delta:g} dp-accounting={accounting!r}; one ledger "
+                             "holds one δ and one accounting mode")
+
+
+def events(entries: Iterable[dict[str, Any]]) -> list[Event]:
+    return [(float(e["z"]), int(e["n"]), int(e["N"])) for e in entries]
+
+
+def check_privacy_ledger(privacy: Privacy) -> None:
+    """What a round refuses before anything is sent: a bad line, another δ or mode."""
+    path = path_of(privacy)
+    if path is not None:
+        check(path, read(path), privacy.dp_delta, privacy.dp_accounting)
+
+
+def record(privacy: Privacy, event: Event, run: str, run_key: str, server_round: int) -> float:
+    """Append the round's event (unless this run's round is there already: a resume); ε over
+    the whole ledger with it."""
+    path = path_of(privacy)
+    assert path is not None
+    entry = {"z": event[0], "n": event[1], "N": event[2], "delta": privacy.dp_delta,
+             "accounting": privacy.dp_accounting, "run": run, "run-key": run_key,
+             "round": server_round}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # read and append as one step
+        # flock is per open file: a second descriptor's shared lock would wait on this one
+        entries = _entries(path, path.read_text())
+        check(path, entries, privacy.dp_delta, privacy.dp_accounting)
+        others = [e for e in entries if (e["run-key"], int(e["round"])) != (run_key, server_round)]
+        if len(others) == len(entries):
+            os.write(fd, (json.dumps(entry) + "\n").encode())
+    finally:
+        os.close(fd)  # releases the lock
+    return epsilon([*events(others), event], privacy.dp_delta, privacy.dp_accounting)
+
+
+def total_epsilon(path: Path) -> tuple[float, int, int] | None:
+    """(ε over every event, runs, events) of a ledger, None when it has none (the harness)."""
+    entries = read(path)
+    if not entries:
+        return None
+    delta, accounting = float(entries[0]["delta"]), entries[0]["accounting"]
+    check(path, entries, delta, accounting)
+    runs = len({e["run-key"] for e in entries})
+    return epsilon(events(entries), delta, accounting), runs, len(entries)

@@ -1,0 +1,169 @@
+"""dp-ledger (privacy/ledger.py, issue 31 §8): runs naming one file add up to one ε, a resumed
+round is not counted twice, and what cannot compose (another δ, a bad line) is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.recipe import to_recipe
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.privacy import ledger
+from adaptfl.privacy.accountant import epsilon
+from adaptfl.privacy.settings import Privacy
+from adaptfl.server_app import loop
+from adaptfl.server_app.loop import run_federated
+from tests.conftest import needs_fashion_mnist
+from tests.support.run_outputs import metric_rows
+
+# 2 rounds of 2 of 4 nodes, analytic RDP (no-amplification): each event is (1.0, 2, 4)
+TINY = dict(num_server_rounds=2, local_steps=1, batch_size=16, model="mlp", weighting="uniform",
+            dp="central", dp_seed=1, dp_testing_reproducible_noise=True, fraction_train=0.5,
+            dp_accounting="no-amplification")
+EVENT = (1.0, 2, 4)
+
+
+def _run(tmp_path, tiny_data, name: str, book, **extra):  # noqa: ANN001, ANN202
+    cfg = RunConfig.of(results_dir=str(tmp_path / "results"), data_dir=tiny_data["fashion-mnist"],
+                       run_name=name, dp_ledger=str(book), **{**TINY, **extra})
+    return run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
+
+
+def _lines(book) -> list[dict]:  # noqa: ANN001
+    return [json.loads(line) for line in book.read_text().splitlines()]
+
+
+@needs_fashion_mnist
+def test_two_runs_naming_one_ledger_report_epsilon_over_both(tmp_path, tiny_data) -> None:
+    book = tmp_path / "fashion-mnist.jsonl"
+    first = metric_rows(_run(tmp_path, tiny_data, "a", book))
+    second_dir = _run(tmp_path, tiny_data, "b", book)
+    second = metric_rows(second_dir)
+    lines = _lines(book)
+    named = [(e["run"].rsplit("/", 1)[-1], e["round"]) for e in lines]
+    assert named == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert lines[-1]["run"] == str(second_dir) and {e["delta"] for e in lines} == {1e-5}
+    whole = epsilon([EVENT] * 4, 1e-5, "no-amplification")  # the accountant, on its own
+    assert second[-1]["dp-epsilon-ledger"] == pytest.approx(whole, rel=1e-9)
+    assert second[-1]["dp-epsilon"] == pytest.approx(epsilon([EVENT] * 2, 1e-5, "no-amplification"))
+    assert whole > first[-1]["dp-epsilon"] and whole > second[-1]["dp-epsilon"]
+    assert first[-1]["dp-epsilon-ledger"] == pytest.approx(first[-1]["dp-epsilon"])  # alone then
+    assert second[0]["dp-epsilon-ledger"] == pytest.approx(epsilon([EVENT] * 3, 1e-5, "no-amplification"))
+    assert ledger.total_epsilon(book) == (pytest.approx(whole), 2, 4)
+
+
+@needs_fashion_mnist
+def test_a_round_rerun_on_resume_is_not_appended_twice(tmp_path, tiny_data, monkeypatch) -> None:
+    """Killed after round 2's ledger line, before its checkpoint: the resume reruns round 2."""
+    book = tmp_path / "ledger.jsonl"
+    save = loop.save_checkpoint
+
+    def dies_at_round_2(run_dir, state):  # noqa: ANN001, ANN202
+        if state.server_round == 2:
+            raise KeyboardInterrupt("killed")
+        save(run_dir, state)
+
+    monkeypatch.setattr(loop, "save_checkpoint", dies_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, tiny_data, "r", book)
+    assert [e["round"] for e in _lines(book)] == [1, 2]
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    rows = metric_rows(_run(tmp_path, tiny_data, "r", book, resume=True))
+    assert [e["round"] for e in _lines(book)] == [1, 2] and len({e["run-key"] for e in _lines(book)}) == 1
+    assert rows[-1]["dp-epsilon-ledger"] == pytest.approx(epsilon([EVENT] * 2, 1e-5, "no-amplification"))
+
+
+@needs_fashion_mnist
+def test_another_delta_in_the_ledger_is_refused_before_round_1(tmp_path, tiny_data) -> None:
+    book = tmp_path / "ledger.jsonl"
+    _run(tmp_path, tiny_data, "a", book, num_server_rounds=1)
+    with pytest.raises(ValueError, match=r"dp-delta=1e-05 .* this run at dp-delta=1e-06.* one δ"):
+        _run(tmp_path, tiny_data, "b", book, dp_delta=1e-6)
+    assert len(_lines(book)) == 1 and not (tmp_path / "results" / "b" / "model.pt").exists()
+
+
+def test_a_line_that_does_not_parse_is_refused_naming_the_file_and_line(tmp_path) -> None:
+    book = tmp_path / "ledger.jsonl"
+    good = {"z": 1.0, "n": 2, "N": 4, "delta": 1e-5, "accounting": "no-amplification", "run": "a",
+            "run-key": "k", "round": 1}
+    book.write_text(json.dumps(good) + "\n{not json\n")
+    privacy = Privacy(dp="central", dp_ledger=str(book), dp_accounting="no-amplification")
+    with pytest.raises(ValueError, match=rf"dp-ledger {book} line 2: not a privacy event"):
+        ledger.check_privacy_ledger(privacy)
+    book.write_text(json.dumps(good) + "\n" + json.dumps({**good, "accounting": "without-replacement"}))
+    with pytest.raises(ValueError, match="one accounting mode"):
+        ledger.check_privacy_ledger(privacy)
+
+
+def test_a_relative_or_dp_less_ledger_is_refused_and_clients_never_see_the_path(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"dp-ledger='ledger.jsonl' must be an absolute path"):
+        RunConfig.of(dp="central", weighting="uniform", dp_ledger="ledger.jsonl")
+    with pytest.raises(ValueError, match=r"dp-ledger=.* with dp='none'"):
+        RunConfig.of(dp_ledger=str(tmp_path / "l.jsonl"))
+    cfg = RunConfig.of(dp="central", weighting="uniform", dp_ledger=str(tmp_path / "l.jsonl"))
+    recipe = to_recipe(cfg.algorithm, cfg.round_info(1), cfg.data, privacy=cfg.privacy)
+    assert "privacy.dp" in recipe and not any("ledger" in k for k in recipe)
+
+
+def test_the_privacy_grid_names_one_ledger_per_data_set_and_renders_its_total(tmp_path, monkeypatch) -> None:
+    """harness/privacy.py with a fake sweep: every dp cell names <results>/ledgers/fashion-mnist.jsonl,
+    the ε = ∞ cells none, and the section states ε over the whole ledger."""
+    from adaptfl.harness import privacy as harness
+    from adaptfl.harness.table import append_row
+
+    monkeypatch.setattr(harness, "noise_multiplier", lambda target: 16.0 / target)  # no bisection
+    book = harness.ledger_path(tmp_path)
+    cells = harness.PrivacyGrid(ledger=str(book)).cells()
+    dp_cells = [c for c in cells if "dp" in c.run_config]
+    assert {c.run_config.get("dp-ledger") for c in dp_cells} == {str(book)}
+    assert all("dp-ledger" not in c.run_config for c in cells if c not in dp_cells)
+    RunConfig.from_flower(dp_cells[0].run_config, drop_unused=True)  # a key the runs accept
+
+    privacy = Privacy(dp="central", dp_ledger=str(book), dp_accounting="no-amplification")
+
+    def fake_sweep(grid, results, jobs):  # noqa: ANN001, ANN202
+        assert grid.ledger == str(harness.ledger_path(results))
+        for key, rounds in (("a", 2), ("b", 1)):  # two runs' releases
+            for r in range(1, rounds + 1):
+                ledger.record(privacy, EVENT, f"{results}/runs/{key}", key, r)
+        cell = next(c for c in grid.cells() if c.axes["algorithm"] == "fedavg"
+                    and c.run_config.get("dp-target-epsilon") == 8.0)
+        append_row(results / f"{harness.NAME}.csv",
+                   {"cell": cell.cell_id, "algorithm": "fedavg", "final-test-accuracy": 0.5, "dp": "central",
+                    "dp-target-epsilon": 8.0, "series:test-accuracy": json.dumps([0.5]),
+                    "series:dp-epsilon": json.dumps([1.0])})
+        append_row(results / f"{harness.NAME}.csv",  # a dp cell of before the ledger: left out
+                   {"cell": "stale", "algorithm": "fedavg", "final-test-accuracy": 0.9, "dp": "central",
+                    "dp-target-epsilon": 8.0, "series:test-accuracy": json.dumps([0.9])})
+        return 1
+
+    monkeypatch.setattr(harness, "run_sweep", fake_sweep)
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\n## Systems\n")
+    harness.main(["--results-dir", str(tmp_path), "--out", str(page)])
+    whole = epsilon([EVENT] * 3, 1e-5, "no-amplification")
+    text = page.read_text()
+    assert f"**Total ε spent on fashion-mnist** (its ledger, `dp-ledger`): ε = {whole:.4g}" in text
+    assert "over all 2 dp runs, 3 released rounds" in text
+    assert "| fedavg | 8 | – | 1.000 | 0.5000 ± 0.0000 | 0.5000 ± 0.0000 |" in text, text
+    assert "no ledger" in harness.section([], tmp_path / "none.jsonl")
+
+
+def test_runs_appending_at_once_leave_every_line_whole(tmp_path) -> None:
+    """Four writers at once (each its own open file, as separate runs are): no line lost or torn."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    book = tmp_path / "ledger.jsonl"
+    privacy = Privacy(dp="central", dp_ledger=str(book), dp_accounting="no-amplification")
+
+    def run(key: str) -> None:
+        for r in range(1, 26):
+            ledger.record(privacy, EVENT, key, key, r)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(run, "abcd"))
+    entries = ledger.read(book)
+    assert len(entries) == 100 and {(e["run-key"], e["round"]) for e in entries} == \
+        {(k, r) for k in "abcd" for r in range(1, 26)}
