@@ -11,9 +11,13 @@ State is versioned by the round that wrote it, and round r loads the newest vers
 before round r: a round that is re-run after a crash (the server resumed from its checkpoint)
 starts from the same client state as the first time. The last two versions are kept.
 
-If no copy exists, or a file is unreadable or holds the wrong keys or shapes, the caller gets
-None and behaves as a client that did not take part before (HaFedHo: "did not take part last
-round"; SCAFFOLD, FedDyn: zero variates), and reports where its state came from in the
+Each file names its owner: the run key, the client (its folder's name) and the round
+(state_owner.py); a file whose owner is not this store's (another partition's copied or linked
+in, another job's) or that names none is refused as a damaged one is.
+
+If no copy exists, or a file is unreadable, not this client's or holds the wrong keys or
+shapes, the caller gets None and behaves as a client that did not take part before (HaFedHo:
+"did not take part last round"; SCAFFOLD, FedDyn: zero variates), and reports where its state came from in the
 `client-state` metric (0 none, 1 memory, 2 disk). The run key comes from the server's state
 (new per job, kept across a resume, when Flower's run id changes); without one, Flower's run id
 is used. In round 1 stored state is ignored.
@@ -32,11 +36,13 @@ import tempfile
 from collections.abc import Mapping
 from enum import IntEnum
 from pathlib import Path
+from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, Context
 
 from adaptfl.algorithms import wire
+from adaptfl.client_app.state_owner import Owner, bind, unbind
 
 log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
@@ -97,7 +103,11 @@ class ClientStateStore:
         partition = context.node_config.get(wire.NODE_PARTITION_ID)
         who = f"partition-{int(partition)}" if partition is not None else f"node-{context.node_id}"
         root = Path(directory) if directory else default_state_dir()
-        self.dir = root / f"run-{run_key or context.run_id}" / who
+        self.run, self.who = str(run_key or context.run_id), who
+        self.dir = root / f"run-{self.run}" / who
+
+    def _owner(self, version: int) -> Owner:
+        return Owner(self.run, self.who, version)
 
     # --- memory: one record per (name, round) ------------------------------------------------
     def _memory(self, name: str) -> dict[int, str]:
@@ -142,10 +152,11 @@ class ClientStateStore:
             except Exception as err:  # noqa: BLE001 - a truncated or foreign file is lost state
                 log.warning("client state %s unreadable (%s): starting without it", path, err)
                 return None, StateSource.NONE
-            why = _why_unusable(loaded, expect)
-            if why is None:
-                return loaded, StateSource.DISK
-            log.warning("client state %s unusable (%s): starting without it", path, why)
+            owned, not_ours = unbind(loaded, self._owner(max(disk)))  # another client's is not ours
+            problem = not_ours or _why_unusable(owned, expect)
+            if problem is None:
+                return cast(Tensors, owned), StateSource.DISK
+            log.warning("client state %s unusable (%s): starting without it", path, problem)
         return None, StateSource.NONE
 
     def save(self, name: str, tensors: Tensors) -> None:
@@ -160,7 +171,7 @@ class ClientStateStore:
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
-            torch.save(cpu, fh)
+            torch.save(bind(cpu, self._owner(self.server_round)), fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)  # a crash mid-write leaves the previous versions intact

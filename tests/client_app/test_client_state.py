@@ -59,13 +59,14 @@ def test_unreadable_or_misshaped_state_is_lost_state(tmp_path) -> None:
     _store(tmp_path, 1).save("c", {"w": torch.ones(2, 3)})
     path = next(tmp_path.glob("run-job/partition-3/c.r1.pt"))
     good = path.read_bytes()
+    owner = torch.load(path, weights_only=True)["owner"]  # bound: so the tensors are what is checked
     cases = {
         "truncated": good[: len(good) // 2],
         "garbage": os.urandom(200),
-        "wrong shape": _bytes({"w": torch.ones(3, 2)}),
-        "other keys": _bytes({"v": torch.ones(2, 3)}),
-        "not tensors": _bytes({"w": "a string"}),
-        "non-finite": _bytes({"w": torch.full((2, 3), float("nan"))}),
+        "wrong shape": _bound(owner, {"w": torch.ones(3, 2)}),
+        "other keys": _bound(owner, {"v": torch.ones(2, 3)}),
+        "not tensors": _bound(owner, {"w": "a string"}),
+        "non-finite": _bound(owner, {"w": torch.full((2, 3), float("nan"))}),
     }
     for case, blob in cases.items():
         path.write_bytes(blob)
@@ -79,6 +80,10 @@ def _bytes(obj: object) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
+
+
+def _bound(owner: dict, tensors: dict) -> bytes:
+    return _bytes({"owner": owner, "tensors": tensors})
 
 
 def test_a_misshaped_copy_in_memory_falls_back_to_the_disk(tmp_path) -> None:
@@ -138,10 +143,11 @@ def test_a_client_with_corrupt_state_reports_state_0_and_trains_on(algorithm, na
     elif corrupt == "garbage":
         path.write_bytes(os.urandom(4096))
     else:  # the same keys, one tensor of another shape
-        state = torch.load(path, weights_only=True)
+        bound = torch.load(path, weights_only=True)
+        state = bound["tensors"]
         key = next(k for k, t in state.items() if t.ndim == 2)
         state[key] = torch.zeros(state[key].shape[0] + 1, state[key].shape[1])
-        path.write_bytes(_bytes(state))
+        path.write_bytes(_bytes(bound))
     restarted = Context(run_id=1, node_id=node, node_config=context.node_config,
                         state=RecordDict(), run_config={})
     reply = train_or_refuse(msg, restarted)

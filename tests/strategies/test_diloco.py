@@ -10,7 +10,9 @@ for a client that skips round 2 and comes back in round 3 with its round-1 state
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import shutil
 
 import pytest
 import torch
@@ -219,6 +221,25 @@ def test_lost_state_is_reported_and_restarts_from_zero(tmp_path) -> None:
     for path in tmp_path.glob("run-*/*/local-state.r*.pt"):
         path.unlink()
     assert _source(_client(msg, _context(msg.metadata.dst_node_id))) == StateSource.NONE
+
+
+def test_another_partitions_kept_state_is_refused(tmp_path, caplog) -> None:
+    """Partition 1's AdamW state copied over partition 0's (issue 32 §6) is not loaded as its
+    own (it was, as local-state-source=2): refused as a damaged file is, naming the mismatch."""
+    _, _, run_key = _run(tmp_path, {})
+    strategy = DiLoCo(lr=LR, local_steps=K, num_server_rounds=ROUNDS + 1, client_state_dir=str(tmp_path))
+    model = _model()
+    strategy.initialize(model.state_dict(), ModelSpec.of(model))
+    strategy.state.run_key = run_key
+    msg = next(m for m in strategy.configure_train(ROUNDS + 1, ArrayRecord(strategy.state.model),
+                                                   ConfigRecord(), InProcessGrid(2, {}))
+               if m.metadata.dst_node_id == 1)
+    mine = tmp_path / f"run-{run_key}" / "partition-0" / f"local-state.r{ROUNDS}.pt"
+    shutil.copyfile(tmp_path / f"run-{run_key}" / "partition-1" / mine.name, mine)
+    with caplog.at_level(logging.WARNING, logger="adaptfl.client_app.client_state"):
+        assert _source(_client(msg, _context(1))) == StateSource.NONE
+    assert any(str(mine) in r.getMessage() and "client 'partition-1', not 'partition-0'" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def _source(reply: Message) -> int:
