@@ -154,6 +154,12 @@ class Stage(Component):
     def start(self, ctx: ClientRound) -> ClientPart:
         return ClientPart()
 
+    def released_bare(self) -> str:
+        """What this stage broadcasts that is computed from the replies outside the shared
+        records (so dp would neither clip nor noise it); '' for nothing. dp refuses a stage
+        that names something (privacy/checks.py)."""
+        return ""
+
     def payload(self, extras: Mapping[str, Tensors], spec: ModelSpec, algorithm: Algorithm
                 ) -> dict[str, Tensors]:
         """Records sent this round: those of `down` the server state holds already."""

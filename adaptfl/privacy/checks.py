@@ -33,6 +33,10 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
             raise ValueError(f"dp-ledger={privacy.dp_ledger!r} with dp='none': a run without dp "
                              "releases its data without a bound; set dp or drop dp-ledger")
         return
+    bare = [what for stage in algorithm.stages() if (what := stage.released_bare())]
+    if bare:
+        raise ValueError(f"dp={privacy.dp!r} with algorithm {algorithm.name!r}: {bare[0]} would be "
+                         "broadcast from the replies without clipping or noise")
     aggregator = algorithm.aggregator.name
     if aggregator != "mean":
         raise ValueError(f"dp={privacy.dp!r} with aggregator={aggregator!r}: only aggregator='mean' "

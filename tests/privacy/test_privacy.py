@@ -70,7 +70,8 @@ def test_one_reply_of_any_size_moves_every_released_record_by_at_most_its_bound(
     """Replacing one client's reply (by one a million times larger) moves each released record
     by at most 2·C_j/m (both replies clipped to C_j, in a uniform mean of m): the noise is
     seeded alike and cancels; the projection onto the domain only shrinks distances."""
-    clean, attacked = _strategy(algorithm, **DP), _strategy(algorithm, **DP)
+    declared = {"total_examples": 6000.0} if algorithm == "hafedho" else {}  # dp needs |D| public
+    clean, attacked = _strategy(algorithm, **DP, **declared), _strategy(algorithm, **DP, **declared)
     honest = {n: _honest(clean, n) for n in range(1, 6)}
     poisoned = _poisoned(attacked)
     a = _released(clean, honest, monkeypatch)
@@ -306,6 +307,18 @@ def test_adaptive_clipping_moves_c_by_the_noised_count_and_spends_z_with_the_rec
         assert new == pytest.approx(math.exp(-0.5 * (within - 0.5)), rel=1e-12)
         assert combine.stats["dp-noise-std"] == pytest.approx(z_r * math.sqrt(k) / m)
     assert float(torch.cat(draws).std()) == pytest.approx(z_r * math.sqrt(k) / m, rel=0.03)
+
+
+def test_hafedho_under_dp_broadcasts_a_declared_size_never_the_replies_sum() -> None:
+    """Finding 6: |D| = Σ num-examples would go out un-noised; dp refuses it unless the operator
+    declares |D| (total-examples), and then exactly that constant is broadcast."""
+    with pytest.raises(ValueError, match=r"dp='central' with algorithm 'hafedho': HaFedHo's \|D\|"):
+        RunConfig.of(algorithm="hafedho", **DP)
+    strategy = _strategy("hafedho", **DP, total_examples=6000.0)
+    sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
+        1, ArrayRecord(strategy.state.model), ConfigRecord(), GRID)}
+    strategy.aggregate_train(1, [_message(sent[n], _honest(strategy, n)) for n in sent])
+    assert float(strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"]) == 6000.0
 
 
 def test_adaptive_c_carries_over_rounds_and_too_noisy_counts_are_refused() -> None:

@@ -14,7 +14,8 @@ SGD both give the same steps, since ∇φ_i = ∇f_i + μh; they differ in the l
 After the K steps: f̂_i = mean f_i over the steps and g_i = Σ_k ∇φ_i(w_k) = -Δ_i / lr (exact for
 plain SGD). The client keeps g_i, f̂_i, its reported |D_i| (num-examples) and the round as
 durable state; lost state means "did not take part". Server: x <- x + mean Δ_i,
-g^t = -mean Δ_i / lr, f̂^t = mean f̂_i, |D| = Σ num-examples of the round's replies.
+g^t = -mean Δ_i / lr, f̂^t = mean f̂_i, |D| = Σ num-examples of the round's replies, or the
+public constant `total-examples` (what dp requires: the sum would be broadcast un-noised).
 
 Only the server can know |D|: a node training on its own data-dir, or a user's ClientSession,
 sees its own rows alone (p_i would be 1). The server sums the num-examples its replies of round
@@ -75,6 +76,10 @@ class HaFedHo(Stage):
                       sane=(0.0, 1e4))
     rectify: str = param("objective", "objective (the term in the loss) or gradient (μh on ∇)",
                          choices=("objective", "gradient"))
+    total_examples: float = param(0.0, "the federation's examples (p_i's denominator) as a "
+                                  "public constant the operator declares; 0: the server sums the "
+                                  "replies' num-examples, which dp refuses (broadcast un-noised)",
+                                  within=(0.0, None))
 
     up_metrics = (Metric(wire.F_HAT, FINITE, "f̂_i, the mean local loss (finite at float32)"),)
 
@@ -97,7 +102,13 @@ class HaFedHo(Stage):
                   for r in agg.replies]
         f_hat = agg.mean(f_hats, wire.HAFEDHO_F_HAT)["f-hat"]
         agg.new_extras[wire.HAFEDHO_F_HAT] = {"f-hat": f_hat.to(torch.float32)}
-        agg.new_extras[wire.HAFEDHO_N_TOTAL] = {"n-total": federation_size(agg)}
+        declared = torch.tensor([self.total_examples], dtype=torch.float64)
+        agg.new_extras[wire.HAFEDHO_N_TOTAL] = {
+            "n-total": declared if self.total_examples > 0 else federation_size(agg)}
+
+    def released_bare(self) -> str:
+        return "" if self.total_examples > 0 else \
+            "HaFedHo's |D| (the replies' num-examples summed; declare total-examples=|D| instead)"
 
 
 class _HaFedHo(ClientPart):
