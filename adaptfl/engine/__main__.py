@@ -13,6 +13,7 @@ import logging
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from adaptfl.server_app.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
 
@@ -37,8 +38,33 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-nodes", type=int, default=10)
     parser.add_argument("--quiet", action="store_true", help="a progress bar only, no log lines")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print every key the run reads, presets filled in, and where each "
+                             "value came from (yours, the default, the algorithm's preset); run nothing")
     parser.add_argument("overrides", nargs="*", help="run-config key=value pairs (docs/algorithms.md)")
     return parser
+
+
+def resolved_config(cfg: Any, given: dict[str, object]) -> str:
+    """`key = value  # source` per key the run reads (TOML values, so a line can be copied into
+    a --run-config file); keys this algorithm does not read are left out."""
+    from adaptfl.algorithms.config import declared_keys
+    from adaptfl.algorithms.params import PRESET
+
+    declared = declared_keys()
+    lines = [f"# algorithm {cfg.algorithm.name!r}: {cfg.algorithm.describe()}"]
+    for key, value in sorted(cfg.to_flower().items()):
+        if value == PRESET:
+            continue
+        if key in given and given[key] != PRESET:
+            source = "yours"
+        elif any(info.default == value for _, info in declared.get(key, [])):
+            source = "default"
+        else:
+            source = f"{cfg.algorithm.name}'s preset"
+        shown = json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+        lines.append(f"{key} = {shown}  # {source}")
+    return "\n".join(lines)
 
 
 def refuse(err: BaseException) -> SystemExit:
@@ -58,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
         cfg = RunConfig.from_flower(parse_overrides(args.overrides))
     except ValueError as err:  # one line naming the key, no traceback
         raise refuse(err) from None
+    if args.print_config:
+        print(resolved_config(cfg, parse_overrides(args.overrides)))
+        return
     import torch
     from tqdm import tqdm
 

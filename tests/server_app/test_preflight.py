@@ -178,3 +178,16 @@ def test_check_overrides_preflight_refuses_the_wrong_output_width(capsys, tmp_pa
     _, err = capsys.readouterr()
     assert code == REFUSED_EXIT_CODE and err.count("\n") == 1, err
     assert f"gives {width} outputs" in err and "num_outputs=3" in err, err
+
+
+def test_engine_print_config_names_where_each_value_came_from(capsys) -> None:
+    """issue 33: the resolved config (presets filled in), one TOML line per key the run reads."""
+    from adaptfl.engine.__main__ import main
+
+    main(["--print-config", "algorithm=fedact", "tau=0.3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# algorithm 'fedact':")
+    assert "tau = 0.3  # yours" in lines and 'algorithm = "fedact"  # yours' in lines
+    assert 'trust = "act"  # fedact\'s preset' in lines  # a component the algorithm chose
+    assert "dp-delta = 1e-05  # default" in lines
+    assert not any(line.startswith("mu = ") for line in lines)  # HaFedHo's: fedact reads no mu
