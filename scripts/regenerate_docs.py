@@ -1,12 +1,14 @@
 """Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and docs/algorithms.md
-(the key table, the algorithm table) from the declarations: `python scripts/regenerate_docs.py`
-(tests/algorithms/test_config.py fails while any is stale)."""
+(the key table, the algorithm table) and docs/workloads.md (tasks, models) from the
+declarations: `python scripts/regenerate_docs.py` (tests/algorithms/test_config.py and
+tests/workloads/test_tables.py fail while any is stale)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from adaptfl.algorithms.config import ALGORITHMS_PAGE, algorithm_table, key_table, pyproject_block
+from adaptfl.workloads import tables
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,4 +26,6 @@ if __name__ == "__main__":
                     "<!-- end of key table -->", key_table())
     replace_between(ROOT / ALGORITHMS_PAGE, "| `algorithm=` | paper |", "<!-- end of algorithm table -->",
                     algorithm_table())
-    print(f"pyproject.toml and {ALGORITHMS_PAGE} regenerated")
+    replace_between(ROOT / tables.PAGE, tables.TASK_HEADER, tables.END_TASKS, tables.task_table())
+    replace_between(ROOT / tables.PAGE, tables.MODEL_HEADER, tables.END_MODELS, tables.model_table())
+    print(f"pyproject.toml, {ALGORITHMS_PAGE} and {tables.PAGE} regenerated")

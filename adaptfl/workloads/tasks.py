@@ -23,8 +23,20 @@ from .text_corpora import load_c4, load_fortunes
 from .text_data import TextData
 from .tiny_imagenet import load_tiny_imagenet
 
-KNOWN_TASKS = ("fashion-mnist", "cifar10", "cifar100", "tiny-imagenet", "fortunes",
-               "fortunes-topics", "c4")
+# The built-in tasks: input, outputs and where the data comes from (docs/workloads.md's table).
+TASKS = {
+    "fashion-mnist": ("1×28×28 grey images", "10 classes", "60,000 / 10,000; Debian's "
+                      "dataset-fashion-mnist, offline: the main job"),
+    "cifar10": ("3×32×32 colour images", "10 classes", "50,000 / 10,000; downloaded to "
+                "~/.cache/adaptfl unless data-dir holds it"),
+    "cifar100": ("3×32×32 colour images", "100 classes", "50,000 / 10,000; as cifar10"),
+    "tiny-imagenet": ("3×64×64 colour images", "200 classes", "100,000 / 10,000; as cifar10"),
+    "fortunes": ("token windows", "next token", "Debian's fortunes (en, de, es, it; offline), "
+                 "each window labelled by its language for the partitioning: the LM workload"),
+    "fortunes-topics": ("token windows", "next token", "the same corpus, labelled by its topic file"),
+    "c4": ("token windows", "next token", "C4 streamed from the Hugging Face hub (network)"),
+}
+KNOWN_TASKS = tuple(TASKS)
 HUB_PREFIXES = ("hf:", "csv:", "parquet:", "imagefolder:")
 
 
