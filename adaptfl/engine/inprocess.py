@@ -77,7 +77,7 @@ class InProcessGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         pending, self._pending = self._pending, []
-        return [self._deliver(msg) for msg in pending]
+        return [reply for reply in map(self._deliver, pending) if reply is not None]
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
@@ -94,6 +94,8 @@ class InProcessGrid(Grid):
                             msg.metadata.dst_node_id, time.perf_counter() - started, timeout)
                 continue
             took = time.perf_counter() - started
+            if reply is None:  # sent in another node's name: Flower's SuperLink refuses it
+                continue
             if timeout is not None and took > timeout:  # not interruptible here (not the main thread)
                 log.warning("node %d replied after %.1f s > timeout %.1f s: dropped",
                             msg.metadata.dst_node_id, took, timeout)
@@ -101,10 +103,18 @@ class InProcessGrid(Grid):
             replies.append(reply)
         return replies
 
-    def _deliver(self, msg: Message, timeout: float | None = None) -> Message:
+    def _deliver(self, msg: Message, timeout: float | None = None) -> Message | None:
+        """The node's reply; None for one that claims another sender: Flower's SuperLink takes a
+        reply only from the node it authenticated, so a forged one never reaches the server
+        there, and must not here either (issue 32 §5: it dropped the victim's own reply)."""
         node = msg.metadata.dst_node_id
         try:
-            return contained(lambda: self.handler(msg, self.contexts[node]), timeout)
+            reply = contained(lambda: self.handler(msg, self.contexts[node]), timeout)
+            if reply.metadata.src_node_id != node:
+                log.warning("node %d sent a reply as node %d: dropped, as Flower's SuperLink "
+                            "refuses it", node, reply.metadata.src_node_id)
+                return None
+            return reply
         except ClientExited as exited:  # Flower reports a ClientApp process that exits so, too
             log.warning("client on node %d exited: %s", node, exited)
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exited)),

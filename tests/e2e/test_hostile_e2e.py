@@ -271,3 +271,18 @@ def test_the_defaults_screen_the_attacks_of_issue_21(attack, tiny_data, tmp_path
     assert rows[-1]["test-accuracy"] > 0.5  # main: 0.09-0.10 for flip and zero-the-model
     weights = final_model(tmp_path / "out" / "fedavg")
     assert max(float(t.abs().max()) for t in weights.values() if t.is_floating_point()) < 100.0
+
+
+def test_a_reply_sent_in_another_nodes_name_never_drops_the_victims_own(tiny_data, tmp_path) -> None:
+    """issue 32 §5: node 5 answers as node 2 (src_node_id forged); Flower's SuperLink refuses
+    such a push, so the engine drops it too, and node 2's honest reply is accepted every round."""
+    def forger(msg: Message, context) -> Message:  # noqa: ANN001
+        reply = train_or_refuse(msg, context)
+        if context.node_id == 5:
+            reply.metadata.__dict__["_src_node_id"] = 2
+        return reply
+
+    cfg = _config(tiny_data, tmp_path, "fedavg", 2, local_steps=2, fraction_train=1.0)
+    rows = metric_rows(run_federated(InProcessGrid(5, cfg.to_flower(), handler=forger), cfg))
+    assert [r["replies-accepted"] for r in rows] == [4, 4]  # everyone but the forger
+    assert all("2" in r["latency"] and "5" not in r["latency"] and not r["rejected"] for r in rows)
