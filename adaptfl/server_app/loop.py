@@ -39,6 +39,7 @@ from adaptfl.server_app.checkpoint import (
     resume_source,
     save_checkpoint,
 )
+from adaptfl.server_app.data_summary import summarize, summary_line, write_summary
 from adaptfl.server_app.evaluate import evaluate_all
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
@@ -188,6 +189,10 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
         except BudgetReached as reached:  # dp-on-target='stop': the rounds so far are the run
             log.warning("%s", reached)
             break
+        if server_round == 1:  # the nodes are known now, under Flower too; before any training
+            summary = summarize(task, cfg, strategy.num_nodes)
+            log.info("%s", summary_line(summary))
+            write_summary(summary, outputs.dir)
         replies = list(grid.send_and_receive(messages, timeout=timeout))
         strategy.aggregate_train(server_round, replies)
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
