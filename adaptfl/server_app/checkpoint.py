@@ -29,6 +29,7 @@ CONFIG_FILE = "config.json"
 # Keys that may differ between the interrupted run and its continuation: where and how it
 # runs, not what it computes. Anything else (the lr schedule depends on num-server-rounds,
 # sampling on fraction-train, ...) would silently make a different run.
+ROUNDS_KEY = "num-server-rounds"  # may be raised on resume: the run continues (_more_rounds)
 MAY_CHANGE_ON_RESUME = frozenset({
     "resume", "resume-from", "results-dir", "run-name", "data-dir", "device", "num-threads",
     "round-timeout", "min-replies", "max-reply-mb", "node-wait", "max-skipped-rounds", "skip-window",
@@ -117,11 +118,26 @@ def check_same_job(cfg: RunConfig, source: Path) -> None:
     another job: refused."""
     saved = json.loads((source / CONFIG_FILE).read_text())
     current = cfg.to_flower()
-    differ = sorted(k for k in set(saved) | set(current)
-                    if k not in MAY_CHANGE_ON_RESUME and saved.get(k) != current.get(k))
+    continued = _more_rounds(saved, current)
+    differ = sorted(k for k in set(saved) | set(current) if k not in MAY_CHANGE_ON_RESUME
+                    and saved.get(k) != current.get(k) and not (continued and k == ROUNDS_KEY))
     if differ:
         changes = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differ)
         raise ValueError(f"cannot resume {source}: run config differs ({changes})")
+
+
+def _more_rounds(saved: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether this resume continues the run for more rounds than it planned (a finished one
+    too): allowed, the lr schedule recomputed over the new total, said once."""
+    before, after = saved.get(ROUNDS_KEY), current.get(ROUNDS_KEY)
+    if not (isinstance(before, int) and isinstance(after, int) and after > before):
+        return False
+    if current.get("lr-schedule") != "constant":
+        log.warning("continuing for %d rounds instead of %d: lr-schedule=%r is recomputed over "
+                    "%d rounds, so the next round's lr is that schedule's at its round, not "
+                    "where the %d-round schedule ended (lr-schedule='constant' keeps the lr)",
+                    after, before, current.get("lr-schedule"), after, before)
+    return True
 
 
 def _rows_up_to(path: Path, last_round: int) -> list[dict[str, Any]]:

@@ -109,3 +109,19 @@ def test_resume_of_a_misspelt_run_name_is_refused_naming_it(tmp_path) -> None:
     typo = RunConfig.of(results_dir=str(tmp_path), run_name="fedact-rnu1", resume=True)
     with pytest.raises(ValueError, match=r"'fedact-rnu1' has no run in .*did you mean 'fedact-run1'"):
         resume_source(typo, tmp_path / "fedact-rnu1")
+
+
+def test_a_finished_run_continues_for_more_rounds_and_says_what_the_schedule_does(
+        tmp_path, tiny_data, caplog) -> None:
+    """issue 33: num-server-rounds raised on resume=true continues a finished run (rows 1-2 kept,
+    round 3 added); with the cosine schedule a warning says it is recomputed; lowering is refused."""
+    base = dict(model="mlp", local_steps=2, data_dir=tiny_data["fashion-mnist"], num_threads=1,
+                results_dir=str(tmp_path), run_name="grow")
+    first = metric_rows(run_inprocess(RunConfig.of(**base, num_server_rounds=2), 2))
+    with caplog.at_level("WARNING"):
+        out = run_inprocess(RunConfig.of(**base, num_server_rounds=3, resume=True), 2)
+    rows = metric_rows(out)
+    assert [r["round"] for r in rows] == [1, 2, 3] and rows[:2] == first
+    assert "lr-schedule='cosine' is recomputed over 3 rounds" in caplog.text
+    with pytest.raises(ValueError, match=r"num-server-rounds: 3 -> 2"):
+        run_inprocess(RunConfig.of(**base, num_server_rounds=2, resume=True), 2)
