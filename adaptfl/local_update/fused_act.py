@@ -104,18 +104,26 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
             return True
     if kernel is not None:  # no band to count yet (the first step): u from the kernel itself
         kernel.run()
-    # the band missed or there was none: the scores stored in g's buffer, the sample's band
-    if grads is not None:
+    if grads is not None:  # the loops did not read them in place: g is filled now
         if grad_views is None:
             raise ValueError("act_step_ with grads needs their grad_views (g's views) to copy them into")
         torch._foreach_copy_(grad_views, grads)
+    _step_after_a_miss(x, u, g, k, tau, alpha, gamma, scale, decay, ws)
+    return True
+
+
+def _step_after_a_miss(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, k: int, tau: float,
+                       alpha: float, gamma: float, scale: float, decay: float | None,
+                       ws: Workspace) -> None:
+    """The band missed or there was none: the scores stored in g's buffer, the sample's band;
+    where that misses too, the eager passes (radix selection)."""
+    n = u.numel()
     sel = band.select(g.mul_(u), k, ws, hint=False)
-    if sel is None:  # both bands missed: the eager passes (radix selection)
+    if sel is None:  # both bands missed
         phi = act_phi_(g, tau, alpha, gamma, None, ws, scale)
         if decay is not None:
             x.mul_(decay)
         x.addcmul_(u, phi)
-        return True
+        return
     cut = n if sel.drop is None else int(sel.drop[0])
     native.step(x, u, native.Segments.flat(g), sel.t, cut, decay, alpha * scale, gamma * scale, True)
-    return True
