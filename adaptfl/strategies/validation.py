@@ -120,7 +120,22 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
     missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
     if missing:
         raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
-    read = {wire.NUM_EXAMPLES, wire.PARTITION_ID, *required, *(domains or {})}
+    out = _numbers(metrics, {wire.NUM_EXAMPLES, wire.PARTITION_ID, *required, *(domains or {})})
+    if not (isinstance(out[wire.NUM_EXAMPLES], int) and out[wire.NUM_EXAMPLES] > 0):
+        raise ReplyRejected(f"{wire.NUM_EXAMPLES}={out[wire.NUM_EXAMPLES]!r} must be a positive int")
+    pid = out.get(wire.PARTITION_ID)
+    if pid is not None and not (isinstance(pid, int) and pid >= 0):
+        raise ReplyRejected(f"{wire.PARTITION_ID}={pid!r} must be a non-negative int")
+    for key, domain in (domains or {}).items():
+        why = domain.why_outside(torch.tensor([float(out[key])], dtype=torch.float32)) \
+            if key in out else None
+        if why:
+            raise ReplyRejected(f"{wire.METRICS}[{key}]={out[key]!r}: {why} at float32")
+    return out
+
+
+def _numbers(metrics: Mapping[str, object], read: set[str]) -> dict[str, float | int]:
+    """The finite numbers among the metrics; one the strategy reads must be one."""
     out: dict[str, float | int] = {}
     for key, value in metrics.items():
         if isinstance(value, list) and key not in read:
@@ -132,16 +147,6 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
                         wire.METRICS, key, value)
             continue
         out[key] = value
-    if not (isinstance(out[wire.NUM_EXAMPLES], int) and out[wire.NUM_EXAMPLES] > 0):
-        raise ReplyRejected(f"{wire.NUM_EXAMPLES}={out[wire.NUM_EXAMPLES]!r} must be a positive int")
-    pid = out.get(wire.PARTITION_ID)
-    if pid is not None and not (isinstance(pid, int) and pid >= 0):
-        raise ReplyRejected(f"{wire.PARTITION_ID}={pid!r} must be a non-negative int")
-    for key, domain in (domains or {}).items():
-        why = domain.why_outside(torch.tensor([float(out[key])], dtype=torch.float32)) \
-            if key in out else None
-        if why:
-            raise ReplyRejected(f"{wire.METRICS}[{key}]={out[key]!r}: {why} at float32")
     return out
 
 
