@@ -16,6 +16,7 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
+from adaptfl.privacy.release import detail_level
 from adaptfl.strategies.screen import cap_to_median, capped_factors, clip_contributions, screened
 from adaptfl.strategies.state import RoundReport, ServerState
 from adaptfl.strategies.validation import (
@@ -180,4 +181,5 @@ class ReplyIntake:
 
     def _reject(self, node: str, why: str) -> None:
         self.report.rejected[node] = why
-        log.warning("round reply from node %s dropped: %s", node, why)
+        # under dp who and why (a reason may quote a client's values) are the server's alone
+        log.log(detail_level(self.cfg.privacy.on), "round reply from node %s dropped: %s", node, why)
