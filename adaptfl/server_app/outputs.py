@@ -16,7 +16,7 @@ from urllib.request import url2pathname
 import torch
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.privacy.release import append_confidential, released, write_confidential
+from adaptfl.privacy.release import CONFIDENTIAL_FILE, append_confidential, released, write_confidential
 from adaptfl.server_app.durable import append_durable, write_atomic
 from adaptfl.server_app.plots import plot_run
 from adaptfl.server_app.tensorboard import open_writer, write_row
@@ -93,6 +93,8 @@ class RunOutputs:
         (at once: a kill meanwhile leaves the old rows, which the next resume trims again)."""
         if self.private:
             write_confidential(self.dir, list(rows))
+        else:  # an overwritten dp run's confidential rows are not this run's
+            (self.dir / CONFIDENTIAL_FILE).unlink(missing_ok=True)
         public = [self.public(r) for r in rows]
         write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in public).encode())
         self.rows = list(rows)

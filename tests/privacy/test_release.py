@@ -20,7 +20,8 @@ from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies.base import AdaptiveStrategy
 from tests.conftest import needs_fashion_mnist
 from tests.privacy.test_privacy import FAMILIES
-from tests.strategies.test_hostile_replies import MODEL, SPEC
+from tests.strategies.test_hostile_replies import GRID, MODEL, SPEC, _honest, _message
+from tests.strategies.test_hostile_replies import _strategy as _family
 from tests.support.run_outputs import metric_rows
 
 TINY = dict(num_server_rounds=1, local_steps=1, batch_size=16, model="mlp", weighting="uniform",
@@ -67,6 +68,24 @@ def test_a_dp_run_releases_only_the_whitelist_and_keeps_the_rest_confidential(
     assert sorted(whole[-1]["latency"]) == ["1", "2"] and "train-loss" in whole[-1]
     assert {c["node-id"] for c in whole[-1]["clients"].values()} == {1, 2}
     assert all(whole[-1][k] == v for k, v in rows[-1].items())  # the released part, as released
+
+
+def test_flowers_strategy_start_gets_only_the_whitelist_under_dp(caplog) -> None:
+    """aggregate_train's MetricRecord is what Flower's Strategy.start logs and keeps; a dropped
+    reply names its node and reason at DEBUG only (the round's report keeps both)."""
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    strategy = _family("fedact", dp="central", weighting="uniform")
+    sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
+        1, ArrayRecord(strategy.state.model), ConfigRecord(), GRID)}
+    honest = {n: _honest(strategy, n) for n in sent}
+    honest[1]["metrics"]["num-examples"] = -1  # dropped, with its reason
+    replies = [_message(sent[n], r) for n, r in honest.items()]
+    with caplog.at_level(logging.INFO):
+        _, metrics = strategy.aggregate_train(1, replies)
+    assert set(metrics) <= RELEASED and "dp-epsilon" in metrics
+    assert "direction-consistency" in strategy.report.metrics and strategy.report.rejected
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO and "dropped" in r.getMessage()]
 
 
 def _samples(strategy: AdaptiveStrategy, rounds: int) -> list[list[int]]:
