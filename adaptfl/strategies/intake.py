@@ -137,7 +137,8 @@ class ReplyIntake:
             raise ReplyRejected(f"{len(msgs)} replies from one node")
         self._check_identity(node, msgs[0])
         self.report.latency[str(node)] = self._latency(node, msgs[0])
-        return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics)
+        return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics,
+                            detail_level(self.cfg.privacy.on))
 
     def _screen(self, pairs: list[tuple[int, DecodedReply]]) -> list[int]:
         """Indices of `pairs` that pass the screen against the round's others (screen.py)."""

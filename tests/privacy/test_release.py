@@ -72,7 +72,8 @@ def test_a_dp_run_releases_only_the_whitelist_and_keeps_the_rest_confidential(
 
 def test_flowers_strategy_start_gets_only_the_whitelist_under_dp(caplog) -> None:
     """aggregate_train's MetricRecord is what Flower's Strategy.start logs and keeps; a dropped
-    reply names its node and reason at DEBUG only (the round's report keeps both)."""
+    reply names its node and reason, a client's non-finite metric its value, at DEBUG only (the
+    round's report keeps who and why)."""
     from flwr.app import ArrayRecord, ConfigRecord
 
     strategy = _family("fedact", dp="central", weighting="uniform")
@@ -80,12 +81,15 @@ def test_flowers_strategy_start_gets_only_the_whitelist_under_dp(caplog) -> None
         1, ArrayRecord(strategy.state.model), ConfigRecord(), GRID)}
     honest = {n: _honest(strategy, n) for n in sent}
     honest[1]["metrics"]["num-examples"] = -1  # dropped, with its reason
+    honest[2]["metrics"]["my-loss"] = float("nan")  # a client's own metric, left out (logged)
     replies = [_message(sent[n], r) for n, r in honest.items()]
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG):
         _, metrics = strategy.aggregate_train(1, replies)
     assert set(metrics) <= RELEASED and "dp-epsilon" in metrics
     assert "direction-consistency" in strategy.report.metrics and strategy.report.rejected
-    assert not [r for r in caplog.records if r.levelno >= logging.INFO and "dropped" in r.getMessage()]
+    shared = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [m for m in shared if "dropped" in m or "my-loss" in m], shared
+    assert any("my-loss" in r.getMessage() for r in caplog.records)  # at DEBUG, for the operator
 
 
 def _samples(strategy: AdaptiveStrategy, rounds: int) -> list[list[int]]:
