@@ -227,7 +227,7 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
                           {} if private else report.rejected, [] if private else missing)
     guard.at_end(fed.num_server_rounds)
     check_final_model(strategy.state.model)
-    worse = fell_below_start(outputs.rows)
+    worse = fell_below_start(outputs.rows, CONFIDENTIAL_FILE if cfg.privacy.on else "metrics.jsonl")
     if worse:
         log.warning("%s", worse)
     outputs.finish(strategy.state.model)
