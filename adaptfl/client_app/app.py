@@ -21,13 +21,14 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from adaptfl.algorithms import wire
-from adaptfl.algorithms.recipe import llm_from_recipe, settings_from_recipe
+from adaptfl.algorithms.recipe import llm_from_recipe, privacy_from_recipe, settings_from_recipe
 from adaptfl.algorithms.settings import Data
 from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.device import peak_memory_mb, reset_peak_memory, select_device
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
+from adaptfl.privacy.release import detail_level
 from adaptfl.workloads import build_task_model, load_task, partition_indices
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,10 @@ def handle_train(msg: Message, context: Context) -> Message:
     warn = session.info.batch_size > len(indices) and first_time(context, "batch-size")
     run_local_steps(session, split, task.loss, indices, client_id, warn=warn,
                     precision=runtime.precision)
-    log.info("client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
-             session.train_loss(), device)
+    # under dp a client's loss is not for a log the server's console may share (in-process)
+    log.log(detail_level(privacy_from_recipe(recipe)[0].on, logging.INFO),
+            "client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
+            session.train_loss(), device)
     metrics = {wire.PARTITION_ID: client_id, wire.PEAK_MEMORY: peak_memory_mb(device)}
     ray = ray_node()  # not `node`: that is the node config above
     if ray is not None:

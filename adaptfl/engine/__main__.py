@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from adaptfl.client_app.threads import engine_threads
     from adaptfl.engine.inprocess import run_inprocess
+    from adaptfl.privacy.release import CONFIDENTIAL_FILE
     from adaptfl.server_app.abort import RunAborted, fell_below_start
 
     # The nodes share this process's CPUs (client_app/threads.py); num-threads > 0 is applied
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics = out / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line] \
         if metrics.exists() else []
-    worse = fell_below_start(rows)
+    worse = fell_below_start(rows, CONFIDENTIAL_FILE if cfg.privacy.on else "metrics.jsonl")
     if worse:  # the last line, so a run that left a model worse than its start is not missed
         print(f"warning: {worse}", file=sys.stderr)
 

@@ -22,6 +22,7 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.contain import ClientExited, ClientTimedOut, contained
+from adaptfl.privacy.release import detail_level
 from adaptfl.server_app.loop import run_federated
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class InProcessGrid(Grid):
         if num_nodes < 1:
             raise ValueError(f"num_nodes={num_nodes} must be >= 1")
         self.handler = handler
+        # under dp which node failed or was late is the server's alone (privacy/release.py)
+        self.detail = detail_level(str(run_config.get("dp", "none")) != "none")
         self.contexts = {
             node: Context(run_id=run_id, node_id=node,
                           node_config={wire.NODE_PARTITION_ID: node - 1,
@@ -90,14 +93,14 @@ class InProcessGrid(Grid):
             try:
                 reply = self._deliver(msg, timeout)
             except ClientTimedOut:
-                log.warning("node %d interrupted after %.1f s > timeout %.1f s: no reply",
+                log.log(self.detail, "node %d interrupted after %.1f s > timeout %.1f s: no reply",
                             msg.metadata.dst_node_id, time.perf_counter() - started, timeout)
                 continue
             took = time.perf_counter() - started
             if reply is None:  # sent in another node's name: Flower's SuperLink refuses it
                 continue
             if timeout is not None and took > timeout:  # not interruptible here (not the main thread)
-                log.warning("node %d replied after %.1f s > timeout %.1f s: dropped",
+                log.log(self.detail, "node %d replied after %.1f s > timeout %.1f s: dropped",
                             msg.metadata.dst_node_id, took, timeout)
                 continue
             replies.append(reply)
@@ -116,11 +119,11 @@ class InProcessGrid(Grid):
                 return None
             return reply
         except ClientExited as exited:  # Flower reports a ClientApp process that exits so, too
-            log.warning("client on node %d exited: %s", node, exited)
+            log.log(self.detail, "client on node %d exited: %s", node, exited)
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exited)),
                            reply_to=msg)
         except Exception as err:  # noqa: BLE001 - Flower turns a raising ClientApp into this
-            log.warning("client on node %d raised: %s", node, err)
+            log.log(self.detail, "client on node %d raised: %s", node, err)
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                                  reason=traceback.format_exc()), reply_to=msg)
 

@@ -81,9 +81,10 @@ class SkipGuard:
                              f"initial one; last round: {self.last}")
 
 
-def fell_below_start(rows: Sequence[Mapping]) -> str | None:
+def fell_below_start(rows: Sequence[Mapping], where: str = "metrics.jsonl") -> str | None:
     """A warning line if the final model tests worse than the initial one (round 0), naming the
-    round from which the accuracy stayed below it; None otherwise (or without round 0)."""
+    round from which the accuracy stayed below it; None otherwise (or without round 0). `where`:
+    the file with the rounds' rejected replies (under dp the confidential one)."""
     scored = [(int(r["round"]), float(r["test-accuracy"])) for r in rows if "test-accuracy" in r]
     if len(scored) < 2 or scored[0][0] != 0 or scored[-1][1] >= scored[0][1]:
         return None
@@ -92,7 +93,7 @@ def fell_below_start(rows: Sequence[Mapping]) -> str | None:
                 if all(acc < start for _, acc in scored[i:]))
     return (f"the final model's test accuracy {scored[-1][1]:.4f} is below the initial model's "
             f"{start:.4f}: it fell below in round {fell} and stayed there (see that round's "
-            "rejected replies, screen-ratio-max and weights-capped in metrics.jsonl)")
+            f"rejected replies, screen-ratio-max and weights-capped in {where})")
 
 
 def check_final_model(model: Mapping[str, torch.Tensor]) -> None:

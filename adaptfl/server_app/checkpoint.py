@@ -3,8 +3,9 @@
 A run's results directory is its checkpoint: `metrics.jsonl` gets the round's row first, then
 `state.pt` (the whole `ServerState`: model, Δ_G, v̄, sampling RNG, round) is replaced
 atomically. A crash between the two leaves a row newer than the state, which resume drops, so
-the state file alone says which round is complete. `config.json` tells whether the checkpoint
-belongs to the same job.
+the state file alone says which round is complete. Under dp `server-confidential.jsonl` gets the
+whole row (metrics.jsonl its released part, privacy/release.py), and resume reads it there.
+`config.json` tells whether the checkpoint belongs to the same job.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.privacy.release import CONFIDENTIAL_FILE
 from adaptfl.server_app.durable import write_atomic
 from adaptfl.strategies.state import ServerState
 
@@ -161,6 +163,10 @@ def load_checkpoint(cfg: RunConfig, source: Path) -> Checkpoint:
     if state.server_round >= cfg.federation.num_server_rounds:
         log.warning("checkpoint %s is already at round %d of %d: nothing left to run",
                     source, state.server_round, cfg.federation.num_server_rounds)
-    rows = _rows_up_to(source / METRICS_FILE, state.server_round)
+    # under dp metrics.jsonl holds only the released keys: the whole rows are the confidential
+    # file's (a dp run from before it existed has them in metrics.jsonl)
+    whole = source / CONFIDENTIAL_FILE
+    rows = _rows_up_to(whole if cfg.privacy.on and whole.is_file() else source / METRICS_FILE,
+                       state.server_round)
     log.info("resuming from %s after round %d", source, state.server_round)
     return Checkpoint(state=state, rows=rows, source=source)

@@ -28,6 +28,7 @@ from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
+from adaptfl.privacy.release import CONFIDENTIAL_FILE, detail_level
 from adaptfl.privacy.server import BudgetReached
 from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model, fell_below_start
 from adaptfl.server_app.checkpoint import (
@@ -162,6 +163,8 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
 
     After every round the metrics row, then the whole server state, go to the results dir,
     so `resume=true` can continue from the last complete round (server_app/checkpoint.py).
+    Under dp the row is split there (RunOutputs.record, privacy/release.py) and `on_round` gets
+    its released part.
     The initial model's evaluation is round 0. `on_round(row)` is called after each round.
     """
     strategy, model, task = build_run(cfg)
@@ -197,13 +200,17 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
         strategy.aggregate_train(server_round, replies)
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
         missing = unanswered_nodes(messages, replies)
+        report = strategy.report
+        private = cfg.privacy.on
+        if private and (missing or report.rejected):  # counts only: who and why are the server's
+            log.warning("round %d: %d replies dropped, %d sampled nodes without a reply (which and "
+                        "why: %s)", server_round, len(report.rejected), len(missing), CONFIDENTIAL_FILE)
         if missing:
-            log.warning("round %d: no reply from nodes %s within round-timeout=%s s",
-                        server_round, missing, fed.round_timeout or "none")
+            log.log(detail_level(private), "round %d: no reply from nodes %s within round-timeout=%s s",
+                    server_round, missing, fed.round_timeout or "none")
         load_federated(model, strategy.state.model)
         evaluated = time.perf_counter()
         scores = evaluate_all(model, task)
-        report = strategy.report
         row = {"round": server_round, **scores,
                **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
                "seconds": time.perf_counter() - started,
@@ -219,11 +226,13 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
         row["server-rss-mb"] = rss_mb()
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
-        progress.round_done(row)
-        guard.after_round(server_round, report.skipped, report.skip_reason, report.rejected, missing)
+        progress.round_done(outputs.public(row))
+        # under dp the abort message names no node and quotes no reply (they are confidential)
+        guard.after_round(server_round, report.skipped, report.skip_reason,
+                          {} if private else report.rejected, [] if private else missing)
     guard.at_end(fed.num_server_rounds)
     check_final_model(strategy.state.model)
-    worse = fell_below_start(outputs.rows)
+    worse = fell_below_start(outputs.rows, CONFIDENTIAL_FILE if cfg.privacy.on else "metrics.jsonl")
     if worse:
         log.warning("%s", worse)
     outputs.finish(strategy.state.model)

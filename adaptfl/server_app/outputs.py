@@ -16,6 +16,7 @@ from urllib.request import url2pathname
 import torch
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.privacy.release import CONFIDENTIAL_FILE, append_confidential, released, write_confidential
 from adaptfl.server_app.durable import append_durable, write_atomic
 from adaptfl.server_app.plots import plot_run
 from adaptfl.server_app.tensorboard import open_writer, write_row
@@ -71,7 +72,9 @@ def unused_name(root: Path, name: str) -> str:
 
 
 class RunOutputs:
-    """One run's results directory."""
+    """One run's results directory. Under dp the files meant to be shared get only the
+    whitelisted part of each row (privacy/release.py) and server-confidential.jsonl the whole
+    row; `rows` are the whole rows, for the server's own use."""
 
     def __init__(self, cfg: RunConfig) -> None:
         name = cfg.output.run_name or unused_name(results_root(cfg),
@@ -80,6 +83,7 @@ class RunOutputs:
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.dir / "config.json", json.dumps(cfg.to_flower(), indent=2).encode())
         self.rows: list[dict[str, Any]] = []
+        self.private = cfg.privacy.on
         self.title = cfg.title()
         self.tensorboard = open_writer(self.dir) if cfg.output.tensorboard else None
         log.info("results of this run go to %s", self.dir)
@@ -87,28 +91,41 @@ class RunOutputs:
     def restore(self, rows: list[dict[str, Any]]) -> None:
         """Start from a checkpoint's rows: replace the files so they hold exactly those rounds
         (at once: a kill meanwhile leaves the old rows, which the next resume trims again)."""
-        write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        if self.private:
+            write_confidential(self.dir, list(rows))
+        else:  # an overwritten dp run's confidential rows are not this run's
+            (self.dir / CONFIDENTIAL_FILE).unlink(missing_ok=True)
+        public = [self.public(r) for r in rows]
+        write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in public).encode())
         self.rows = list(rows)
         self._write_csv()
         if self.tensorboard is not None:
-            for row in rows:
+            for row in public:
                 write_row(self.tensorboard, row)
 
+    def public(self, row: dict[str, Any]) -> dict[str, Any]:
+        """What of `row` the shared outputs get: all of it, or under dp the whitelist."""
+        return released(row) if self.private else row
+
     def record(self, row: dict[str, Any]) -> None:
-        """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
+        """Append one round's metrics to metrics.jsonl (under dp: its released part, the whole
+        row to server-confidential.jsonl) and rewrite metrics.csv."""
         self.rows.append(row)
-        append_durable(self.dir / "metrics.jsonl", json.dumps(row) + "\n")  # before the checkpoint
+        if self.private:  # both before the checkpoint: resume reads the whole rows back
+            append_confidential(self.dir, row)
+        append_durable(self.dir / "metrics.jsonl", json.dumps(self.public(row)) + "\n")
         self._write_csv()
         if self.tensorboard is not None:
-            write_row(self.tensorboard, row)
+            write_row(self.tensorboard, self.public(row))
 
     def _write_csv(self) -> None:
-        columns = list(dict.fromkeys(k for r in self.rows for k in r
+        public = [self.public(r) for r in self.rows]
+        columns = list(dict.fromkeys(k for r in public for k in r
                                      if k not in ("rejected", "missing", "clients", "latency")))  # JSONL only
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
-            writer.writerows(self.rows)
+            writer.writerows(public)
 
     def finish(self, model_state: dict[str, torch.Tensor]) -> None:
         buffer = io.BytesIO()
@@ -117,6 +134,6 @@ class RunOutputs:
         self.plot()
 
     def plot(self) -> None:
-        plot_run(self.rows, self.dir, self.title)
+        plot_run([self.public(r) for r in self.rows], self.dir, self.title)
         if self.tensorboard is not None:
             self.tensorboard.close()

@@ -5,16 +5,16 @@ Construct it the Flower way, with keywords and the paper's defaults
 your own ServerApp with `strategy.start(grid=..., initial_arrays=..., num_rounds=...)` or in
 adaptfl's resumable round loop (server_app/loop.py).
 
-A round: sample nodes (seeded, the RNG in the state), send each the model (`arrays`), the
-`recipe`, the `config` (Flower's train_config + "server-round") and the records the algorithm's
-components send; validate every reply against the algorithm's contract (records, shapes,
-dtypes, values within each record's domain, size, one reply per sampled node, sent by that node,
-a partition id its node holds) and drop a bad one with its reason (anything that fails to decode
-too: no reply can raise into the round; strategies/intake.py); then the aggregator's combine of Δ
-(weights capped at max-weight-share) -> server optimizer -> each component's aggregation (through
-the same combine) -> the new `ServerState`, checked against its invariants (strategies/
-invariants.py) and only then replacing the old one; a round that fails is refused and the state
-kept. Extra numeric reply metrics are averaged and recorded.
+A round: sample nodes (seeded, the RNG in the state; under dp from OS entropy), send each the
+model (`arrays`), the `recipe`, the `config` (Flower's train_config + "server-round") and the
+records the algorithm's components send; validate every reply against the algorithm's contract
+(records, shapes, dtypes, values within each record's domain, size, one reply per sampled node,
+sent by that node, a partition id its node holds) and drop a bad one with its reason (anything
+that fails to decode too: no reply can raise into the round; strategies/intake.py); then the
+aggregator's combine of Δ (weights capped at max-weight-share) -> server optimizer -> each
+component's aggregation (through the same combine) -> the new `ServerState`, checked against its
+invariants (strategies/invariants.py) and only then replacing the old one; a round that fails is
+refused and the state kept. Extra numeric reply metrics are averaged and recorded.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.algorithms.stage import Aggregation
 from adaptfl.privacy import server as dp
+from adaptfl.privacy.release import detail_level, released
 from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
-from adaptfl.strategies.sampling import hostile_count, sample_size, wait_for_nodes
+from adaptfl.strategies.sampling import hostile_count, sample_size, secret_sample, wait_for_nodes
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply
 
@@ -137,6 +138,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
         self._connected = set(nodes)
         count = sample_size(fed, len(nodes))
+        if self.cfg.privacy.on:  # amplification by sampling needs a sample nobody can recompute
+            return sorted(secret_sample(nodes, count))
         gen = torch.Generator()
         gen.set_state(self.state.sampling_rng)
         order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
@@ -193,7 +196,10 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
     # --- aggregation -------------------------------------------------------------------------------
     def _skip(self, server_round: int, why: str) -> tuple[None, MetricRecord]:
         self.report.skipped, self.report.skip_reason = True, why
-        log.warning("round %d skipped, state unchanged: %s", server_round, why)
+        if self.cfg.privacy.on:  # the reason may quote replies: server-confidential.jsonl has it
+            log.warning("round %d skipped, state unchanged", server_round)
+        log.log(detail_level(self.cfg.privacy.on), "round %d skipped, state unchanged: %s",
+                server_round, why)
         # cast: dict is invariant; its float values are MetricRecordValues
         return None, MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics({})))
 
@@ -286,7 +292,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             "bytes-down": self.report.bytes_down,
             "bytes-up": self.report.bytes_up,
         }
-        return dict(self.report.metrics)
+        # what Flower's Strategy.start logs and keeps: under dp the whitelist (privacy/release.py)
+        return released(self.report.metrics) if self.cfg.privacy.on else dict(self.report.metrics)
 
     # --- evaluation happens centrally (server_app/evaluate.py or Flower's evaluate_fn) -----------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

@@ -16,6 +16,7 @@ from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
+from adaptfl.privacy.release import detail_level
 from adaptfl.strategies.screen import cap_to_median, capped_factors, clip_contributions, screened
 from adaptfl.strategies.state import RoundReport, ServerState
 from adaptfl.strategies.validation import (
@@ -136,7 +137,8 @@ class ReplyIntake:
             raise ReplyRejected(f"{len(msgs)} replies from one node")
         self._check_identity(node, msgs[0])
         self.report.latency[str(node)] = self._latency(node, msgs[0])
-        return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics)
+        return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics,
+                            detail_level(self.cfg.privacy.on))
 
     def _screen(self, pairs: list[tuple[int, DecodedReply]]) -> list[int]:
         """Indices of `pairs` that pass the screen against the round's others (screen.py)."""
@@ -180,4 +182,5 @@ class ReplyIntake:
 
     def _reject(self, node: str, why: str) -> None:
         self.report.rejected[node] = why
-        log.warning("round reply from node %s dropped: %s", node, why)
+        # under dp who and why (a reason may quote a client's values) are the server's alone
+        log.log(detail_level(self.cfg.privacy.on), "round reply from node %s dropped: %s", node, why)

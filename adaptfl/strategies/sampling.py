@@ -1,10 +1,11 @@
 """Which nodes a round samples, once enough of them are connected (fraction-train, min-replies,
-node-wait)."""
+node-wait); under dp from the OS CSPRNG (`secret_sample`), else from the seeded RNG of the state."""
 
 from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 
 from flwr.serverapp import Grid
@@ -16,6 +17,13 @@ log = logging.getLogger(__name__)
 
 def sample_size(fed: Federation, num_nodes: int) -> int:
     return max(1, round(fed.fraction_train * num_nodes))
+
+
+def secret_sample(nodes: list[int], count: int) -> list[int]:
+    """`count` of `nodes` uniformly without replacement, from the OS CSPRNG: under dp the
+    accountant credits amplification by sampling, which holds only while the sample is secret;
+    one drawn from the run's `seed` (in config.json) anyone could recompute."""
+    return secrets.SystemRandom().sample(nodes, count)
 
 
 def hostile_count(fraction: float, replies: int) -> int:

@@ -111,7 +111,8 @@ def _check_metadata(record_name: str, record: Mapping[str, Array], spec: ArraySp
 
 
 def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
-                   domains: Mapping[str, Domain] | None = None) -> dict[str, float | int]:
+                   domains: Mapping[str, Domain] | None = None,
+                   level: int = logging.WARNING) -> dict[str, float | int]:
     """Required keys present; every value the strategy reads a finite number, the declared ones
     within their domain at float32, the partition id a non-negative int. A client's own extra
     metric that is not a finite number is left out of the round's record (logged), not a reason
@@ -143,8 +144,8 @@ def _numbers(metrics: Mapping[str, object], read: set[str]) -> dict[str, float |
         if not _finite_number(value):
             if key in read:
                 raise ReplyRejected(f"{wire.METRICS}[{key}]={value!r} is not a finite number")
-            log.warning("%s[%s]=%r is not a finite number: left out of the round's metrics",
-                        wire.METRICS, key, value)
+            log.log(level, "%s[%s]=%r is not a finite number: left out of the round's metrics",
+                    wire.METRICS, key, value)
             continue
         out[key] = value
     return out
@@ -163,17 +164,21 @@ def _finite_number(value: object) -> TypeGuard[float | int]:
 def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int,
                  required_metrics: frozenset[str] = frozenset(),
                  domains: Mapping[str, Mapping[str, Domain]] | None = None,
-                 metric_domains: Mapping[str, Domain] | None = None) -> DecodedReply:
-    """Decode and validate one reply; raises ReplyRejected with the reason."""
+                 metric_domains: Mapping[str, Domain] | None = None,
+                 level: int = logging.WARNING) -> DecodedReply:
+    """Decode and validate one reply; raises ReplyRejected with the reason. `level`: of the line
+    about a client's own metric left out (DEBUG under dp: it quotes the client's value)."""
     if msg.has_error():
         raise ReplyRejected(f"client error {msg.error.code}: {msg.error.reason}")
-    return decode_content(msg.content, expected, max_bytes, required_metrics, domains, metric_domains)
+    return decode_content(msg.content, expected, max_bytes, required_metrics, domains, metric_domains,
+                          level)
 
 
 def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_bytes: int,
                    required_metrics: frozenset[str] = frozenset(),
                    domains: Mapping[str, Mapping[str, Domain]] | None = None,
-                   metric_domains: Mapping[str, Domain] | None = None) -> DecodedReply:
+                   metric_domains: Mapping[str, Domain] | None = None,
+                   level: int = logging.WARNING) -> DecodedReply:
     """Validate a reply's content (also used on the server's own preflight reply); `domains`
     (record -> array -> Domain) and `metric_domains` are the contract's."""
     names = set(content.array_records)
@@ -199,7 +204,7 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
         _check_arrays(record_name, tensors, spec, (domains or {}).get(record_name))
         arrays[record_name] = tensors
     metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics,
-                             metric_domains)
+                             metric_domains, level)
     return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)
 
 

@@ -1,0 +1,71 @@
+"""What a dp run releases (issue 31 §5): a whitelist, declared here once.
+
+Under dp the outputs meant to be shared (metrics.jsonl, metrics.csv, the plots, TensorBoard, the
+log at INFO and above, the MetricRecord Flower's `Strategy.start` logs) hold only the keys of
+`RELEASED`: the privacy spent, the noise, and what the server computes from the noised means and
+its own evaluation. Anything else a round row holds is a function of individual replies (their
+norms, losses, metrics, latencies, who took part, why a reply was dropped) and goes, with the
+whole row, to `server-confidential.jsonl` in the run folder (mode 0600): the server's, not for
+publication. `RunOutputs` (server_app/outputs.py) splits every row here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from adaptfl.server_app.durable import fsync_dir
+
+CONFIDENTIAL_FILE = "server-confidential.jsonl"
+
+RELEASED = frozenset({
+    "round",
+    # the server's central evaluation of the (noised) model, and its own clock
+    "test-accuracy", "test-loss", "seconds", "eval-seconds",
+    # counts the accountant and the mean treat as public (n sampled, m accepted)
+    "replies-sampled", "replies-accepted", "skipped",
+    # the privacy spent and the noise drawn (the adaptive C and share are noised releases)
+    "dp-epsilon", "dp-epsilon-ledger", "dp-noise-multiplier", "dp-noise-std", "dp-clip-norm",
+    "dp-unclipped-share",
+})
+
+V = TypeVar("V")
+
+
+def released(row: Mapping[str, V]) -> dict[str, V]:
+    """The part of a round row that may be published under dp."""
+    return {k: v for k, v in row.items() if k in RELEASED}
+
+
+def detail_level(private: bool, level: int = logging.WARNING) -> int:
+    """The log level of a line naming a node or a client's value: DEBUG under dp (the server
+    operator's, opt-in), else `level`."""
+    return logging.DEBUG if private else level
+
+
+def _write_private(path: Path, text: str, flags: int) -> None:
+    """Write through a descriptor created 0600: never readable by others, not even briefly."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
+    os.fchmod(fd, 0o600)  # a file left by an older run may have other bits
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def append_confidential(run_dir: Path, row: Mapping[str, Any]) -> None:
+    """One round's whole row, fsynced before the checkpoint relies on it (as metrics.jsonl)."""
+    _write_private(run_dir / CONFIDENTIAL_FILE, json.dumps(row) + "\n", os.O_APPEND)
+
+
+def write_confidential(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace the confidential file with exactly `rows` (resume), atomically."""
+    path = run_dir / CONFIDENTIAL_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    _write_private(tmp, "".join(json.dumps(r) + "\n" for r in rows), os.O_TRUNC)
+    os.replace(tmp, path)
+    fsync_dir(run_dir)
