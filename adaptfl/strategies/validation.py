@@ -121,7 +121,7 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
     missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
     if missing:
         raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")
-    out = _numbers(metrics, {wire.NUM_EXAMPLES, wire.PARTITION_ID, *required, *(domains or {})})
+    out = _numbers(metrics, {wire.NUM_EXAMPLES, wire.PARTITION_ID, *required, *(domains or {})}, level)
     if not (isinstance(out[wire.NUM_EXAMPLES], int) and out[wire.NUM_EXAMPLES] > 0):
         raise ReplyRejected(f"{wire.NUM_EXAMPLES}={out[wire.NUM_EXAMPLES]!r} must be a positive int")
     pid = out.get(wire.PARTITION_ID)
@@ -135,8 +135,9 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
     return out
 
 
-def _numbers(metrics: Mapping[str, object], read: set[str]) -> dict[str, float | int]:
-    """The finite numbers among the metrics; one the strategy reads must be one."""
+def _numbers(metrics: Mapping[str, object], read: set[str], level: int) -> dict[str, float | int]:
+    """The finite numbers among the metrics; one the strategy reads must be one (`level`: of
+    the line about one it leaves out)."""
     out: dict[str, float | int] = {}
     for key, value in metrics.items():
         if isinstance(value, list) and key not in read:

@@ -31,6 +31,8 @@ NAMES_A_NODE = re.compile(r"\b(node|nodes|client|partition)s? \[?\d")  # "node 3
 
 def _config(tmp_path, tiny_data, algorithm: str, dp: str, **extra) -> RunConfig:  # noqa: ANN001
     more = {"light": True} if algorithm.endswith("+light") else {}
+    if algorithm == "hafedho":  # dp needs |D| declared (a bound above the partitions' sizes)
+        more["total_examples"] = 1e6
     return RunConfig.of(algorithm=algorithm.removesuffix("+light"), dp=dp,
                         results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
                         **{**TINY, **more, **extra})

@@ -148,9 +148,10 @@ def test_resume_from_another_dir_is_a_new_job_for_the_clients(tiny_data, tmp_pat
 
 def test_resuming_with_another_config_is_refused_and_leaves_the_dir_as_it_was(tiny_data,
                                                                             tmp_path) -> None:
-    """num-server-rounds 1 -> 2 changes the lr schedule: another job, not a continuation."""
-    out = _run(_cfg(tiny_data, tmp_path, num_server_rounds=1))
+    """seed 1 -> 2 changes what the run computes: another job, not a continuation (raising
+    num-server-rounds is one: tests/server_app/test_resume.py)."""
+    out = _run(_cfg(tiny_data, tmp_path, num_server_rounds=1, seed=1))
     model = final_model(out)
-    with pytest.raises(ValueError, match="num-server-rounds"):
-        _run(_cfg(tiny_data, tmp_path, resume=True))
+    with pytest.raises(ValueError, match=r"seed: 1 -> 2"):
+        _run(_cfg(tiny_data, tmp_path, num_server_rounds=1, seed=2, resume=True))
     assert torch.equal(final_model(out)["1.weight"], model["1.weight"])
