@@ -77,8 +77,10 @@ class Canaries:
         """u_i: normalised Gaussian vectors over Δ's floating arrays (in `like`'s key order)."""
         self.layout = [(n, t.shape) for n, t in like.items() if t.is_floating_point()]
         dim = sum(int(np.prod(shape)) for _, shape in self.layout)
-        raw = self.rng.standard_normal((self.count, dim))
-        self.directions = torch.from_numpy(raw / np.linalg.norm(raw, axis=1, keepdims=True)).float()
+        # float32 throughout: m·d·4 bytes (1000 canaries on the 185k-parameter cnn: 0.74 GB)
+        raw = self.rng.standard_normal((self.count, dim), dtype=np.float32)
+        raw /= np.linalg.norm(raw, axis=1, keepdims=True)
+        self.directions = torch.from_numpy(raw)
         return self.directions
 
     def items(self, like: Mapping[str, torch.Tensor], bound: float) -> list[Tensors]:
