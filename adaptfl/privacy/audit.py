@@ -162,6 +162,8 @@ def check(cfg: RunConfig) -> None:
     if cfg.federation.weighting != "uniform":
         raise ValueError(f"weighting={cfg.federation.weighting!r}: the audit needs "
                          "weighting='uniform' (a canary slot weighs as one reply)")
+    if cfg.output.resume or cfg.output.resume_from:  # the canaries' scores live in this process
+        raise ValueError("resume: an audit scores every round in one process; start a fresh run")
 
 
 @dataclass(frozen=True)

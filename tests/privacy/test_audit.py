@@ -10,7 +10,7 @@ import pytest
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.privacy import mechanism, server
-from adaptfl.privacy.audit import Canaries, run_audit
+from adaptfl.privacy.audit import Canaries, main, run_audit
 from adaptfl.privacy.audit_bound import binomial_tail, epsilon_lower_bound, p_value
 from tests.conftest import needs_fashion_mnist
 from tests.support.run_outputs import metric_rows
@@ -99,3 +99,25 @@ def test_a_mechanism_that_adds_less_noise_than_it_accounts_for_fails_the_audit(
     assert broken.epsilon_run == honest.epsilon_run  # the accountant cannot see the bug
     assert broken.failed and broken.epsilon_audit > broken.epsilon_run + 1.0, broken
     assert any("audit FAILED" in line for line in broken.lines())
+
+
+def test_the_cli_refuses_what_it_cannot_audit_in_one_line_exit_2(capsys) -> None:
+    for override, named in (("dp=client", "dp='client'"), ("weighting=examples", "weighting='examples'"),
+                            ("resume=true", "resume")):
+        with pytest.raises(SystemExit) as exited:
+            main([override, "model=mlp"])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("config error:") and named in err and "\n" not in err, err
+
+
+@needs_fashion_mnist
+def test_the_cli_prints_the_bound_beside_the_accountants_epsilon(tmp_path, tiny_data, capsys) -> None:
+    main(["--num-nodes", "4", "--canaries", "200", "algorithm=fedavg", "model=mlp",
+          "num-server-rounds=2", "local-steps=1", "batch-size=16", "fraction-train=0.5",
+          "dp-noise-multiplier=2", f"data-dir={tiny_data['fashion-mnist']}", f"results-dir={tmp_path}"])
+    out = capsys.readouterr().out
+    assert "audit: 200 canaries, 20+20 guesses" in out and "2 rounds scored" in out, out
+    assert "empirical ε ≥" in out and "at 95% confidence (δ=1e-05)" in out, out
+    assert "accountant's ε = " in out and "dp-accounting=without-replacement" in out, out
+    assert "accountant's ε without amplification = " in out and "FAILED" not in out, out
