@@ -14,20 +14,23 @@
     scores     white-box (the paper's setting for DP-SGD where the auditor sees every
                iterate): Y_i = Σ_t ⟨Δ̃_t, u_i⟩, Δ̃_t the released noised mean Δ of round t (what
                the mechanism outputs; the model and every broadcast state are post-processing
-               of it). Inserting the canary into the aggregate directly is the paper's gradient
-               (Dirac) canary, here at user level: no training is needed to score it.
+               of it). The canary enters the aggregate directly, as the paper's white-box
+               experiments insert canary gradients into DP-SGD's sum, here at user level: no
+               training is needed to score it.
     guesses    "included" for the k+ highest scores, "excluded" for the k− lowest (k fixed before
                the run), W = the correct ones; ε from W by Theorem 3 (audit_bound.py) at `--
                confidence` and the run's dp-delta.
 
 Why the accountant's ε bounds the audit: switching S_i changes round t's noised sum by C_Δ·u_i,
-of norm ≤ C_Δ, under noise of std z√k·C_Δ per coordinate of the sum: a Gaussian mechanism of
-noise multiplier z√k ≥ z per round, with no sampling (a canary is in every round when
-included). The accountant's `no-amplification` bound composes z/2 per round (replace-one, 2·C),
-so ε_canary ≤ ε_no-amplification: an audit above it means the mechanism leaks more than
-accounted. The `without-replacement` ε credits sampling, which the canaries do not get, so the
-audit prints the no-amplification ε beside the run's own. The audited run is for the audit: m
-slots of canaries and zeros swamp the n real replies' mean.
+of norm ≤ C_Δ, under noise of std z√k·C_Δ per coordinate of the sum (z_r√k·C_Δ with adaptive
+clipping, the counts taking the rest of z): no more than adding or removing one client, so a
+Gaussian mechanism of noise multiplier at least z per round, with no sampling (a canary is in
+every round when included). The accountant's `no-amplification` bound composes z/2 per round
+(replace-one, 2·C), so ε_canary ≤ ε_no-amplification: an audit above it means the mechanism
+leaks more than accounted (or the 5 % chance at 95 % confidence). The `without-replacement` ε
+credits sampling, which the canaries do not get, so the audit prints the no-amplification ε
+beside the run's own. The audited run is for the audit: m slots of canaries and zeros swamp the
+n real replies' mean.
 """
 
 from __future__ import annotations
