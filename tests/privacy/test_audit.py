@@ -1,0 +1,123 @@
+"""The one-run audit (privacy/audit.py, issue 31 §9): Theorem 3's bound against hand-computed
+values, and on a tiny run the empirical ε stays below the accountant's with the noise on, while
+with (almost) no noise it is far above it: the audit can fail."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.privacy import mechanism, server
+from adaptfl.privacy.audit import Canaries, main, run_audit
+from adaptfl.privacy.audit_bound import binomial_tail, epsilon_lower_bound, p_value
+from tests.conftest import needs_fashion_mnist
+from tests.support.run_outputs import metric_rows
+
+
+def _all_right(r: int) -> float:
+    """δ = 0, r of r right: q^r = 0.05, so ε = log(q/(1-q)) with q = 0.05^(1/r)."""
+    q = 0.05 ** (1 / r)
+    return math.log(q / (1 - q))
+
+
+@pytest.mark.parametrize("r,expected", [(10, 1.0518732), (100, 3.4929654), (200, 4.1936300)])
+def test_all_guesses_right_gives_the_closed_form_bound(r: int, expected: float) -> None:
+    assert _all_right(r) == pytest.approx(expected, abs=1e-6)
+    assert epsilon_lower_bound(1000, r, r, 0.0) == pytest.approx(expected, abs=1e-5)
+
+
+def test_half_right_or_worse_bounds_nothing() -> None:
+    assert epsilon_lower_bound(1000, 200, 100, 1e-5) == 0.0
+    assert epsilon_lower_bound(1000, 200, 40, 1e-5) == 0.0
+    assert epsilon_lower_bound(1000, 0, 0, 1e-5) == 0.0
+    # at ε = 0 the guesses are fair coins: P[Bin(200, ½) ≥ 100] > ½
+    assert p_value(1000, 200, 100, 0.0, 0.0) == pytest.approx(binomial_tail(100, 200, 0.5))
+    assert p_value(1000, 200, 100, 0.0, 0.0) > 0.5
+
+
+def test_the_delta_term_is_theorem_3s_by_hand() -> None:
+    """m = 4, r = 2, v = 2 at ε = log 3 (q = ¾): f(2) = 9/16; i = 1: P[Bin = 1] / 1 = 6/16,
+    i = 2: (P[Bin = 0] + P[Bin = 1]) / 2 = 7/32; max 6/16; p = 9/16 + 2·4·δ·6/16."""
+    delta = 0.01
+    assert p_value(4, 2, 2, math.log(3), delta) == pytest.approx(9 / 16 + 8 * delta * 6 / 16)
+    assert p_value(4, 2, 2, math.log(3), 0.0) == pytest.approx(9 / 16)
+    # δ only weakens what the guesses can reject
+    assert epsilon_lower_bound(1000, 200, 200, 1e-3) < epsilon_lower_bound(1000, 200, 200, 0.0)
+
+
+def test_canary_guesses_count_the_top_as_in_and_the_bottom_as_out() -> None:
+    canaries = Canaries(6, seed=0)
+    canaries.included[:] = [True, True, False, False, True, False]
+    canaries.scores[:] = [5.0, 4.0, 3.0, -1.0, -2.0, 0.0]  # in: 0, 1; out: 4 (wrong), 3
+    assert canaries.correct(2, 2) == 3
+    with pytest.raises(ValueError, match="at most the 6 canaries"):
+        canaries.correct(4, 3)
+
+
+TINY = dict(algorithm="fedavg", num_server_rounds=3, local_steps=1, batch_size=16, model="mlp",
+            weighting="uniform", dp="central", dp_seed=3, dp_testing_reproducible_noise=True,
+            fraction_train=0.5, dp_accounting="no-amplification", dp_clip_norm=0.5)
+CANARIES, GUESSES = 500, 50  # r = 100: at most ε ≈ 3.49 from all right
+
+
+def _audit(tmp_path, tiny_data, name: str, z: float, **extra):  # noqa: ANN001, ANN202
+    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name=name,
+                       dp_noise_multiplier=z, **{**TINY, **extra})
+    return run_audit(cfg, 4, canaries=CANARIES, guesses=GUESSES, seed=1)
+
+
+@needs_fashion_mnist
+def test_with_noise_the_audit_stays_below_the_accountant_and_without_it_exceeds_2(
+        tmp_path, tiny_data) -> None:
+    noised = _audit(tmp_path, tiny_data, "noised", z=2.0)
+    assert noised.rounds == 3 and noised.epsilon_run == noised.epsilon_no_amplification
+    assert noised.epsilon_audit <= noised.epsilon_run and not noised.failed, noised
+    # each canary slot counts in the noise: std z·C/(n + m) on Δ's mean (k = 1), n = 2 sampled
+    rows = metric_rows(noised.results)
+    assert rows[0]["dp-noise-std"] == pytest.approx(2.0 * 0.5 / (2 + CANARIES))
+    assert server.round_combine.__module__ == "adaptfl.privacy.server"  # restored after the run
+
+    bare = _audit(tmp_path, tiny_data, "bare", z=0.01)  # ε in the thousands, signal ≫ noise
+    assert bare.correct == 2 * GUESSES, bare
+    assert bare.epsilon_audit > 3.0, bare  # all 100 right: ≈ 3.49 at δ = 1e-5
+    assert bare.epsilon_audit > noised.epsilon_audit + 2.0
+
+
+@needs_fashion_mnist
+def test_a_mechanism_that_adds_less_noise_than_it_accounts_for_fails_the_audit(
+        tmp_path, tiny_data, monkeypatch) -> None:
+    """The bug the audit is for: z = 10 accounted (ε ≈ 1.45 over 3 rounds), 1/1000 of its noise
+    drawn. fedact: the canaries' zero v items keep v's mean at n + m items too."""
+    honest = _audit(tmp_path, tiny_data, "honest", z=10.0, algorithm="fedact")
+    assert not honest.failed and honest.epsilon_run < 2.0, honest
+    original = mechanism.add_noise
+    monkeypatch.setattr(mechanism, "add_noise",
+                        lambda tensors, std, rng: original(tensors, std / 1000, rng))
+    broken = _audit(tmp_path, tiny_data, "broken", z=10.0, algorithm="fedact")
+    assert broken.epsilon_run == honest.epsilon_run  # the accountant cannot see the bug
+    assert broken.failed and broken.epsilon_audit > broken.epsilon_run + 1.0, broken
+    assert any("audit FAILED" in line for line in broken.lines())
+
+
+def test_the_cli_refuses_what_it_cannot_audit_in_one_line_exit_2(capsys) -> None:
+    for override, named in (("dp=client", "dp='client'"), ("weighting=examples", "weighting='examples'"),
+                            ("resume=true", "resume")):
+        with pytest.raises(SystemExit) as exited:
+            main([override, "model=mlp"])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("config error:") and named in err and "\n" not in err, err
+
+
+@needs_fashion_mnist
+def test_the_cli_prints_the_bound_beside_the_accountants_epsilon(tmp_path, tiny_data, capsys) -> None:
+    main(["--num-nodes", "4", "--canaries", "200", "algorithm=fedavg", "model=mlp",
+          "num-server-rounds=2", "local-steps=1", "batch-size=16", "fraction-train=0.5",
+          "dp-noise-multiplier=2", f"data-dir={tiny_data['fashion-mnist']}", f"results-dir={tmp_path}"])
+    out = capsys.readouterr().out
+    assert "audit: 200 canaries, 20+20 guesses" in out and "2 rounds scored" in out, out
+    assert "empirical ε ≥" in out and "at 95% confidence (δ=1e-05)" in out, out
+    assert "accountant's ε = " in out and "dp-accounting=without-replacement" in out, out
+    assert "accountant's ε without amplification = " in out and "FAILED" not in out, out
