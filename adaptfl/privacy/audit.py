@@ -18,7 +18,7 @@
                experiments insert canary gradients into DP-SGD's sum, here at user level: no
                training is needed to score it.
     guesses    "included" for the k+ highest scores, "excluded" for the k− lowest (k fixed before
-               the run), W = the correct ones; ε from W by Theorem 3 (audit_bound.py) at `--
+               the run), W = the correct ones; ε from W by the main theorem (audit_bound.py) at `--
                confidence` and the run's dp-delta.
 
 Why the accountant's ε bounds the audit: switching S_i changes round t's noised sum by C_Δ·u_i,

@@ -2,9 +2,9 @@
 One (1) Training Run", NeurIPS 2023): from the count of correct guesses about m canaries, each
 included with probability ½, the largest ε that (ε, δ)-DP is rejected at, with confidence 1 − p.
 
-Their Theorem 3 (main result, the (ε, δ) case): when the mechanism is (ε, δ)-DP in each
-canary's inclusion and an auditor makes r guesses (the rest abstain), W, the number of correct
-ones, satisfies for every v
+Their main theorem for the (ε, δ) case (its number was not re-checked against the paper): when
+the mechanism is (ε, δ)-DP in each canary's inclusion and an auditor makes r guesses (the rest
+abstain), W, the number of correct ones, satisfies for every v
 
     P[W ≥ v] ≤ f(v) + 2·m·δ·max_{i=1..m} (f(v − i) − f(v)) / i,
     f(v) = P[Binomial(r, q) ≥ v],  q = e^ε / (1 + e^ε)
@@ -39,7 +39,7 @@ def binomial_tail(v: int, r: int, q: float) -> float:
 
 
 def p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
-    """The bound of Theorem 3 on P[W ≥ v] under (ε, δ)-DP: m canaries, r guesses, v correct."""
+    """The main theorem's bound on P[W ≥ v] under (ε, δ)-DP: m canaries, r guesses, v correct."""
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= correct ({v}) <= guesses ({r}) <= canaries ({m})")
     if eps < 0.0 or not 0.0 <= delta <= 1.0:

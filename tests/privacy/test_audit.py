@@ -1,4 +1,4 @@
-"""The one-run audit (privacy/audit.py, issue 31 §9): Theorem 3's bound against hand-computed
+"""The one-run audit (privacy/audit.py, issue 31 §9): the main theorem's bound against hand-computed
 values, and on a tiny run the empirical ε stays below the accountant's with the noise on, while
 with (almost) no noise it is far above it: the audit can fail."""
 
