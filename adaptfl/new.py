@@ -6,6 +6,8 @@ data and model the user edits; a small synthetic problem, so it runs offline) an
 the two commands. The files are adaptfl/templates/app/*.tmpl: `string.Template` text, not
 importable Python, so the placeholders never meet ruff, mypy or the FAB (whose include rules
 name .py/.toml/.md/.yml only); the generated files are checked by tests/project/test_template.py.
+No `[tool.flwr.federations]`: Flower 1.42 moves that section into its own config.toml (the local
+simulation is the default connection), so the app's pyproject has none, as examples/ have none.
 """
 
 from __future__ import annotations

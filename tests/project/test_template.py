@@ -53,6 +53,7 @@ def test_the_app_has_its_files_and_names(tmp_path: Path, capsys: pytest.CaptureF
     assert pyproject["tool"]["setuptools"]["packages"] == ["my_fl_app"]
     flwr = pyproject["tool"]["flwr"]["app"]
     assert flwr["publisher"]
+    assert "federations" not in pyproject["tool"]["flwr"]  # Flower 1.42 would move it to config.toml
     assert flwr["components"] == {"serverapp": "my_fl_app.server_app:app",
                                   "clientapp": "my_fl_app.client_app:app"}
     config = flwr["config"]
