@@ -24,16 +24,19 @@ from string import Template
 TEMPLATE = "templates/app"
 SUFFIX = ".tmpl"
 PACKAGE_FOLDER = "package"  # renamed to the app's package name
+DOTFILES = {"gitignore": ".gitignore"}  # stored without the dot: package-data globs skip dotfiles
+
+
+MAX_PROJECT_NAME = 32  # Flower's limit on an app's name (it starts with a letter; letters, digits, -)
 
 
 def default_names(folder: Path) -> tuple[str, str]:
     """The project name and the package name from the folder's name: `My App` -> my-app, my_app."""
-    words = re.findall(r"[a-z0-9]+", folder.resolve().name.lower())
-    project = "-".join(words) or "my-app"
-    package = "_".join(words) or "my_app"
-    if package[0].isdigit():
-        package = f"app_{package}"
-    return project, package
+    words = re.findall(r"[a-z0-9]+", folder.resolve().name.lower()) or ["my", "app"]
+    if words[0][0].isdigit():
+        words.insert(0, "app")
+    project = "-".join(words)[:MAX_PROJECT_NAME].rstrip("-")
+    return project, "_".join(words)
 
 
 def check_package(package: str) -> str | None:
@@ -86,6 +89,7 @@ def write_app(folder: Path, algorithm: str = "fedact", package: str | None = Non
     written = []
     for relative, text in template_files():
         parts = [package if p == PACKAGE_FOLDER else p for p in relative.split("/")]
+        parts[-1] = DOTFILES.get(parts[-1], parts[-1])
         path = folder.joinpath(*parts)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(Template(text).substitute(values), encoding="utf-8")

@@ -19,14 +19,16 @@ from pathlib import Path
 
 import pytest
 from flwr.cli.build import build_fab_from_disk
+from flwr.supercore.utils import is_valid_name
 
+from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig, declared_keys
 from adaptfl.new import default_names, main, write_app
 from tests.support.flower_processes import PROJECT, flwr_run_app_dir
 from tests.support.run_outputs import metric_rows
 
 TEMPLATES = PROJECT / "adaptfl" / "templates" / "app"
-EXPECTED = {"pyproject.toml", "README.md", "my_fl_app/__init__.py", "my_fl_app/server_app.py",
+EXPECTED = {"pyproject.toml", "README.md", ".gitignore", "my_fl_app/__init__.py", "my_fl_app/server_app.py",
             "my_fl_app/client_app.py", "my_fl_app/task.py"}
 
 
@@ -66,6 +68,18 @@ def test_the_app_has_its_files_and_names(tmp_path: Path, capsys: pytest.CaptureF
     for said in ("pip install -e .", "flwr run . --stream", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1",
                  '--federation-config "num-supernodes=', "my_fl_app/task.py", "fedadam"):
         assert said in readme, said
+
+
+@pytest.mark.parametrize("algorithm", sorted(catalog()))
+def test_every_algorithm_gets_a_config_adaptfl_accepts(tmp_path: Path, algorithm: str) -> None:
+    write_app(tmp_path / "app", algorithm=algorithm)
+    config = _config(tmp_path / "app")["tool"]["flwr"]["app"]["config"]
+    assert RunConfig.from_flower(config).algorithm.name == algorithm
+
+
+def test_the_docs_name_the_command() -> None:
+    assert "python -m adaptfl.new" in (PROJECT / "README.md").read_text()
+    assert "## A new app in one command" in (PROJECT / "docs" / "own-app.md").read_text()
 
 
 def test_the_app_objects_are_plain_assignments_flower_can_find(tmp_path: Path) -> None:
@@ -118,7 +132,9 @@ def test_bad_names_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main([str(tmp_path / "b"), "--package", "json"]) == 2
     assert main([str(tmp_path / "c"), "--package", "no-dash"]) == 2
     assert not any(tmp_path.iterdir())
-    assert default_names(Path("2024 Study")) == ("2024-study", "app_2024_study")
+    assert default_names(Path("2024 Study")) == ("app-2024-study", "app_2024_study")
+    for folder in ("2024 Study", "ünïcode", "x" * 40 + " y", "My FL-App"):
+        assert is_valid_name(default_names(Path(folder))[0])[0], folder  # Flower's rule for the name
 
 
 def test_the_templates_ship_in_the_wheel_not_in_the_fab() -> None:
@@ -133,6 +149,17 @@ def test_the_templates_ship_in_the_wheel_not_in_the_fab() -> None:
     assert all(p.suffix == ".tmpl" for p in templates)
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(PROJECT))).namelist()
     assert "adaptfl/new.py" in names and not any("templates/" in n for n in names)
+
+
+def test_the_results_stay_out_of_the_apps_bundle(tmp_path: Path) -> None:
+    """Flower's FAB takes *.json/*.jsonl; the app's .gitignore keeps its results/ out."""
+    app = tmp_path / "app"
+    write_app(app)
+    (app / "results" / "run").mkdir(parents=True)
+    (app / "results" / "run" / "metrics.jsonl").write_text("{}\n")
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app))).namelist()
+    assert "app/task.py" in names and "README.md" in names
+    assert not any(n.startswith("results/") for n in names), names
 
 
 @pytest.mark.slow
