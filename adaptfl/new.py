@@ -25,8 +25,6 @@ TEMPLATE = "templates/app"
 SUFFIX = ".tmpl"
 PACKAGE_FOLDER = "package"  # renamed to the app's package name
 DOTFILES = {"gitignore": ".gitignore"}  # stored without the dot: package-data globs skip dotfiles
-
-
 MAX_PROJECT_NAME = 32  # Flower's limit on an app's name (it starts with a letter; letters, digits, -)
 
 
