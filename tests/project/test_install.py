@@ -77,6 +77,7 @@ def test_a_fresh_venv_gets_adaptfl_alone_and_every_module_imports(tmp_path: Path
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"adaptfl", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "adaptfl/harness/grids/fedact.toml" in names  # package data
+    assert "adaptfl/templates/app/package/task.py.tmpl" in names  # python -m adaptfl.new's templates
     modules = sorted(n.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
                      for n in names if n.endswith(".py") and not n.endswith("__main__.py"))
     for package in package_folders():  # every module of the tree made it into the wheel
