@@ -17,6 +17,7 @@ import torch
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.server_app.durable import append_durable, write_atomic
+from adaptfl.server_app.mlflow_log import MlflowRun, mlflow_client_class
 from adaptfl.server_app.plots import plot_run
 from adaptfl.server_app.tensorboard import open_writer, write_row
 
@@ -74,6 +75,7 @@ class RunOutputs:
     """One run's results directory."""
 
     def __init__(self, cfg: RunConfig) -> None:
+        client_class = mlflow_client_class() if cfg.output.mlflow else None  # refused before any write
         name = cfg.output.run_name or unused_name(results_root(cfg),
                                                   f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.dir = results_root(cfg) / name
@@ -82,6 +84,8 @@ class RunOutputs:
         self.rows: list[dict[str, Any]] = []
         self.title = cfg.title()
         self.tensorboard = open_writer(self.dir) if cfg.output.tensorboard else None
+        self.mlflow = MlflowRun(client_class, self.dir, self.dir.name, cfg.to_flower()) \
+            if client_class is not None else None
         log.info("results of this run go to %s", self.dir)
 
     def restore(self, rows: list[dict[str, Any]]) -> None:
@@ -93,6 +97,9 @@ class RunOutputs:
         if self.tensorboard is not None:
             for row in rows:
                 write_row(self.tensorboard, row)
+        if self.mlflow is not None:
+            for row in rows:
+                self.mlflow.log_row(row)
 
     def record(self, row: dict[str, Any]) -> None:
         """Append one round's metrics to metrics.jsonl and rewrite metrics.csv."""
@@ -101,6 +108,8 @@ class RunOutputs:
         self._write_csv()
         if self.tensorboard is not None:
             write_row(self.tensorboard, row)
+        if self.mlflow is not None:
+            self.mlflow.log_row(row)
 
     def _write_csv(self) -> None:
         columns = list(dict.fromkeys(k for r in self.rows for k in r
@@ -115,6 +124,14 @@ class RunOutputs:
         torch.save(model_state, buffer)
         write_atomic(self.dir / "model.pt", buffer.getvalue())  # never a half-written model
         self.plot()
+        if self.mlflow is not None:
+            self.mlflow.end("FINISHED")
+
+    def abort(self, interrupted: bool = False) -> None:
+        """The run stopped before its end (RunAborted, an error, an interrupt): the MLflow run
+        says so; the files keep the rounds completed so far."""
+        if self.mlflow is not None:
+            self.mlflow.end("KILLED" if interrupted else "FAILED")
 
     def plot(self) -> None:
         plot_run(self.rows, self.dir, self.title)
