@@ -131,7 +131,10 @@ class RunOutputs:
         """The run stopped before its end (RunAborted, an error, an interrupt): the MLflow run
         says so; the files keep the rounds completed so far."""
         if self.mlflow is not None:
-            self.mlflow.end("KILLED" if interrupted else "FAILED")
+            try:
+                self.mlflow.end("KILLED" if interrupted else "FAILED")
+            except Exception as err:  # noqa: BLE001 - the run's own error is the one to raise
+                log.warning("the MLflow run could not be marked as ended: %s", err)
 
     def plot(self) -> None:
         plot_run(self.rows, self.dir, self.title)
