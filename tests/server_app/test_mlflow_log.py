@@ -58,6 +58,9 @@ def test_the_store_holds_the_config_and_the_rows_of_metrics_jsonl(tiny_data, tmp
     # steps 0..2: round 0 is the initial model's evaluation, as in metrics.jsonl
     assert _history(client, run, "test-accuracy") == [(r["round"], pytest.approx(r["test-accuracy"]))
                                                       for r in rows]
+    # every metric is a numeric value of metrics.jsonl at its round, and every such value is there
+    logged = {(key, step, value) for key in run.data.metrics for step, value in _history(client, run, key)}
+    assert logged == {(key, r["round"], value) for r in rows for key, value in numeric(r).items()}
     assert [s for s, _ in _history(client, run, "bytes-up")] == [1, 2]
     assert "clients" not in run.data.metrics and "rejected" not in run.data.metrics  # nested: JSONL only
 
