@@ -106,6 +106,13 @@ def test_an_aborted_run_is_failed_and_its_resume_rebuilds_one_finished_run(tiny_
         (r["round"], pytest.approx(r["test-accuracy"])) for r in metric_rows(out, initial=True)]
 
 
+def test_turned_on_by_a_resume_the_store_gets_the_earlier_rounds_too(tiny_data, tmp_path) -> None:
+    _run(_cfg(tiny_data, tmp_path, num_server_rounds=1))
+    out = _run(_cfg(tiny_data, tmp_path, resume=True, mlflow=True))  # and one more round
+    client, run = _the_run(out)
+    assert [s for s, _ in _history(client, run, "test-accuracy")] == [0, 1, 2]
+
+
 def test_names_values_and_rows_as_mlflow_takes_them() -> None:
     assert mlflow_name("dp/ε-target:x") == "dp/ε-target_x"  # \w is Unicode: MLflow's own rule
     assert mlflow_name("a" * 300) == "a" * 250
