@@ -47,6 +47,12 @@ def _history(client, run, key: str) -> list[tuple[int, float]]:  # noqa: ANN001
     return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
 
 
+def _assert_holds_the_rows(client, run, rows: list[dict]) -> None:  # noqa: ANN001
+    """Every metric is a numeric value of metrics.jsonl at its round, and every such value is there."""
+    logged = {(key, step, value) for key in run.data.metrics for step, value in _history(client, run, key)}
+    assert logged == {(key, r["round"], value) for r in rows for key, value in numeric(r).items()}
+
+
 def test_the_store_holds_the_config_and_the_rows_of_metrics_jsonl(tiny_data, tmp_path) -> None:
     out = _run(_cfg(tiny_data, tmp_path, mlflow=True))
     client, run = _the_run(out)
@@ -58,11 +64,20 @@ def test_the_store_holds_the_config_and_the_rows_of_metrics_jsonl(tiny_data, tmp
     # steps 0..2: round 0 is the initial model's evaluation, as in metrics.jsonl
     assert _history(client, run, "test-accuracy") == [(r["round"], pytest.approx(r["test-accuracy"]))
                                                       for r in rows]
-    # every metric is a numeric value of metrics.jsonl at its round, and every such value is there
-    logged = {(key, step, value) for key in run.data.metrics for step, value in _history(client, run, key)}
-    assert logged == {(key, r["round"], value) for r in rows for key, value in numeric(r).items()}
+    _assert_holds_the_rows(client, run, rows)
     assert [s for s, _ in _history(client, run, "bytes-up")] == [1, 2]
     assert "clients" not in run.data.metrics and "rejected" not in run.data.metrics  # nested: JSONL only
+
+
+def test_under_dp_the_store_holds_what_metrics_jsonl_holds(tiny_data, tmp_path) -> None:
+    cfg = _cfg(tiny_data, tmp_path, mlflow=True, weighting="uniform", dp="central", dp_seed=1,
+               dp_testing_reproducible_noise=True, fraction_train=0.5,
+               dp_accounting="no-amplification")
+    out = run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
+    client, run = _the_run(out)
+    rows = metric_rows(out, initial=True)
+    assert "dp-epsilon" in run.data.metrics
+    _assert_holds_the_rows(client, run, rows)
 
 
 def test_off_by_default_writes_no_store(tiny_data, tmp_path) -> None:
