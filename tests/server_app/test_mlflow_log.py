@@ -4,6 +4,7 @@ one line without the tracking extra; an aborted run's MLflow run says FAILED."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def test_the_store_holds_the_config_and_the_rows_of_metrics_jsonl(tiny_data, tmp
     params = run.data.params
     assert params["algorithm"] == "fedavg" and params["mlflow"] == "true"
     assert params["num-server-rounds"] == "2" and params["run-name"] == "r"
+    config = json.loads((out / "config.json").read_text())
+    assert params == {mlflow_name(k): param_value(v) for k, v in config.items()}  # all of config.json
     rows = metric_rows(out, initial=True)
     # steps 0..2: round 0 is the initial model's evaluation, as in metrics.jsonl
     assert _history(client, run, "test-accuracy") == [(r["round"], pytest.approx(r["test-accuracy"]))
