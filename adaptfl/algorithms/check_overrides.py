@@ -74,6 +74,10 @@ def preflight(merged: dict[str, Any], nodes: int = 0) -> None:
             # working directory, so it would fail there after Ray started; refused here, naming
             # the key, before the task is loaded or anything is written.
             results_root(cfg)
+            if cfg.output.mlflow:  # the tracking extra missing: refused here too, in one line
+                from adaptfl.server_app.mlflow_log import mlflow_client_class
+
+                mlflow_client_class()
             _, _, task = build_run(cfg)
             if nodes > 0:  # the simulation's node count: the checks the engine makes with its nodes
                 check_nodes(cfg, task, [{} for _ in range(nodes)])

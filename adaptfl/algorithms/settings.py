@@ -134,6 +134,9 @@ class Output(Component):
                                       "by every node of a multi-node Ray cluster)")
     tensorboard: bool = param(False, "also write TensorBoard event files to <results dir>/tensorboard "
                               "(needs the tensorboard extra)", loop_only=_OUTPUTS)
+    mlflow: bool = param(False, "also log the run config and every round's numeric metrics to "
+                         "an offline MLflow file store, <results dir>/mlruns (needs the tracking "
+                         "extra)", loop_only=_OUTPUTS)
 
 
 @component("settings", "runtime")

@@ -35,7 +35,7 @@ ROUNDS_KEY = "num-server-rounds"  # may be raised on resume: the run continues (
 MAY_CHANGE_ON_RESUME = frozenset({
     "resume", "resume-from", "results-dir", "run-name", "data-dir", "device", "num-threads",
     "round-timeout", "min-replies", "max-reply-mb", "node-wait", "max-skipped-rounds", "skip-window",
-    "overwrite",
+    "overwrite", "mlflow",  # mlflow: turned on by a resume, its store gets the kept rows too
 })
 
 

@@ -171,6 +171,17 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
         check_nodes(cfg, task, cast("InProcessGrid", grid).node_configs())  # the grid with static_nodes
     outputs = restore_or_start(cfg, strategy)
+    try:
+        train_rounds(grid, cfg, strategy, model, task, outputs, on_round)
+    except BaseException as err:  # an abort, an error, an interrupt: the MLflow run says so
+        outputs.abort(interrupted=isinstance(err, KeyboardInterrupt))
+        raise
+    return outputs.dir
+
+
+def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: torch.nn.Module,
+                 task: Task, outputs: RunOutputs, on_round: Callable[[dict], None] | None) -> None:
+    """Round 0 of a fresh run, then the rounds left, then the final model (run_federated)."""
     strategy.summary()
     fed = cfg.federation
     timeout = fed.round_timeout or None
@@ -236,4 +247,3 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     if worse:
         log.warning("%s", worse)
     outputs.finish(strategy.state.model)
-    return outputs.dir

@@ -18,6 +18,7 @@ import torch
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, append_confidential, released, write_confidential
 from adaptfl.server_app.durable import append_durable, write_atomic
+from adaptfl.server_app.mlflow_log import MlflowRun, mlflow_client_class
 from adaptfl.server_app.plots import plot_run
 from adaptfl.server_app.tensorboard import open_writer, write_row
 
@@ -77,6 +78,7 @@ class RunOutputs:
     row; `rows` are the whole rows, for the server's own use."""
 
     def __init__(self, cfg: RunConfig) -> None:
+        client_class = mlflow_client_class() if cfg.output.mlflow else None  # refused before any write
         name = cfg.output.run_name or unused_name(results_root(cfg),
                                                   f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.dir = results_root(cfg) / name
@@ -86,6 +88,8 @@ class RunOutputs:
         self.private = cfg.privacy.on
         self.title = cfg.title()
         self.tensorboard = open_writer(self.dir) if cfg.output.tensorboard else None
+        self.mlflow = MlflowRun(client_class, self.dir, self.dir.name, cfg.to_flower()) \
+            if client_class is not None else None
         log.info("results of this run go to %s", self.dir)
 
     def restore(self, rows: list[dict[str, Any]]) -> None:
@@ -102,6 +106,9 @@ class RunOutputs:
         if self.tensorboard is not None:
             for row in public:
                 write_row(self.tensorboard, row)
+        if self.mlflow is not None:
+            for row in public:
+                self.mlflow.log_row(row)
 
     def public(self, row: dict[str, Any]) -> dict[str, Any]:
         """What of `row` the shared outputs get: all of it, or under dp the whitelist."""
@@ -117,6 +124,8 @@ class RunOutputs:
         self._write_csv()
         if self.tensorboard is not None:
             write_row(self.tensorboard, self.public(row))
+        if self.mlflow is not None:
+            self.mlflow.log_row(self.public(row))
 
     def _write_csv(self) -> None:
         public = [self.public(r) for r in self.rows]
@@ -132,6 +141,17 @@ class RunOutputs:
         torch.save(model_state, buffer)
         write_atomic(self.dir / "model.pt", buffer.getvalue())  # never a half-written model
         self.plot()
+        if self.mlflow is not None:
+            self.mlflow.end("FINISHED")
+
+    def abort(self, interrupted: bool = False) -> None:
+        """The run stopped before its end (RunAborted, an error, an interrupt): the MLflow run
+        says so; the files keep the rounds completed so far."""
+        if self.mlflow is not None:
+            try:
+                self.mlflow.end("KILLED" if interrupted else "FAILED")
+            except Exception as err:  # noqa: BLE001 - the run's own error is the one to raise
+                log.warning("the MLflow run could not be marked as ended: %s", err)
 
     def plot(self) -> None:
         plot_run([self.public(r) for r in self.rows], self.dir, self.title)
