@@ -247,10 +247,11 @@ ROBUST_FAMILIES = ["fedavg", "fedact", "fedpac-soap", "fedpac-soap+light", "fedp
 
 def _poisoned(strategy: AdaptiveStrategy) -> dict:
     """Every record inflated a million times, inside its domain (v and h stay ≥ 0, Θ PSD), and
-    f̂ = 1e30: what validation cannot refuse."""
+    f̂ = 1e18 (uploads are bounded below 1.8e19 since issue 32: f̂ = 1e30 is refused on arrival):
+    what validation cannot refuse."""
     reply = _honest(strategy, HOSTILE, same=True)
     reply["arrays"] = {r: {n: t * 1e6 for n, t in arrays.items()} for r, arrays in reply["arrays"].items()}
-    reply["metrics"][wire.F_HAT] = 1e30
+    reply["metrics"][wire.F_HAT] = 1e18
     reply["metrics"][wire.NUM_EXAMPLES] = 10**9
     return reply
 
