@@ -44,7 +44,7 @@ from adaptfl.algorithms import wire
 from adaptfl.strategies.aggregators import flat
 from adaptfl.strategies.validation import DecodedReply
 
-REFERENCE = "screen/reference"  # server-state extras: record -> [median size of its last round]
+REFERENCE = "screen/reference"  # server-state extras: record -> [median size, replies it came from]
 
 
 def shared(reply: DecodedReply, only: Collection[str] | None = None,
