@@ -48,7 +48,7 @@ class Federation(Component):
                                     "or min-replies that cannot (0: their own trim-fraction, "
                                     "krum-byzantine)", within=(0.0, 0.5), open_high=True)
     screen_ratio: float = param(10.0, "drop a reply whose norm in some shared record (Δ, each "
-                                "upload, f̂) exceeds this many times the median of the round's "
+                                "upload) exceeds this many times the median of the round's "
                                 "other replies' (a lone reply: of the last earlier round's; its "
                                 "capped weight × norm if its claim was capped); 0: off",
                                 within=(0.0, None))

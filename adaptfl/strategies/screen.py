@@ -4,8 +4,10 @@ compared with the round's other replies.
 
     weights  w_i <- min(w_i, max-weight-ratio · median_j w_j)
     screen   a reply is dropped when, for some shared record t (Δ, every record of the
-             contract's `up`: Δc, v, Θ_i, ∇f_i(x); the required metrics the state averages:
-             f̂_i), f_i·||t_i|| > screen-ratio · median_{j≠i} f_j·||t_j||, naming the record;
+             contract's `up`: Δc, v, Θ_i, ∇f_i(x); `metrics` can add metrics, the strategy
+             adds none: HaFedHo's f̂_i moves no gradient, honest losses of two non-IID clients
+             came 8.8× apart, and its domain bound holds it), f_i·||t_i|| > screen-ratio ·
+             median_{j≠i} f_j·||t_j||, naming the record;
              declared once: the records are the contract's, so a component's new upload is
              screened without a line here (issue 32 §2: one Δc of 1e30 made SCAFFOLD's c poison
              every later round). Squared statistics (v ≥ 0, SOAP's PSD G·Gᵀ) by sqrt of their

@@ -79,7 +79,6 @@ ATTACKS = {
     "fedpac-sophia-theta-1e30": ("fedpac-sophia", _entry(wire.THETA_LOCAL, 1e30, "hessian"),
                                  "theta-i["),
     "hafedho-f-hat-minus-1e30": ("hafedho", _f_hat(-1e30), "metrics[f-hat]"),
-    "hafedho-f-hat-minus-1e6": ("hafedho", _f_hat(-1e6), "screened: metrics[f-hat] norm"),
 }
 _CLEAN: dict[str, float] = {}
 

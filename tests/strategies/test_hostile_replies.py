@@ -299,7 +299,7 @@ def _set_first(reply: dict, record: str, value: float) -> dict:
 
 
 LONE = [("fedavg", wire.DELTA, 1e30), ("scaffold", wire.DELTA_C, 1e15),
-        ("fedpac-sophia", wire.THETA_LOCAL, 1e15), ("hafedho", wire.METRICS, -1e15)]
+        ("fedpac-sophia", wire.THETA_LOCAL, 1e15)]  # f̂: its bound alone (intake.py)
 
 
 @pytest.mark.parametrize("algorithm,record,value", LONE)
