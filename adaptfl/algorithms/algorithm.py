@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.algorithms.domain import bounded
 from adaptfl.algorithms.params import PRESET, Component, component, fields_of, param, registry
 from adaptfl.algorithms.stage import Stage
 
@@ -174,6 +175,8 @@ class Algorithm:
         records = [r for s in stages for r in (*s.records_down(), *s.records_up())]
         shapes = {r.name: r.shape(spec, self) for r in records}
         domains = {r.name: r.domains(shapes[r.name], self) for r in records}
+        for r in (r for s in stages for r in s.records_up()):  # what a client uploads is bounded
+            domains[r.name] = {n: bounded(d) for n, d in domains[r.name].items()}
         # Δ's domain is the server rule's: the 1/sqrt(v) rules and FedAdamom square it
         domains[wire.DELTA] = dict.fromkeys(spec.entries, self.server_opt.delta_domain)
         metrics = [m for s in stages for m in s.up_metrics]
@@ -181,7 +184,7 @@ class Algorithm:
             down={r.name: shapes[r.name] for s in stages for r in s.records_down()},
             up={r.name: shapes[r.name] for s in stages for r in s.records_up()},
             up_metrics=frozenset(m.name for m in metrics), domains=domains,
-            metric_domains={m.name: m.domain for m in metrics})
+            metric_domains={m.name: bounded(m.domain) for m in metrics})
 
     def describe(self) -> str:
         parts = [c.describe() for c in self.components()

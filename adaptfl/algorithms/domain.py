@@ -8,7 +8,8 @@ place that says so:
 
     FINITE      every value finite (what validation always demanded)
     SQUARABLE   finite after squaring at float32, |x| < 1.8e19: Δ under the server rules that
-                square it (FedAdam, FedYogi, FedAdagrad, FedAdamom)
+                square it (FedAdam, FedYogi, FedAdagrad, FedAdamom), and every uploaded record
+                and metric besides Δ (`bounded`: Δc, v, Θ_i, f̂_i; issue 32 §2)
     NONNEG      ≥ 0: Sophia's h, the server rules' own v
     MOMENT      ≥ 0 and squarable: FedACT's v and v̄ (issue 13 §1b)
     PSD         symmetric positive semi-definite matrices: SOAP's Kronecker statistics
@@ -19,7 +20,7 @@ Only floating-point arrays are checked (integer buffers such as BatchNorm's coun
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -82,6 +83,14 @@ def _why_not_psd(t: torch.Tensor) -> str | None:
     delta = PSD_SLACK * max(float(a.diagonal().sum()), scale)
     _, info = torch.linalg.cholesky_ex(0.5 * (a + a.T) + delta * torch.eye(a.shape[0], dtype=a.dtype))
     return None if int(info) == 0 else "not positive semi-definite (a negative eigenvalue)"
+
+
+def bounded(domain: Domain) -> Domain:
+    """`domain` with |x| < SQUARE_BOUND: every record and metric a client uploads (Δc, v, Θ_i,
+    ∇f_i(x), f̂_i) is held to it on arrival (issue 32 §2: a finite Δc of 1e30 went into
+    SCAFFOLD's c and every later honest reply overflowed); the screen's and the drift's norms
+    square it, and no honest state comes within 1e15 of it. Δ keeps its server rule's domain."""
+    return domain if domain.squarable else replace(domain, squarable=True)
 
 
 FINITE = Domain("finite")

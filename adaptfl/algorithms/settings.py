@@ -47,9 +47,11 @@ class Federation(Component):
                                     "each round, ceil(share × sampled), and refuses an aggregator "
                                     "or min-replies that cannot (0: their own trim-fraction, "
                                     "krum-byzantine)", within=(0.0, 0.5), open_high=True)
-    screen_ratio: float = param(10.0, "drop a reply whose Δ norm exceeds this many times the "
-                                "median of the round's other replies' (its capped weight × norm if "
-                                "its claim was capped); 0: off", within=(0.0, None))
+    screen_ratio: float = param(10.0, "drop a reply whose norm in some shared record (Δ, each "
+                                "upload) exceeds this many times the median of the round's "
+                                "other replies' (a lone reply: of the last earlier round's; its "
+                                "capped weight × norm if its claim was capped); 0: off",
+                                within=(0.0, None))
     max_contribution_ratio: float = param(0.0, "clip each reply's weighted contribution (its weight "
                                           "over the round's median weight × its Δ norm) to this many "
                                           "times the round's median contribution, and its weight to "

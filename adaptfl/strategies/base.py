@@ -42,6 +42,7 @@ from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_o
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.sampling import hostile_count, sample_size, secret_sample, wait_for_nodes
+from adaptfl.strategies.screen import REFERENCE, reference_record
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply
 
@@ -74,6 +75,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
+        self.screen_reference: dict[str, tuple[float, int]] = {}  # set by _screen each round
 
     # --- state ----------------------------------------------------------------------------------
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
@@ -241,6 +243,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             new = self.state.clone()
             new.server_round, new.model = server_round, agg.model
             new.extras.update({**moments, **agg.new_extras, **combine.slots()})
+            if self.screen_reference:  # for the next lone reply (screen.py)
+                new.extras[REFERENCE] = reference_record(self.screen_reference)
             check_state(new, contract, algorithm)
         except (AggregationRefused, InvariantViolated) as why:
             if private is not None and private.combined:  # noise was drawn: a release all the same

@@ -2,8 +2,9 @@
 to an instruction of this round, one per sampled node, sent by that node, as a train reply; its
 records, shapes, dtypes, values and size against the algorithm's contract (validation.py); a
 partition id its node holds (`bind_partitions`); then the screen against the round's others
-(screen.py). A bad reply is dropped with its reason in the round's report, never raised into
-the round; the claimed weights are capped at max-weight-ratio × the round's median."""
+(screen.py: every shared record; a lone reply against the screen reference). A bad reply is
+dropped with its reason in the round's report, never raised into the round; the claimed
+weights are capped at max-weight-ratio × the round's median."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import Contract, ModelSpec
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
-from adaptfl.strategies.screen import cap_to_median, capped_factors, clip_contributions, screened
+from adaptfl.strategies.screen import (
+    cap_to_median,
+    capped_factors,
+    clip_contributions,
+    next_reference,
+    reference_of,
+    round_reference,
+    screened,
+)
 from adaptfl.strategies.state import RoundReport, ServerState
 from adaptfl.strategies.validation import (
     DecodedReply,
@@ -40,6 +49,7 @@ class ReplyIntake:
     report: RoundReport
     _messages: list[Message]  # this round's instructions
     _connected: set[int]  # nodes connected at the last sampling
+    screen_reference: dict[str, tuple[float, int]]  # the next round's, committed with this round's state
 
     def contract(self) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
@@ -141,18 +151,30 @@ class ReplyIntake:
                             detail_level(self.cfg.privacy.on))
 
     def _screen(self, pairs: list[tuple[int, DecodedReply]]) -> list[int]:
-        """Indices of `pairs` that pass the screen against the round's others (screen.py)."""
+        """Indices of `pairs` that pass the screen against the round's others (screen.py): every
+        shared record (Δ and the contract's `up`), a lone reply against the
+        screen reference in the server state; `self.screen_reference` becomes the kept replies'
+        medians, for aggregate_train to commit with the round's state."""
+        assert self.state is not None
         replies = [r for _, r in pairs]
         factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
         # under dp, clipping bounds every reply; a screen that drops by value would leak
         limit = 0.0 if self.cfg.privacy.on else self.cfg.federation.screen_ratio
-        squared = {r for r, doms in self.contract().domains.items()
+        contract = self.contract()
+        squared = {r for r, doms in contract.domains.items()
                    if any(d.nonneg or d.psd for d in doms.values())}
+        reference = reference_of(self.state.extras)
+        # the records of the contract, not its metrics: f̂_i (HaFedHo) is a constant of the local
+        # objective, so it moves no gradient, and honest losses of two non-IID clients came
+        # 8.8× apart in the hafedho grid; its domain bound (|f̂| < 1.8e19) holds it
         kept, screened_out, self.report.screen_ratio_max = screened(
-            replies, factors, limit, squared, only={wire.DELTA})  # state: domain checks (screen.py)
+            replies, factors, limit, squared, reference=reference)
         for i, why in screened_out.items():
             self._reject(str(pairs[i][0]), why)
         self.report.screened = len(screened_out)
+        # no reference under dp: the median norms of the replies are not part of the release
+        self.screen_reference = {} if self.cfg.privacy.on else next_reference(reference, round_reference(
+            [replies[i] for i in kept], squared))
         return kept
 
     def _clip(self, replies: list[DecodedReply]) -> None:

@@ -3,12 +3,23 @@ count outweighs the round's median by more than a bounded factor, and each reply
 compared with the round's other replies.
 
     weights  w_i <- min(w_i, max-weight-ratio · median_j w_j)
-    screen   a reply is dropped when f_i·||Δ_i|| > screen-ratio · median_{j≠i} f_j·||Δ_j||
-             (Δ only: honest shared state (Θ, Muon's momentum, SOAP's statistics) differs by
-             thousands between non-IID clients and is held by its domain checks instead;
-             a reply dropped for its Δ takes its state records with it; the median of the
-             OTHER replies, so with two replies each is judged against the other, and one
-             reply is never screened;
+    screen   a reply is dropped when, for some shared record t (Δ, every record of the
+             contract's `up`: Δc, v, Θ_i, ∇f_i(x); `metrics` can add metrics, the strategy
+             adds none: HaFedHo's f̂_i moves no gradient, honest losses of two non-IID clients
+             came 8.8× apart, and its domain bound holds it), f_i·||t_i|| > screen-ratio ·
+             median_{j≠i} f_j·||t_j||, naming the record;
+             declared once: the records are the contract's, so a component's new upload is
+             screened without a line here (issue 32 §2: one Δc of 1e30 made SCAFFOLD's c poison
+             every later round). Squared statistics (v ≥ 0, SOAP's PSD G·Gᵀ) by sqrt of their
+             norm. The median of the OTHER replies, so with two replies each is judged against
+             the other; a reply alone in its round against the screen reference: per record,
+             the median of the last committed round with two or more kept replies (until there
+             is one, the last lone round's size), kept in the server state (`REFERENCE`,
+             checkpointed and resumed). Not a refusal: honest lone rounds (fraction-train × few
+             nodes) are normal, and the last multi-reply median is the closest honest scale the
+             server has (norms shrink as training converges, so an older one is lenient, not
+             strict); a lone reply of round 1 has no reference and is held by the domain
+             bounds alone;
              f_i = 1, or for a reply whose claim was capped the cap over the median: its pull
              on the mean is its weight times its size, so Δ = -x of a modest norm claiming
              2**62 examples is screened as surely as a Δ × -20 of an honest weight)
@@ -27,31 +38,59 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
+import torch
+
+from adaptfl.algorithms import wire
 from adaptfl.strategies.aggregators import flat
 from adaptfl.strategies.validation import DecodedReply
 
+REFERENCE = "screen/reference"  # server-state extras: record -> [median size, replies it came from]
 
-def pull_ratios(replies: Sequence[DecodedReply], factors: Sequence[float],
-                squared: Collection[str] = (), only: Collection[str] | None = None
-                ) -> list[tuple[float, str]]:
-    """Per reply: its largest ratio f_i·||t_i|| / median_{j≠i} f_j·||t_j|| over the records, and
-    which record (0 with fewer than two replies, or where the others' median is 0). Records in
-    `squared` (second moments, SOAP's G·Gᵀ: v ≥ 0 or PSD) are compared by sqrt(||t_i||), the
-    scale of the gradients they square: a client with 3× the others' gradients is 9× in them."""
-    if len(replies) < 2:
-        return [(0.0, "")] * len(replies)
-    records = sorted(r for r in replies[0].arrays if only is None or r in only)
-    pulls = {r: [f * _size(reply.arrays[r], r in squared) for reply, f in zip(replies, factors, strict=True)]
-             for r in records}
+
+def shared(reply: DecodedReply, only: Collection[str] | None = None,
+           metrics: Collection[str] = ()) -> dict[str, dict[str, torch.Tensor]]:
+    """What a reply shares that reaches the server state, by record: its ArrayRecords (Δ and
+    every record of the contract's `up`; `only`: these alone) and the required metrics the
+    state averages (HaFedHo's f̂_i), each as a one-value record "metrics[<key>]"."""
+    out = {r: t for r, t in reply.arrays.items() if only is None or r in only}
+    for key in sorted(metrics):
+        if key in reply.metrics:
+            out[f"{wire.METRICS}[{key}]"] = {key: torch.tensor([float(reply.metrics[key])],
+                                                               dtype=torch.float64)}
+    return out
+
+
+def record_sizes(records: Sequence[Mapping[str, dict]], squared: Collection[str] = ()
+                 ) -> dict[str, list[float]]:
+    """record -> ||t_i|| per reply (sqrt of it for records in `squared`: second moments, SOAP's
+    G·Gᵀ (v ≥ 0 or PSD) are compared on the scale of the gradients they square: a client with
+    3× the others' gradients is 9× in them)."""
+    if not records:
+        return {}
+    return {r: [_size(rec[r], r in squared) for rec in records] for r in sorted(records[0])}
+
+
+def pull_ratios(records: Sequence[Mapping[str, dict]], factors: Sequence[float],
+                squared: Collection[str] = (), reference: Mapping[str, tuple[float, int]] | None = None
+                ) -> list[tuple[float, str, float, float]]:
+    """Per reply: its largest ratio f_i·||t_i|| / median_{j≠i} f_j·||t_j|| over the records,
+    which record, f_i·||t_i|| and that median (0 where the median is 0). A reply alone in its
+    round is compared with `reference` instead (record -> (the median size of an earlier
+    round, of how many replies); not screened for a record without one)."""
+    sizes = record_sizes(records, squared)
+    pulls = {r: [f * s for s, f in zip(values, factors, strict=True)] for r, values in sizes.items()}
     out = []
-    for i in range(len(replies)):
-        worst = (0.0, "")
+    for i in range(len(records)):
+        worst = (0.0, "", 0.0, 0.0)
         for record, values in pulls.items():
-            others = statistics.median(values[:i] + values[i + 1:])
+            if len(values) >= 2:
+                others = statistics.median(values[:i] + values[i + 1:])
+            else:
+                others = (reference or {}).get(record, (0.0, 0))[0]
             ratio = values[i] / others if others > 0.0 else 0.0
-            worst = max(worst, (ratio if math.isfinite(ratio) else math.inf, record))
+            worst = max(worst, (ratio if math.isfinite(ratio) else math.inf, record, values[i], others))
         out.append(worst)
     return out
 
@@ -62,16 +101,54 @@ def _size(tensors: dict, squared: bool) -> float:
 
 
 def screened(replies: Sequence[DecodedReply], factors: Sequence[float], limit: float,
-             squared: Collection[str] = (), only: Collection[str] | None = None
+             squared: Collection[str] = (), only: Collection[str] | None = None,
+             metrics: Collection[str] = (),
+             reference: Mapping[str, tuple[float, int]] | None = None
              ) -> tuple[list[int], dict[int, str], float]:
     """(indices kept, index -> why screened, the largest ratio among the kept); limit 0: off;
-    `only`: the records compared (None: all)."""
-    ratios = pull_ratios(replies, factors, squared, only)
+    `only`: the records compared (None: all shared ones), `metrics`: the required metrics
+    compared too (`shared`), `reference`: what a reply alone in its round is compared with."""
+    records = [shared(r, only, metrics) for r in replies]
+    ratios = pull_ratios(records, factors, squared, reference)
+    against = "the median of the round's other replies" if len(replies) >= 2 else \
+        "the screen reference (the median of an earlier round's kept replies)"
     dropped = {i: f"screened: {record} {'norm' if factors[i] == 1.0 else 'capped weight × norm'} "
-                  f"{ratio:.3g}× the median of the round's other replies (screen-ratio={limit:g})"
-               for i, (ratio, record) in enumerate(ratios) if limit > 0.0 and ratio > limit}
+                  f"{ratio:.3g}× {against}: {size:.3g} > screen-ratio={limit:g} × {median:.3g}"
+               for i, (ratio, record, size, median) in enumerate(ratios)
+               if limit > 0.0 and ratio > limit}
     kept = [i for i in range(len(replies)) if i not in dropped]
     return kept, dropped, max((ratios[i][0] for i in kept), default=0.0)
+
+
+def round_reference(replies: Sequence[DecodedReply], squared: Collection[str] = (),
+                    only: Collection[str] | None = None, metrics: Collection[str] = ()
+                    ) -> dict[str, tuple[float, int]]:
+    """record -> (the median size among a round's kept replies, how many), for the next lone
+    reply; {} without replies."""
+    sizes = record_sizes([shared(r, only, metrics) for r in replies], squared)
+    medians = {r: statistics.median(v) for r, v in sizes.items()}
+    return {r: (m, len(replies)) for r, m in medians.items() if math.isfinite(m)}
+
+
+def next_reference(old: Mapping[str, tuple[float, int]], new: Mapping[str, tuple[float, int]]
+                   ) -> dict[str, tuple[float, int]]:
+    """A round of two or more kept replies replaces the reference; a lone one only a reference
+    from a lone round (or none): as its own reference a client alone in successive rounds could
+    grow it screen-ratio× a round, so the last multi-reply median stays once there is one."""
+    out = dict(old)
+    for record, (median, count) in new.items():
+        if count >= 2 or old.get(record, (0.0, 0))[1] < 2:
+            out[record] = (median, count)
+    return out
+
+
+def reference_of(extras: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, tuple[float, int]]:
+    """The screen reference kept in the server state: record -> (median size, replies)."""
+    return {r: (float(t[0]), int(t[1])) for r, t in extras.get(REFERENCE, {}).items()}
+
+
+def reference_record(reference: Mapping[str, tuple[float, int]]) -> dict[str, torch.Tensor]:
+    return {r: torch.tensor([m, float(n)], dtype=torch.float64) for r, (m, n) in reference.items()}
 
 
 def capped_factors(claimed: Sequence[float], capped: Sequence[float]) -> list[float]:

@@ -247,10 +247,11 @@ ROBUST_FAMILIES = ["fedavg", "fedact", "fedpac-soap", "fedpac-soap+light", "fedp
 
 def _poisoned(strategy: AdaptiveStrategy) -> dict:
     """Every record inflated a million times, inside its domain (v and h stay ≥ 0, Θ PSD), and
-    f̂ = 1e30: what validation cannot refuse."""
+    f̂ = 1e18 (uploads are bounded below 1.8e19 since issue 32: f̂ = 1e30 is refused on arrival):
+    what validation cannot refuse."""
     reply = _honest(strategy, HOSTILE, same=True)
     reply["arrays"] = {r: {n: t * 1e6 for n, t in arrays.items()} for r, arrays in reply["arrays"].items()}
-    reply["metrics"][wire.F_HAT] = 1e30
+    reply["metrics"][wire.F_HAT] = 1e18
     reply["metrics"][wire.NUM_EXAMPLES] = 10**9
     return reply
 
@@ -286,3 +287,53 @@ def test_clipping_bounds_a_hostile_record_to_the_median_norm(algorithm: str) -> 
         for name, t in a.extras[record].items():
             assert torch.allclose(t, b.extras[record][name], rtol=1e-5, atol=1e-12), (record, name)
     assert clipped.report.metrics["clipped-share"] == pytest.approx(0.2)
+
+
+# --- every shared record screened, a lone reply against the reference (issue 32 §2-3) ------------
+def _set_first(reply: dict, record: str, value: float) -> dict:
+    if record == wire.METRICS:
+        reply["metrics"][wire.F_HAT] = value
+    else:
+        next(iter(reply["arrays"][record].values())).view(-1)[0] = value
+    return reply
+
+
+LONE = [("fedavg", wire.DELTA, 1e30), ("scaffold", wire.DELTA_C, 1e15),
+        ("fedpac-sophia", wire.THETA_LOCAL, 1e15)]  # f̂: its bound alone (intake.py)
+
+
+@pytest.mark.parametrize("algorithm,record,value", LONE)
+def test_a_lone_reply_is_screened_against_the_reference_kept_in_the_state(algorithm, record, value) -> None:
+    """On main a reply alone in its round was never screened (the screen needs the others'
+    median): one Δ entry of 1e30 went into fedavg's model. Now round 1's kept replies leave
+    their median norm per record in the state (checkpointed), and a resumed run screens a lone
+    reply against it; the round is skipped and the state kept."""
+    strategy = _strategy(algorithm, min_replies=1)
+    _round(strategy, {n: _honest(strategy, n) for n in range(1, 6)})
+    resumed = _strategy(algorithm, min_replies=1)
+    resumed.state = ServerState.from_bytes(strategy.state.to_bytes())  # as resume=true loads it
+    before = resumed.state.clone()
+    _round(resumed, {HOSTILE: _set_first(_honest(resumed, HOSTILE), record, value)})
+    why = resumed.report.rejected[str(HOSTILE)]
+    name = f"{wire.METRICS}[{wire.F_HAT}]" if record == wire.METRICS else record
+    assert why.startswith(f"screened: {name} norm") and "the screen reference" in why, why
+    assert resumed.report.skipped and resumed.state.server_round == before.server_round
+    assert all(torch.equal(resumed.state.model[n], t) for n, t in before.model.items())
+    assert {r: {n: t.tolist() for n, t in a.items()} for r, a in resumed.state.extras.items()} == \
+        {r: {n: t.tolist() for n, t in a.items()} for r, a in before.extras.items()}
+    honest = _strategy(algorithm, min_replies=1)  # an honest lone reply is not screened
+    honest.state = ServerState.from_bytes(strategy.state.to_bytes())
+    _round(honest, {HOSTILE: _honest(honest, HOSTILE)})
+    assert honest.report.rejected == {} and not honest.report.skipped
+
+
+@pytest.mark.parametrize("algorithm,record", [("scaffold", wire.DELTA_C), ("fedpac-sophia", wire.THETA_LOCAL),
+                                              ("hafedho", wire.METRICS)])
+def test_an_upload_of_1e30_is_outside_its_bounded_domain(algorithm, record) -> None:
+    """Issue 32 §2: Δc, Θ_i (Sophia's h ≥ 0 included) and f̂ of ±1e30 are finite at float32 and
+    were accepted, alone in a round too; every upload is bounded |x| < 1.8e19 now."""
+    strategy = _strategy(algorithm, **UNSCREENED)
+    sign = -1.0 if record == wire.METRICS else 1.0
+    _round(strategy, {HOSTILE: _set_first(_honest(strategy, HOSTILE), record, sign * 1e30)})
+    assert "overflows float32 when squared" in strategy.report.rejected[str(HOSTILE)]
+    assert strategy.state.server_round == 0

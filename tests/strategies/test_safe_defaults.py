@@ -16,7 +16,13 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
 from adaptfl.strategies.sampling import hostile_count
-from adaptfl.strategies.screen import cap_to_median, capped_factors, screened
+from adaptfl.strategies.screen import (
+    cap_to_median,
+    capped_factors,
+    next_reference,
+    round_reference,
+    screened,
+)
 from adaptfl.strategies.validation import DecodedReply
 from tests.strategies.test_hostile_replies import (
     GRID,
@@ -54,19 +60,43 @@ def test_a_reply_is_judged_against_the_median_of_the_others() -> None:
     assert list(screened(three, plain[:3], 10.0)[1]) == [2]
 
 
-def test_the_default_screen_reads_delta_not_the_shared_state() -> None:
-    # honest Θ / momenta differ by thousands between non-IID clients (the config fuzz drew a
-    # fedmixp-muon round whose honest theta-i was 3.4e3× the other's): the strategy screens Δ
-    # only, and a reply dropped for its Δ takes its state with it
-    def reply(delta: float, theta: float) -> DecodedReply:
+def test_the_screen_reads_every_shared_record_and_names_it() -> None:
+    # issue 32 §2: one Δc of 1e30 in SCAFFOLD's c ended the run; every record of the reply
+    # (and its required metrics) is compared now, and the reason names the record. The cost:
+    # an honest Θ / momentum far from the others' (the config fuzz once drew a fedmixp-muon
+    # round whose honest theta-i was 3.4e3× the other's) is screened too (docs/robustness.md)
+    def reply(delta: float, theta: float, f_hat: float = 1.0) -> DecodedReply:
         return DecodedReply({wire.DELTA: {"w": torch.tensor([delta])},
-                             "theta-i": {"w": torch.tensor([theta])}}, {wire.NUM_EXAMPLES: 1}, 0)
+                             "theta-i": {"w": torch.tensor([theta])}},
+                            {wire.NUM_EXAMPLES: 1, wire.F_HAT: f_hat}, 0)
 
     replies = [reply(1.0, 1.0), reply(1.0, 3e3), reply(1.0, 2.0)]
-    assert list(screened(replies, [1.0] * 3, 10.0)[1]) == [1]  # every record: honest one dropped
-    kept, dropped, _ = screened(replies, [1.0] * 3, 10.0, only={wire.DELTA})
-    assert kept == [0, 1, 2] and not dropped
-    assert list(screened([*replies, reply(-20.0, 1.0)], [1.0] * 4, 10.0, only={wire.DELTA})[1]) == [3]
+    kept, dropped, _ = screened(replies, [1.0] * 3, 10.0)
+    assert kept == [0, 2] and dropped[1].startswith("screened: theta-i norm 2e+03× the median")
+    assert "3e+03 > screen-ratio=10 × 1.5" in dropped[1]
+    assert screened(replies, [1.0] * 3, 10.0, only={wire.DELTA})[1] == {}  # `only`: Δ alone
+    liar = [reply(1.0, 1.0), reply(1.0, 1.0), reply(1.0, 1.0, f_hat=-1e6)]
+    assert screened(liar, [1.0] * 3, 10.0)[1] == {}  # metrics only when named
+    assert screened(liar, [1.0] * 3, 10.0, metrics={wire.F_HAT})[1][2].startswith(
+        f"screened: {wire.METRICS}[{wire.F_HAT}] norm 1e+06×")
+
+
+def test_a_lone_reply_is_screened_against_the_reference() -> None:
+    lone = [_reply(1e30)]
+    assert screened(lone, [1.0], 10.0)[1] == {}  # no reference yet: nothing to compare with
+    reference = next_reference({}, round_reference([_reply(1.0), _reply(2.0), _reply(3.0)]))
+    assert reference == {wire.DELTA: (2.0, 3)}
+    why = screened(lone, [1.0], 10.0, reference=reference)[1][0]
+    assert why.startswith("screened: delta norm 5e+29× the screen reference"), why
+    assert screened([_reply(19.0)], [1.0], 10.0, reference=reference)[1] == {}
+    # a lone round replaces only a lone round's reference: a client alone in successive rounds
+    # cannot walk a multi-reply median up screen-ratio× a round
+    assert next_reference(reference, round_reference([_reply(19.0)])) == reference
+    lone_ref = next_reference({}, round_reference([_reply(19.0)]))
+    assert lone_ref == {wire.DELTA: (19.0, 1)}
+    assert next_reference(lone_ref, round_reference([_reply(30.0)])) == {wire.DELTA: (30.0, 1)}
+    assert next_reference(lone_ref, round_reference([_reply(1.0), _reply(3.0)])) == \
+        {wire.DELTA: (2.0, 2)}
 
 
 @pytest.mark.parametrize("ratio", [0.05, 1.0, 1.99])
