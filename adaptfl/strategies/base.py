@@ -49,6 +49,8 @@ from adaptfl.strategies.validation import DecodedReply
 if TYPE_CHECKING:
     from flwr.app.typing import MetricRecordValues
 
+    from adaptfl.privacy.mechanism import GaussianMean
+
 log = logging.getLogger(__name__)  # strategies/intake.py logs here too
 LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
 
@@ -210,49 +212,23 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         assert self.state is not None and self.spec is not None
         accepted = [r for _, r in self._accept(replies)]
         self.report.accepted = len(accepted)
-        fed, algorithm = self.cfg.federation, self.cfg.algorithm
-        answered = self.report.answered
-        if answered < fed.min_replies:
-            return self._skip(server_round, f"{answered} replies < min-replies={fed.min_replies} "
-                              f"({len(accepted)} accepted)")
-        if not accepted:
-            return self._skip(server_round, f"0 accepted replies of {answered}")
-        claimed = self._claims(accepted, capped=False)
-        bounded = self._claims(accepted)
+        too_few = self._too_few(accepted)
+        if too_few:
+            return self._skip(server_round, too_few)
+        fed = self.cfg.federation
+        claimed, bounded = self._claims(accepted, capped=False), self._claims(accepted)
         weights = cap_shares(bounded, fed.max_weight_share)
-        contract = self.contract()
-        memory = memory_of(self.state.extras)
-        private = dp.round_combine(self.cfg.privacy, fed, contract, len(accepted), self.report.sampled,
-                                   server_round) \
-            if self.cfg.privacy.on else None  # clips and noises every shared record
-        combine = Combine(private or algorithm.aggregator, weights, contract.domains, memory,
-                          new_memory={k: dict(v) for k, v in memory.items()},
-                          hostile=hostile_count(fed.hostile_fraction, self.report.sampled)
-                          if fed.hostile_fraction > 0 else None,
-                          set_aside=answered - len(accepted))
-        deltas = [r.arrays[wire.DELTA] for r in accepted]
+        combine, private = self._round_combine(accepted, weights, server_round)
         try:
-            mean_delta = combine(deltas, wire.DELTA)
-            model, moments = algorithm.server_opt.step(self.state.model, mean_delta,
-                                                       self.state.extras, server_round)
-            agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
-                              self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
-                              model, self.num_nodes, combine)
-            for stage in algorithm.stages():
-                stage.aggregate(agg)
-            new = self.state.clone()
-            new.server_round, new.model = server_round, agg.model
-            new.extras.update({**moments, **agg.new_extras, **combine.slots()})
-            if self.screen_reference:  # for the next lone reply (screen.py)
-                new.extras[REFERENCE] = reference_record(self.screen_reference)
-            check_state(new, contract, algorithm)
+            new, agg = self._next_state(server_round, accepted, weights, combine)
         except (AggregationRefused, InvariantViolated) as why:
             if private is not None and private.combined:  # noise was drawn: a release all the same
                 self._record_release(self.state, len(accepted), server_round)
             return self._skip(server_round, f"round refused: {why}")
         privacy_stats = self._record_release(new, len(accepted), server_round) if private is not None else {}
         self.state = new  # the only assignment: a failure above leaves the state untouched
-        stats = {"direction-consistency": direction_consistency(deltas, mean_delta),
+        deltas = [r.arrays[wire.DELTA] for r in accepted]
+        stats = {"direction-consistency": direction_consistency(deltas, agg.mean_delta),
                  **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
                  **privacy_stats}
         if self.report.clipped:
@@ -262,6 +238,51 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
                                                 for b, c in zip(bounded, claimed, strict=True)))
         return ArrayRecord(self.state.model), \
             MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics(stats)))  # as in _skip
+
+    def _too_few(self, accepted: list[DecodedReply]) -> str:
+        """Why the round cannot aggregate ('' if it can): min-replies answered, one accepted."""
+        answered, need = self.report.answered, self.cfg.federation.min_replies
+        if answered < need:
+            return f"{answered} replies < min-replies={need} ({len(accepted)} accepted)"
+        return "" if accepted else f"0 accepted replies of {answered}"
+
+    def _round_combine(self, accepted: list[DecodedReply], weights: list[float], server_round: int
+                       ) -> tuple[Combine, GaussianMean | None]:
+        """How this round combines every record: the aggregator, or under dp the Gaussian mean
+        that clips and noises each shared record (returned too, to account its release)."""
+        assert self.state is not None
+        fed, contract = self.cfg.federation, self.contract()
+        memory = memory_of(self.state.extras)
+        private = dp.round_combine(self.cfg.privacy, fed, contract, len(accepted), self.report.sampled,
+                                   server_round) if self.cfg.privacy.on else None
+        combine = Combine(private or self.cfg.algorithm.aggregator, weights, contract.domains, memory,
+                          new_memory={k: dict(v) for k, v in memory.items()},
+                          hostile=hostile_count(fed.hostile_fraction, self.report.sampled)
+                          if fed.hostile_fraction > 0 else None,
+                          set_aside=self.report.answered - len(accepted))
+        return combine, private
+
+    def _next_state(self, server_round: int, accepted: list[DecodedReply], weights: list[float],
+                    combine: Combine) -> tuple[ServerState, Aggregation]:
+        """The state after this round (a copy: raises AggregationRefused or InvariantViolated
+        and leaves the current one untouched)."""
+        assert self.state is not None and self.spec is not None
+        algorithm = self.cfg.algorithm
+        mean_delta = combine([r.arrays[wire.DELTA] for r in accepted], wire.DELTA)
+        model, moments = algorithm.server_opt.step(self.state.model, mean_delta, self.state.extras,
+                                                   server_round)
+        agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
+                          self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
+                          model, self.num_nodes, combine)
+        for stage in algorithm.stages():
+            stage.aggregate(agg)
+        new = self.state.clone()
+        new.server_round, new.model = server_round, agg.model
+        new.extras.update({**moments, **agg.new_extras, **combine.slots()})
+        if self.screen_reference:  # for the next lone reply (screen.py)
+            new.extras[REFERENCE] = reference_record(self.screen_reference)
+        check_state(new, self.contract(), algorithm)
+        return new, agg
 
     def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
         return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
