@@ -1,5 +1,5 @@
 """Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and docs/algorithms.md
-(the key table, the algorithm table) and docs/workloads.md (tasks, models) from the
+(the key table, the algorithm table), docs/workloads.md (tasks, models) and docs/metrics.md from the
 declarations: `python scripts/regenerate_docs.py` (tests/algorithms/test_config.py and
 tests/workloads/test_tables.py fail while any is stale)."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adaptfl.algorithms.config import ALGORITHMS_PAGE, algorithm_table, key_table, pyproject_block
+from adaptfl.server_app import columns
 from adaptfl.workloads import tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,4 +29,5 @@ if __name__ == "__main__":
                     algorithm_table())
     replace_between(ROOT / tables.PAGE, tables.TASK_HEADER, tables.END_TASKS, tables.task_table())
     replace_between(ROOT / tables.PAGE, tables.MODEL_HEADER, tables.END_MODELS, tables.model_table())
-    print(f"pyproject.toml, {ALGORITHMS_PAGE} and {tables.PAGE} regenerated")
+    replace_between(ROOT / columns.PAGE, columns.HEADER, columns.END, columns.column_table())
+    print(f"pyproject.toml, {ALGORITHMS_PAGE}, {tables.PAGE} and {columns.PAGE} regenerated")

@@ -1,0 +1,82 @@
+"""Every column of a round's row (`metrics.jsonl`, `metrics.csv`), declared once: docs/metrics.md's
+table is generated from it (`python scripts/regenerate_docs.py`) and
+tests/server_app/test_columns.py fails on a built-in column that is not here. A client's own
+extra numeric metric is averaged into the row under its own name and is not listed."""
+
+from __future__ import annotations
+
+PAGE = "docs/metrics.md"
+HEADER = "| column | file | meaning |"
+END = "<!-- end of column table -->"
+JSONL = "jsonl"  # nested values: in metrics.jsonl only (metrics.csv keeps the flat columns)
+
+# name -> (where it appears: "both" or JSONL, meaning)
+COLUMNS: dict[str, tuple[str, str]] = {
+    "round": ("both", "the round; 0 is the initial model's evaluation (before any training)"),
+    "test-accuracy": ("both", "the server's evaluation of the global model on the task's test split "
+                      "(token accuracy for language tasks: docs/llm-lora.md)"),
+    "test-loss": ("both", "the same evaluation's mean loss"),
+    "test-perplexity": ("both", "language tasks: exp(test-loss)"),
+    "test-response-nll": ("both", "sft tasks: the mean over examples of each response's mean token NLL"),
+    "train-loss": ("both", "the clients' mean local training loss over their K steps (weighted as "
+                   "the aggregate)"),
+    "direction-consistency": ("both", "mean over the accepted replies of cos(Δ_i, mean Δ) (seed 000, "
+                              "appendix A)"),
+    "pos-ratio": ("both", "PosRatio of the trust scores s = u ⊙ g, the clients' mean over the steps "
+                  "measured (diagnostics-every)"),
+    "top-mass": ("both", "TopMass_0.01 of the trust scores, the clients' mean (same steps)"),
+    "preconditioner-drift": ("both", "Θ sharing (FedPAC, FedMIX-P): mean ‖Θ_i − Θ̄‖² over the replies"),
+    "theta-compression": ("both", "Θ sharing: bytes of the uploaded Θ_i over a full Θ_i (1: none; "
+                          "light=true compresses)"),
+    "f-hat": ("both", "HaFedHo: the clients' mean f̂_i (mean local loss)"),
+    "rectified-loss": ("both", "HaFedHo: the clients' mean of the rectified objective φ_i over the steps"),
+    "took-part-last-round": ("both", "HaFedHo: share of the replies whose client took part in the "
+                             "round before (its participation rule)"),
+    "local-state-source": ("both", "local-state='persist' (DiLoCo): mean of where each kept inner "
+                           "optimizer state came from (0 none, 1 memory, 2 disk); per client "
+                           "under `clients`"),
+    "peak-memory-mb": ("both", "the largest client peak memory this round (CUDA max allocated, else "
+                       "the process's peak RSS); per client under `clients`"),
+    "step-path": ("both", "the local-step paths the accepted replies took: native, eager, cuda, or "
+                  "e.g. eager+native where they differ"),
+    "replies-sampled": ("both", "nodes sampled this round"),
+    "replies-accepted": ("both", "replies that entered the aggregate"),
+    "replies-rejected": ("both", "replies dropped, each with its reason under `rejected`"),
+    "replies-screened": ("both", "replies dropped by the screen (screen-ratio: a shared record's "
+                         "norm against the round's median or the screen reference)"),
+    "replies-missing": ("both", "sampled nodes that sent nothing within round-timeout (under `missing`)"),
+    "replies-clipped": ("both", "replies whose weighted contribution was clipped "
+                        "(max-contribution-ratio); absent when none"),
+    "weights-capped": ("both", "replies whose num-examples claim was capped (max-weight-ratio, "
+                       "max-weight-share); absent when none"),
+    "screen-ratio-max": ("both", "the largest norm ratio to the median among the replies kept"),
+    "latency-max": ("both", "seconds from an instruction's creation to its reply, the slowest reply "
+                    "decoded (hosts' clocks may differ in a deployment)"),
+    "bytes-down": ("both", "bytes sent to the sampled nodes (the model and the records sent down)"),
+    "bytes-up": ("both", "bytes of the decoded replies' records"),
+    "skipped": ("both", "true when the round changed nothing (too few replies, or the round refused)"),
+    "skip-reason": ("both", "why a skipped round changed nothing; absent otherwise"),
+    "seconds": ("both", "the whole round, evaluation included"),
+    "eval-seconds": ("both", "the round's central evaluation alone"),
+    "server-rss-mb": ("both", "the server process's resident memory after the round"),
+    "dp-epsilon": ("both", "dp: ε spent so far at dp-delta (privacy/accountant.py)"),
+    "dp-epsilon-ledger": ("both", "dp with dp-ledger: ε of every run in the ledger, this round included"),
+    "dp-noise-multiplier": ("both", "dp: the round's noise multiplier z (dp='client': less when fewer "
+                            "of the sampled replied)"),
+    "dp-noise-std": ("both", "dp: the std of the noise on Δ's mean"),
+    "dp-clip-norm": ("both", "dp: Δ's clipping norm this round (moves with adaptive clipping)"),
+    "dp-unclipped-share": ("both", "dp, adaptive clipping: the noised share of replies within their norm"),
+    "rejected": (JSONL, "node -> the reason its reply was dropped"),
+    "missing": (JSONL, "the sampled nodes that sent nothing"),
+    "latency": (JSONL, "node -> seconds to its reply"),
+    "clients": (JSONL, "partition -> where each accepted reply's client ran and its state came from "
+                "(node-id, ray-node, client-state and local-state-source: 0 none, 1 memory, 2 disk, "
+                "peak-memory-mb, step-path)"),
+}
+
+
+def column_table() -> str:
+    rows = [HEADER, "|---|---|---|"]
+    for name, (where, meaning) in COLUMNS.items():
+        rows.append(f"| `{name}` | {'both' if where == 'both' else 'metrics.jsonl'} | {meaning} |")
+    return "\n".join(rows) + "\n"
