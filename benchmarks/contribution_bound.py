@@ -23,12 +23,12 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adaptfl.algorithms import wire  # noqa: E402
 from adaptfl.client_app.app import train_or_refuse  # noqa: E402
 from adaptfl.engine.inprocess import InProcessGrid  # noqa: E402
 from adaptfl.server_app.abort import RunAborted  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402
 from benchmarks.hostile_table import tiny_fashion_mnist  # noqa: E402
+from tests.e2e.test_contribution_bound import CAPPED_FLIP, NINE_BY_MINUS_NINE  # noqa: E402
 from tests.e2e.test_hostile_e2e import _config as _hostile_config  # noqa: E402
 from tests.e2e.test_hostile_e2e import hostile  # noqa: E402
 from tests.support.run_outputs import metric_rows  # noqa: E402
@@ -36,22 +36,7 @@ from tests.support.run_outputs import metric_rows  # noqa: E402
 ALGORITHMS = ["fedavg", "fedact", "scaffold", "fedpac-sophia", "hafedho"]
 RATIOS = [0.0, 2.0, 3.0]
 NODES = 5
-
-
-def scaled(delta_factor: float, examples: int):  # noqa: ANN201 - a Rewrite
-    """Δ (and SCAFFOLD's Δc) × `delta_factor`; num-examples × `examples` (iid: every honest
-    claim is the same, so × 9 is 9× the round's median), or = `examples` if above 1e6."""
-    def rewrite(arrays: dict, metrics: dict) -> None:
-        for record in (wire.DELTA, wire.DELTA_C):
-            if record in arrays:
-                arrays[record] = {n: delta_factor * t if t.is_floating_point() else t
-                                  for n, t in arrays[record].items()}
-        claim = int(metrics[wire.NUM_EXAMPLES])
-        metrics[wire.NUM_EXAMPLES] = int(examples if examples > 1e6 else claim * examples)
-    return rewrite
-
-
-ATTACKS = {"9×/−9×": scaled(-9.0, 9), "capped flip": scaled(-0.9, 2**62)}
+ATTACKS = {"9×/−9×": NINE_BY_MINUS_NINE, "capped flip": CAPPED_FLIP}
 
 
 def _config(data: dict, out: pathlib.Path, algorithm: str, **kw):  # noqa: ANN202
