@@ -56,7 +56,7 @@ class Federation(Component):
                                           "over the round's median weight × its Δ norm) to this many "
                                           "times the round's median contribution, and its weight to "
                                           "this many times the median weight (centered clipping; 0: off, "
-                                          "the default until its honest-run effect is measured)",
+                                          "the default: docs/robustness.md, 'Contribution bound')",
                                           within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds", within=(1, None),
