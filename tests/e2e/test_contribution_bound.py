@@ -20,6 +20,7 @@ MARGIN = 0.05  # of 200 test images; clean runs reach ~0.78-0.80 here
 HONEST_MARGIN = 0.02
 BOUND = 2.0  # the measured candidate (the table in docs/robustness.md)
 ALGORITHMS = ["fedavg", "fedact", "scaffold", "fedpac-sophia", "hafedho"]
+pytestmark = pytest.mark.slow  # seven 8-round runs: ~50 s, out of the fast subset
 
 
 def scaled(delta_factor: float, examples: int) -> Rewrite:
