@@ -39,11 +39,15 @@ def _config(tiny_data, tmp_path, algorithm: str, rounds: int, **kw) -> RunConfig
     return RunConfig.of(**{**values, **kw})
 
 
-def hostile(rewrite: Rewrite, partition: int = 0):  # noqa: ANN201 - a ClientApp handler
-    """The honest handler, then `rewrite` on partition `partition`'s reply."""
+def hostile(rewrite: Rewrite, partition: int | None = 0,  # noqa: ANN201 - a ClientApp handler
+            rounds: set[int] | None = None):
+    """The honest handler, then `rewrite` on partition `partition`'s reply (None: every
+    partition's) in `rounds` (None: every round)."""
     def handler(msg: Message, context) -> Message:  # noqa: ANN001
         reply = train_or_refuse(msg, context)
-        if context.node_config["partition-id"] != partition or reply.has_error():
+        server_round = int(msg.content.config_records[wire.CONFIG]["server-round"])
+        if (partition is not None and context.node_config["partition-id"] != partition) or \
+                reply.has_error() or (rounds is not None and server_round not in rounds):
             return reply
         content = reply.content
         arrays = {name: dict(rec.to_torch_state_dict()) for name, rec in content.array_records.items()}

@@ -9,25 +9,22 @@ the clean run's accuracy. A reply alone in its round is screened against the scr
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.client_app.app import train_or_refuse
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies.screen import REFERENCE
 from adaptfl.strategies.state import ServerState
+from tests.e2e.test_hostile_e2e import Rewrite
+from tests.e2e.test_hostile_e2e import hostile as hostile_handler
 from tests.support.run_outputs import final_model, metric_rows
 
 MARGIN = 0.05  # of the tiny test split's accuracy
 ROUNDS = 3
-Rewrite = Callable[[dict, dict], None]  # (arrays by record, metrics) -> in place
 
 
 def _config(tiny_data, tmp_path, algorithm: str, name: str, **kw) -> RunConfig:
@@ -39,23 +36,8 @@ def _config(tiny_data, tmp_path, algorithm: str, name: str, **kw) -> RunConfig:
 
 
 def hostile(rewrite: Rewrite, rounds: set[int] | None, partition: int | None = 0):  # noqa: ANN201
-    """The honest handler, then `rewrite` on partition `partition`'s reply (None: every
-    partition's) in `rounds` (None: every round)."""
-    def handler(msg: Message, context) -> Message:  # noqa: ANN001
-        reply = train_or_refuse(msg, context)
-        server_round = int(msg.content.config_records[wire.CONFIG]["server-round"])
-        if (partition is not None and context.node_config["partition-id"] != partition) or \
-                reply.has_error() or (rounds is not None and server_round not in rounds):
-            return reply
-        content = reply.content
-        arrays = {name: dict(rec.to_torch_state_dict()) for name, rec in content.array_records.items()}
-        metrics = dict(content.metric_records[wire.METRICS])
-        rewrite(arrays, metrics)
-        for name, tensors in arrays.items():
-            content[name] = ArrayRecord(tensors)
-        content[wire.METRICS] = MetricRecord(metrics)
-        return reply
-    return handler
+    """test_hostile_e2e's handler, in `rounds` only (None: every round)."""
+    return hostile_handler(rewrite, partition, rounds)
 
 
 def _entry(record: str, value: float, key: str = "") -> Rewrite:
