@@ -86,15 +86,17 @@ def test_a_failing_run_exits_non_zero_and_names_the_failure(tmp_path: Path) -> N
     previous = results / "fedact-previous"  # a finished earlier run that must not be reported
     previous.mkdir(parents=True)
     (previous / "metrics.jsonl").write_text("{}\n")
-    # Passes the preflight (the server cannot know the node count before Flower starts), but
-    # natural-id wants one client per label (10) and the federation has 2: every client refuses,
-    # the round is skipped and the run aborts inside Flower.
-    done = run_main_job(tmp_path, f"{TINY} num-server-rounds=1 max-skipped-rounds=1 "
-                                  f"partitioning='natural-id' results-dir='{results}'")
+    # Passes the preflight (a valid setting: lr at its sane bound), but plain SGD at lr=10 over
+    # 50 steps diverges: every reply is non-finite, the round is skipped and the run aborts
+    # inside Flower. (A setting the preflight can see, e.g. natural-id on too few nodes, is
+    # refused there now, with exit 2: test_preflight.py.)
+    diverging = TINY.replace("local-steps=2", "local-steps=50")  # Flower refuses a key given twice
+    done = run_main_job(tmp_path, f"{diverging} algorithm='fedavg' lr=10 num-server-rounds=1 "
+                                  f"max-skipped-rounds=1 results-dir='{results}'")
 
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     failure = done.stderr.strip().splitlines()[-1]
-    assert re.match(r"main_job: FAILED: Flower run \d+ failed: .*natural-id", failure), failure
+    assert re.match(r"main_job: FAILED: Flower run \d+ failed: .*non-finite", failure), failure
     assert "previous" not in done.stdout + done.stderr
     assert "main_job: done" not in done.stdout
 
