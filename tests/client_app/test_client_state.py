@@ -9,7 +9,7 @@ import stat
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
@@ -122,14 +122,7 @@ def test_a_client_with_corrupt_state_reports_state_0_and_trains_on(algorithm, na
                                                                   tiny_data, tmp_path) -> None:
     """After round 1 the node restarts (empty memory) and finds its file damaged: it replies
     normally, as a client that did not take part before, and says so (client-state=0)."""
-    cfg = RunConfig.of(algorithm=algorithm, model="mlp", num_server_rounds=2, local_steps=2,
-                       batch_size=8, data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path),
-                       run_name="t", client_state_dir=str(tmp_path / "state"))
-    grid = InProcessGrid(2, cfg.to_flower())
-    strategy = build_run(cfg)[0]
-    first = list(strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
-    strategy.aggregate_train(1, list(grid.send_and_receive(first)))
-    (msg, *_) = strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid)
+    grid, msg = after_round_1(algorithm, tiny_data, tmp_path)
     node = msg.metadata.dst_node_id
     context = grid.contexts[node]
     (path,) = (tmp_path / "state").glob(f"run-*/partition-{node - 1}/{name}.r1.pt")
@@ -153,3 +146,17 @@ def test_a_client_with_corrupt_state_reports_state_0_and_trains_on(algorithm, na
     reply = train_or_refuse(msg, restarted)
     assert not reply.has_error(), reply.error.reason
     assert reply.content["metrics"][wire.CLIENT_STATE] == StateSource.NONE
+
+
+def after_round_1(algorithm: str, tiny_data, tmp_path) -> tuple[InProcessGrid, Message]:  # noqa: ANN001
+    """A 2-node run of `algorithm` through round 1 (client state on disk under tmp_path/state);
+    round 2's first instruction, not yet delivered."""
+    cfg = RunConfig.of(algorithm=algorithm, model="mlp", num_server_rounds=2, local_steps=2,
+                       batch_size=8, data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path),
+                       run_name="t", client_state_dir=str(tmp_path / "state"))
+    grid = InProcessGrid(2, cfg.to_flower())
+    strategy = build_run(cfg)[0]
+    first = list(strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
+    strategy.aggregate_train(1, list(grid.send_and_receive(first)))
+    (msg, *_) = strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid)
+    return grid, msg

@@ -11,14 +11,12 @@ import shutil
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import Context, RecordDict
 
 from adaptfl.algorithms import wire
-from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.client_app.client_state import ClientStateStore, StateSource
-from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.server_app.loop import build_run
+from tests.client_app.test_client_state import after_round_1
 
 LOG = "adaptfl.client_app.client_state"
 
@@ -92,14 +90,7 @@ def test_a_client_given_another_partitions_state_reports_state_0(algorithm, tiny
                                                                  caplog) -> None:
     """Round 1 on both nodes; node restarts before round 2 and finds the other partition's file
     in its folder: it trains on as a client that did not take part before, and says so."""
-    cfg = RunConfig.of(algorithm=algorithm, model="mlp", num_server_rounds=2, local_steps=2,
-                       batch_size=8, data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path),
-                       run_name="t", client_state_dir=str(tmp_path / "state"))
-    grid = InProcessGrid(2, cfg.to_flower())
-    strategy = build_run(cfg)[0]
-    first = list(strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
-    strategy.aggregate_train(1, list(grid.send_and_receive(first)))
-    (msg, *_) = strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid)
+    grid, msg = after_round_1(algorithm, tiny_data, tmp_path)
     node = msg.metadata.dst_node_id
     mine, other = f"partition-{node - 1}", f"partition-{2 - node}"
     (path,) = (tmp_path / "state").glob(f"run-*/{mine}/{algorithm}.r1.pt")

@@ -13,10 +13,9 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.privacy import ledger
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.settings import Privacy
-from adaptfl.server_app import loop
 from adaptfl.server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
-from tests.support.run_outputs import metric_rows
+from tests.support.run_outputs import die_before_checkpoint, metric_rows
 
 # 2 rounds of 2 of 4 nodes, analytic RDP (no-amplification): each event is (1.0, 2, 4)
 TINY = dict(num_server_rounds=2, local_steps=1, batch_size=16, model="mlp", weighting="uniform",
@@ -58,18 +57,11 @@ def test_two_runs_naming_one_ledger_report_epsilon_over_both(tmp_path, tiny_data
 def test_a_round_rerun_on_resume_is_not_appended_twice(tmp_path, tiny_data, monkeypatch) -> None:
     """Killed after round 2's ledger line, before its checkpoint: the resume reruns round 2."""
     book = tmp_path / "ledger.jsonl"
-    save = loop.save_checkpoint
-
-    def dies_at_round_2(run_dir, state):  # noqa: ANN001, ANN202
-        if state.server_round == 2:
-            raise KeyboardInterrupt("killed")
-        save(run_dir, state)
-
-    monkeypatch.setattr(loop, "save_checkpoint", dies_at_round_2)
+    die_before_checkpoint(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         _run(tmp_path, tiny_data, "r", book)
     assert [e["round"] for e in _lines(book)] == [1, 2]
-    monkeypatch.setattr(loop, "save_checkpoint", save)
+    monkeypatch.undo()  # the real checkpoint again
     rows = metric_rows(_run(tmp_path, tiny_data, "r", book, resume=True))
     assert [e["round"] for e in _lines(book)] == [1, 2] and len({e["run-key"] for e in _lines(book)}) == 1
     assert rows[-1]["dp-epsilon-ledger"] == pytest.approx(epsilon([EVENT] * 2, 1e-5, "no-amplification"))

@@ -15,14 +15,13 @@ import pytest
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, RELEASED
-from adaptfl.server_app import loop
 from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies.base import AdaptiveStrategy
 from tests.conftest import needs_fashion_mnist
 from tests.privacy.test_privacy import FAMILIES
 from tests.strategies.test_hostile_replies import GRID, MODEL, SPEC, _honest, _message
 from tests.strategies.test_hostile_replies import _strategy as _family
-from tests.support.run_outputs import metric_rows
+from tests.support.run_outputs import die_before_checkpoint, metric_rows
 
 TINY = dict(num_server_rounds=1, local_steps=1, batch_size=16, model="mlp", weighting="uniform",
             fraction_train=1.0, dp_accounting="no-amplification", dp_state_clip_norm=1e-3)
@@ -121,19 +120,12 @@ def test_a_dp_run_resumes_from_its_confidential_rows(tmp_path, tiny_data, monkey
     """Killed before round 2's checkpoint: the resume restores both files to round 1's rows
     (the whole ones from the confidential file, not the released ones) and trains round 2."""
     cfg = _config(tmp_path, tiny_data, "fedavg", "central", run_name="k", num_server_rounds=2)
-    save = loop.save_checkpoint
-
-    def dies_at_round_2(run_dir, state):  # noqa: ANN001, ANN202
-        if state.server_round == 2:
-            raise KeyboardInterrupt("killed")
-        save(run_dir, state)
-
-    monkeypatch.setattr(loop, "save_checkpoint", dies_at_round_2)
+    die_before_checkpoint(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
     out = tmp_path / "k"
     first = _confidential(out)[:2]
-    monkeypatch.setattr(loop, "save_checkpoint", save)
+    monkeypatch.undo()  # the real checkpoint again
     resumed = cfg.replace(resume=True)
     run_federated(InProcessGrid(2, resumed.to_flower()), resumed)
     whole = _confidential(out)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app import loop
 from adaptfl.server_app.loop import run_federated
 from adaptfl.server_app.mlflow_log import STORE, mlflow_client_class, mlflow_name, numeric, param_value
 from adaptfl.strategies.state import ServerState
+from tests.server_app.test_run_dir import _cfg, _run
 from tests.support.run_outputs import metric_rows
 
 try:
@@ -23,16 +23,6 @@ try:
 except ValueError:
     pytest.skip("needs the tracking extra (mlflow-skinny)", allow_module_level=True)
 
-
-def _cfg(tiny_data, tmp_path: Path, **kw) -> RunConfig:
-    values = dict(model="mlp", algorithm="fedavg", num_server_rounds=2, local_steps=2, batch_size=16,
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",
-                  client_state_dir=str(tmp_path / "state"))
-    return RunConfig.of(**{**values, **kw})
-
-
-def _run(cfg: RunConfig) -> Path:
-    return run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
 
 
 def _the_run(out: Path):  # noqa: ANN202 - MLflow's Run

@@ -62,3 +62,18 @@ def kill_when(command: list[str], cwd: Path, ready: Callable[[], bool], what: st
         if proc.stderr:
             proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
+
+
+def die_before_checkpoint(monkeypatch, server_round: int) -> None:  # noqa: ANN001
+    """The engine's loop raises KeyboardInterrupt (a kill) where it would checkpoint
+    `server_round`: that round's rows are written, its state is not."""
+    from adaptfl.server_app import loop
+
+    save = loop.save_checkpoint
+
+    def dies(run_dir, state):  # noqa: ANN001, ANN202
+        if state.server_round == server_round:
+            raise KeyboardInterrupt("killed")
+        save(run_dir, state)
+
+    monkeypatch.setattr(loop, "save_checkpoint", dies)
