@@ -28,6 +28,7 @@ from adaptfl.engine.inprocess import InProcessGrid  # noqa: E402
 from adaptfl.server_app.abort import RunAborted  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402
 from benchmarks.hostile_table import tiny_fashion_mnist  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 from tests.e2e.test_contribution_bound import CAPPED_FLIP, NINE_BY_MINUS_NINE  # noqa: E402
 from tests.e2e.test_hostile_e2e import _config as _hostile_config  # noqa: E402
 from tests.e2e.test_hostile_e2e import hostile  # noqa: E402
@@ -102,6 +103,7 @@ def main() -> None:
                         choices=["attacked", "honest"])
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    print(f"machine: {describe('cpu')}\n")  # accuracies, not timings: the machine for the record
     work = pathlib.Path(tempfile.mkdtemp(prefix="contribution-bound-"))
     data = {"fashion-mnist": tiny_fashion_mnist(work / "fashion-mnist")}
     if "attacked" in args.tables:
