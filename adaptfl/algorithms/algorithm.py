@@ -162,6 +162,10 @@ class Algorithm:
         if duplicated:
             raise ValueError(f"algorithm {name!r}: two components claim the records {duplicated}")
 
+    def shared_records(self) -> set[str]:
+        """The names of every array record but the model, both directions (Δ included)."""
+        return {wire.DELTA} | {r.name for s in self.stages() for r in (*s.records_down(), *s.records_up())}
+
     def reply_record_count(self) -> int:
         """How many records a reply carries (Δ, the uploads, the required metrics): what dp
         noises, known before any model is built."""

@@ -39,6 +39,7 @@ from adaptfl.algorithms.settings import (
     check_llm_keys,
 )
 from adaptfl.algorithms.stage import RoundInfo
+from adaptfl.codec.settings import CompressionBase, check_shared
 
 # Fields a title leaves out: numerical details, not what tells runs apart.
 _QUIET = {"eps", "beta2", "muon-adam-eps", "muon-adam-beta1", "muon-adam-beta2", "max-precond-dim",
@@ -79,6 +80,7 @@ class RunConfig:
     runtime: Runtime
     llm: LanguageModel
     privacy: Privacy
+    compression: CompressionBase
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any], drop_unused: bool = False) -> RunConfig:
@@ -108,6 +110,7 @@ class RunConfig:
         from adaptfl.privacy.checks import check_privacy
 
         check_privacy(config.privacy, algorithm, config.federation)
+        check_shared(config.compression, algorithm.shared_records(), algorithm.name)
         return config
 
     @classmethod
@@ -125,7 +128,7 @@ class RunConfig:
         `from_flower(to_flower())` gives the same config."""
         out: dict[str, Any] = {key: PRESET for key in declared_keys()}
         for settings in (self.federation, self.local, self.data, self.output, self.runtime, self.llm,
-                         self.privacy):
+                         self.privacy, self.compression):
             out.update(settings.values())
         out["lr"], out["weight-decay"] = self.lr, self.weight_decay
         out["algorithm"] = self.algorithm.name

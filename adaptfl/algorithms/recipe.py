@@ -17,6 +17,7 @@ from adaptfl.algorithms.algorithm import SLOTS, Algorithm
 from adaptfl.algorithms.params import Component, fields_of, lookup
 from adaptfl.algorithms.settings import Data, LanguageModel, Privacy, Runtime
 from adaptfl.algorithms.stage import RoundInfo, Stage
+from adaptfl.codec.settings import Compression, CompressionBase
 from adaptfl.privacy.settings import SERVER_ONLY
 
 CLIENT_STATE_DIR = "output.client-state-dir"
@@ -32,7 +33,8 @@ def _component(prefix: str, c: Component) -> dict[str, Any]:
 def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
               runtime: Runtime | None = None, client_state_dir: str = "",
               client_state_memory: bool = True, llm: LanguageModel | None = None,
-              privacy: Privacy | None = None, sampled: int = 1) -> dict[str, Any]:
+              privacy: Privacy | None = None, sampled: int = 1,
+              compression: CompressionBase | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"algorithm": algorithm.name}
     for slot in SLOTS:
         out.update(_component(slot, getattr(algorithm, slot)))
@@ -48,6 +50,8 @@ def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
     if privacy is not None and privacy.on:  # what a dp='client' client clips and noises with
         out.update({f"privacy.{k}": v for k, v in privacy.values().items() if k not in SERVER_ONLY})
         out[SAMPLED] = sampled
+    if compression is not None and not compression.lossless:  # fp32 everywhere: today's recipe
+        out.update({f"compression.{k}": v for k, v in compression.values().items()})
     return out
 
 
@@ -92,6 +96,11 @@ def privacy_from_recipe(record: Mapping[str, Any]) -> tuple[Privacy, int]:
     """The dp settings and the round's sampled count (dp='none' when the recipe has none)."""
     values = {k[8:]: v for k, v in record.items() if k.startswith("privacy.") and k != SAMPLED}
     return Privacy.build(values), int(record.get(SAMPLED, 1))
+
+
+def compression_from_recipe(record: Mapping[str, Any]) -> CompressionBase:
+    """The wire codecs (fp32 everywhere when the recipe names none)."""
+    return Compression.build({k[12:]: v for k, v in record.items() if k.startswith("compression.")})
 
 
 def settings_from_recipe(record: Mapping[str, Any]) -> tuple[Data, Runtime]:

@@ -180,9 +180,10 @@ class LanguageModel(Component):
                                          "for one more forward pass (hf: models)")
 
 
+from adaptfl.codec.settings import Compression  # noqa: E402 - declared in its own package
 from adaptfl.privacy.settings import Privacy  # noqa: E402 - declared in its own package
 
-SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel, Privacy)
+SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel, Privacy, Compression)
 # llm keys and what they need to matter: the adapters an hf: model, the rest an sft: task
 _NEEDS = {"lora-rank": "model", "lora-alpha": "model", "lora-dropout": "model",
           "lora-targets": "model", "gradient-checkpointing": "model", "max-length": "task",

@@ -16,6 +16,7 @@ HAFEDHO_N_TOTAL = "n-total"  # ArrayRecord {"n-total": [|D|]} float64: HaFedHo's
 SCAFFOLD_C = "c"  # ArrayRecord: SCAFFOLD's server control variate c
 THETA = "theta"  # ArrayRecord: FedPAC's averaged Θ^r / FedMIX-P's reference P^r ("<param>/<slot>")
 G_G = "g-g"  # ArrayRecord: FedPAC's global direction g_G = -mean Δ_i / (K·lr)
+MIME_M = "m"  # ArrayRecord: MimeLite's server momentum m
 
 # --- Records in a TRAIN reply (client -> server) ---
 DELTA = "delta"  # ArrayRecord: Δ_i = x_i^{r,K} - x^r
@@ -24,6 +25,10 @@ DELTA_C = "delta-c"  # ArrayRecord: SCAFFOLD's Δc_i = c_i⁺ - c_i
 THETA_LOCAL = "theta-i"  # ArrayRecord: terminal Θ_i / P_i (full, or compressed with light=true)
 GRAD_AT_X = "grad-at-x"  # ArrayRecord: MimeLite's full local gradient ∇f_i(x^r) at the global model
 METRICS = "metrics"  # MetricRecord: the keys below, plus any numeric metric the client adds
+
+# Every array record but the model, by direction: each has its own wire codec (adaptfl/codec/)
+SHARED_DOWN = (DELTA_G, V_BAR, HAFEDHO_G, HAFEDHO_F_HAT, HAFEDHO_N_TOTAL, SCAFFOLD_C, THETA, G_G, MIME_M)
+SHARED_UP = (DELTA, V_LOCAL, DELTA_C, THETA_LOCAL, GRAD_AT_X)
 
 # --- MetricRecord keys of a reply ---
 NUM_EXAMPLES = "num-examples"  # int, the client's data size (aggregation weight); required
@@ -38,6 +43,7 @@ RAY_NODE = "ray-node"  # int, the first 12 hex digits of the Ray node id a simul
 LOCAL_STATE_SOURCE = "local-state-source"  # int, where a kept inner optimizer state came from (same codes)
 STEP_PATH = "step-path"  # int code into STEP_PATHS: the local-step path this client's round took
 STEP_PATHS = ("eager", "native", "cuda")  # step-path codes 0, 1, 2; a metrics row holds the names
+EF_RESIDUAL = "ef-residual-norm"  # float, ‖residual‖ the client's error feedback keeps after this reply
 TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as the client applied it
 
 # --- Node config keys (set by simulation or `flower-supernode --node-config`) ---

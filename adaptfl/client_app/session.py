@@ -40,11 +40,14 @@ from adaptfl.algorithms.recipe import (
     CLIENT_STATE_MEMORY,
     FROZEN_DIGEST,
     algorithm_from_recipe,
+    compression_from_recipe,
     privacy_from_recipe,
     round_from_recipe,
 )
 from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
+from adaptfl.codec.feedback import encode_reply
+from adaptfl.codec.values import MalformedEncoding
 from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.privacy.client import check_floor
@@ -127,7 +130,8 @@ class ClientSession:
         # x^r of what the server sent (never the frozen base: no second copy of it)
         state = model.state_dict()
         self.start_state = {n: state[n].detach().clone() for n in arrays}
-        records = {name: {k: v.to(self.device) for k, v in rec.to_torch_state_dict().items()}
+        self.compression = compression_from_recipe(recipe)
+        records = {name: {k: v.to(self.device) for k, v in self._decoded(name, rec).items()}
                    for name, rec in content.array_records.items() if name != wire.ARRAYS}
         if store is None:
             store = ClientStateStore(context, str(recipe.get(CLIENT_STATE_DIR, "")), self.info.server_round,
@@ -144,6 +148,24 @@ class ClientSession:
         self._stepped = self._lossed = False
         self._g_hat: dict[str, torch.Tensor] | None = None
         self._native_steps = native.steps_run()  # to tell the reply's step-path
+
+    def _decoded(self, name: str, record: ArrayRecord) -> dict[str, torch.Tensor]:
+        """A broadcast record as the server's codec for it wrote it (the server keeps the same
+        decoded values: strategies/base.py)."""
+        arrays = dict(record.to_torch_state_dict())
+        codec = self.compression.of(name)
+        if codec.lossless:
+            return arrays
+        spec = self.algorithm.contract(ModelSpec.of(self.model)).down[name]
+        expected = codec.record_spec(spec, self.compression.codec_block)
+        got = {n: (tuple(t.shape), t.dtype) for n, t in arrays.items()}
+        if got != expected:
+            raise ContractError(f"record {name!r} is not what codec {codec} writes for this model: "
+                                "server and client build different models or run different versions")
+        try:
+            return codec.decode(arrays, spec, self.compression.codec_block)
+        except MalformedEncoding as why:
+            raise ContractError(f"record {name!r}: {why}") from None
 
     # --- the training loop's hooks ------------------------------------------------------------
     def loss(self, x: torch.Tensor, logits: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -231,6 +253,12 @@ class ClientSession:
             names = shared_records(self.algorithm.contract(ModelSpec.of(self.model)))
             seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
             records, values = privatize(records, values, names, self.privacy, self.sampled, seed)
+        if not self.compression.lossless:  # after dp's noise: post-processing
+            info = self.info
+            records, codec_metrics = encode_reply(records, self.compression, self._ctx.store, lambda name:
+                                                  self.compression.generator(info.seed, info.server_round,
+                                                                             f"node-{self.node_id}", name))
+            values.update(codec_metrics)
         content = RecordDict({wire.DELTA: ArrayRecord(records.pop(wire.DELTA)),
                               # cast: dict is invariant; its int/float values are MetricRecordValues
                               wire.METRICS: MetricRecord(cast("dict[str, MetricRecordValues]", values))})

@@ -52,8 +52,13 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "screen-ratio-max": ("both", "the largest norm ratio to the median among the replies kept"),
     "latency-max": ("both", "seconds from an instruction's creation to its reply, the slowest reply "
                     "decoded (hosts' clocks may differ in a deployment)"),
-    "bytes-down": ("both", "bytes sent to the sampled nodes (the model and the records sent down)"),
-    "bytes-up": ("both", "bytes of the decoded replies' records"),
+    "bytes-down": ("both", "bytes sent to the sampled nodes as they go over the wire (the model and the "
+                   "records sent down, encoded)"),
+    "bytes-up": ("both", "bytes of the accepted replies' records as they came over the wire"),
+    "compression-ratio": ("both", "with a lossy codec: the round's bytes (both directions, the model "
+                          "included) at fp32 over its bytes on the wire; absent under fp32"),
+    "ef-residual-norm": ("both", "with error feedback (+ef): the clients' mean ‖residual‖ after their "
+                         "reply (what is still to be sent)"),
     "skipped": ("both", "true when the round changed nothing (too few replies, or the round refused)"),
     "skip-reason": ("both", "why a skipped round changed nothing; absent otherwise"),
     "seconds": ("both", "the whole round, evaluation included"),
@@ -67,6 +72,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "dp-clip-norm": ("both", "dp: Δ's clipping norm this round (moves with adaptive clipping)"),
     "dp-unclipped-share": ("both", "dp, adaptive clipping: the noised share of replies within their norm"),
     "rejected": (JSONL, "node -> the reason its reply was dropped"),
+    "bytes": (JSONL, "{down, up}: record -> its bytes on the wire this round, all messages together "
+              "(the model is `arrays`)"),
     "missing": (JSONL, "the sampled nodes that sent nothing"),
     "latency": (JSONL, "node -> seconds to its reply"),
     "clients": (JSONL, "partition -> where each accepted reply's client ran and its state came from "

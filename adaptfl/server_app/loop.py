@@ -93,10 +93,11 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
     try:
         decode_content(reply, contract.reply_spec(strategy.spec),
                        max_bytes=reply_bound(strategy.cfg.federation.max_reply_mb,
-                                             contract.reply_spec(strategy.spec)),
+                                             strategy.wire_reply_spec()),
                        required_metrics=contract.up_metrics,
                        domains=reply_domains(contract, strategy.cfg.privacy),
-                       metric_domains=metric_domains(contract, strategy.cfg.privacy))
+                       metric_domains=metric_domains(contract, strategy.cfg.privacy),
+                       codecs=strategy.reply_codecs())
     except ReplyRejected as why:
         raise ValueError(f"{cfg_name(strategy)}: a client's reply would be refused ({why})") from None
 
@@ -227,7 +228,8 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
                "seconds": time.perf_counter() - started,
                "eval-seconds": time.perf_counter() - evaluated,
                "rejected": dict(report.rejected), "missing": [int(n) for n in missing],
-               "latency": {n: round(t, 3) for n, t in report.latency.items()}}
+               "latency": {n: round(t, 3) for n, t in report.latency.items()},
+               "bytes": {"down": dict(report.down_bytes), "up": dict(report.up_bytes)}}
         if report.skip_reason:
             row["skip-reason"] = report.skip_reason
         if report.step_path() is not None:  # which local-step path the clients took

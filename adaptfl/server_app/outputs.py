@@ -129,8 +129,8 @@ class RunOutputs:
 
     def _write_csv(self) -> None:
         public = [self.public(r) for r in self.rows]
-        columns = list(dict.fromkeys(k for r in public for k in r
-                                     if k not in ("rejected", "missing", "clients", "latency")))  # JSONL only
+        nested = ("rejected", "missing", "clients", "latency", "bytes")  # JSONL only
+        columns = list(dict.fromkeys(k for r in public for k in r if k not in nested))
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()

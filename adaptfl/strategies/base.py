@@ -35,9 +35,11 @@ from adaptfl.algorithms.params import fields_of
 from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.algorithms.stage import Aggregation
+from adaptfl.codec.codec import spec_bytes
+from adaptfl.codec.settings import check_domains
 from adaptfl.privacy import server as dp
 from adaptfl.privacy.release import detail_level, released
-from adaptfl.strategies.aggregate import cap_shares, direction_consistency, num_bytes
+from adaptfl.strategies.aggregate import cap_shares, direction_consistency
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
@@ -91,6 +93,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             server_round=0, model={n: t.detach().clone() for n, t in arrays.items()
                                    if n in self.spec.entries},
             sampling_rng=torch.Generator().manual_seed(self.cfg.federation.seed).get_state())
+        check_domains(self.cfg.compression, self.contract().domains)  # before round 1
 
     def contract(self) -> Contract:
         assert self.spec is not None, "initialize() first"
@@ -169,7 +172,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         info = cfg.round_info(server_round, self.state.run_key)
         recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
                            cfg.output.client_state_memory, cfg.llm,
-                           cfg.privacy, sampled)
+                           cfg.privacy, sampled, cfg.compression)
         if self.spec is not None and self.spec.frozen_digest:
             recipe[FROZEN_DIGEST] = self.spec.frozen_digest
         self.refuse_adaptfl_keys(config or {})
@@ -177,8 +180,9 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         train_config["server-round"] = server_round  # as Flower's FedAvg does
         content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
                               wire.CONFIG: train_config})
-        for name, tensors in self.payload().items():
-            content[name] = ArrayRecord(tensors)
+        compression = cfg.compression
+        for name, tensors in self.payload().items():  # as committed: re-encoding gives the same codes
+            content[name] = ArrayRecord(compression.of(name).encode(tensors, compression.codec_block))
         return content
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -190,12 +194,22 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
                         len(nodes), self.num_nodes, self.contract())  # refused: nothing is sent
         content = self.instruction(server_round, config, len(nodes))
-        per_message = num_bytes(self.state.model) + sum(num_bytes(t) for t in self.payload().values())
-        self.report = RoundReport(sampled=len(nodes), bytes_down=per_message * len(nodes))
+        self.report = RoundReport(sampled=len(nodes))
+        self._count_down(content, len(nodes))
         messages = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
                     for node in nodes]
         self._messages = messages
         return messages
+
+    def _count_down(self, content: RecordDict, nodes: int) -> None:
+        """The round's bytes down, by record as they go over the wire, and at fp32."""
+        assert self.state is not None
+        raw = {wire.ARRAYS: self.state.model, **self.payload()}
+        for name, record in content.array_records.items():
+            self.report.down_bytes[name] = nodes * sum(len(arr.data) for arr in record.values())
+            self.report.fp32_bytes += nodes * spec_bytes({n: (tuple(t.shape), t.dtype)
+                                                          for n, t in raw[name].items()})
+        self.report.bytes_down = sum(self.report.down_bytes.values())
 
     # --- aggregation -------------------------------------------------------------------------------
     def _skip(self, server_round: int, why: str) -> tuple[None, MetricRecord]:
@@ -279,10 +293,21 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         new = self.state.clone()
         new.server_round, new.model = server_round, agg.model
         new.extras.update({**moments, **agg.new_extras, **combine.slots()})
+        self._as_broadcast(new)
         if self.screen_reference:  # for the next lone reply (screen.py)
             new.extras[REFERENCE] = reference_record(self.screen_reference)
         check_state(new, self.contract(), algorithm)
         return new, agg
+
+    def _as_broadcast(self, state: ServerState) -> None:
+        """The records the server sends, as its codecs deliver them: the server keeps what its
+        clients decode, bit for bit (re-encoding those values gives the same codes: values.py)."""
+        compression, server_round = self.cfg.compression, state.server_round
+        for name in self.contract().down:
+            codec = compression.of(name)
+            if not codec.lossless and name in state.extras:
+                generator = compression.generator(self.cfg.federation.seed, server_round, "server", name)
+                state.extras[name] = codec.round_trip(state.extras[name], compression.codec_block, generator)
 
     def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
         return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
@@ -317,6 +342,9 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             "bytes-down": self.report.bytes_down,
             "bytes-up": self.report.bytes_up,
         }
+        wire_bytes = self.report.bytes_down + self.report.bytes_up
+        if wire_bytes and not self.cfg.compression.lossless:
+            self.report.metrics["compression-ratio"] = self.report.fp32_bytes / wire_bytes
         # what Flower's Strategy.start logs and keeps: under dp the whitelist (privacy/release.py)
         return released(self.report.metrics) if self.cfg.privacy.on else dict(self.report.metrics)
 

@@ -15,7 +15,8 @@ from flwr.app import Message, MessageType
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.algorithms.contract import ArraySpec, Contract, ModelSpec
+from adaptfl.codec.codec import spec_bytes
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
 from adaptfl.strategies.screen import (
@@ -29,6 +30,7 @@ from adaptfl.strategies.screen import (
 )
 from adaptfl.strategies.state import RoundReport, ServerState
 from adaptfl.strategies.validation import (
+    Codecs,
     DecodedReply,
     ReplyRejected,
     bind_partitions,
@@ -53,6 +55,20 @@ class ReplyIntake:
 
     def contract(self) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
+
+    def reply_codecs(self) -> Codecs:
+        """Each reply record's codec (adaptfl/codec/), and the block size."""
+        assert self.spec is not None
+        compression = self.cfg.compression
+        return {name: compression.of(name) for name in self.contract().reply_spec(self.spec)}, \
+            compression.codec_block
+
+    def wire_reply_spec(self) -> dict[str, ArraySpec]:
+        """The reply's records as they come over the wire (encoded), what the size bound counts."""
+        assert self.spec is not None
+        codecs, block = self.reply_codecs()
+        return {name: codecs[name].record_spec(spec, block)
+                for name, spec in self.contract().reply_spec(self.spec).items()}
 
     def _sender(self, reply: Message, sent: Mapping[str, int]) -> int | None:
         """The sampled node a reply answers for, by the id of the instruction it replies to (Flower
@@ -122,7 +138,7 @@ class ReplyIntake:
         expected = contract.reply_spec(self.spec)
         domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
         metrics = metric_domains(contract, self.cfg.privacy)
-        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, expected)
+        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, self.wire_reply_spec())
         accepted: dict[int, DecodedReply] = {}
         for node, msgs in by_node.items():
             try:
@@ -135,6 +151,9 @@ class ReplyIntake:
                 continue
             assert node is not None
             self.report.bytes_up += decoded.num_bytes
+            self.report.fp32_bytes += sum(spec_bytes(spec) for spec in expected.values())
+            for name, size in decoded.record_bytes.items():
+                self.report.up_bytes[name] = self.report.up_bytes.get(name, 0) + size
             accepted[node] = decoded
         return accepted
 
@@ -148,7 +167,7 @@ class ReplyIntake:
         self._check_identity(node, msgs[0])
         self.report.latency[str(node)] = self._latency(node, msgs[0])
         return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics,
-                            detail_level(self.cfg.privacy.on))
+                            detail_level(self.cfg.privacy.on), self.reply_codecs())
 
     def _screen(self, pairs: list[tuple[int, DecodedReply]]) -> list[int]:
         """Indices of `pairs` that pass the screen against the round's others (screen.py): every

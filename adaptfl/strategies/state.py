@@ -79,6 +79,11 @@ class RoundReport:
     skip_reason: str = ""  # why the state was kept: too few replies, or the round refused
     bytes_down: int = 0
     bytes_up: int = 0
+    # record -> bytes over the wire this round, all messages together (the model is "arrays");
+    # and what the same records take at fp32, for the compression ratio
+    down_bytes: dict[str, int] = field(default_factory=dict)
+    up_bytes: dict[str, int] = field(default_factory=dict)
+    fp32_bytes: int = 0
     screened: int = 0  # replies dropped for a norm beyond screen-ratio × the others' median
     screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
     clipped: int = 0  # replies whose weighted Δ contribution was clipped (max-contribution-ratio)

@@ -14,24 +14,31 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeGuard, cast
 
 import torch
-from flwr.app import Array, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.contract import ArraySpec
 from adaptfl.algorithms.domain import Domain
+from adaptfl.codec.codec import Codec
+from adaptfl.codec.values import MalformedEncoding
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class DecodedReply:
-    arrays: dict[str, dict[str, torch.Tensor]]  # record name -> tensors
+    arrays: dict[str, dict[str, torch.Tensor]]  # record name -> tensors (decoded)
     metrics: dict[str, float | int]
-    num_bytes: int
+    num_bytes: int  # as it came over the wire (the arrays' serialised bytes)
+    record_bytes: dict[str, int] = field(default_factory=dict)  # the same by record
+
+
+# record name -> its codec (adaptfl/codec/codec.py), with the block size both sides use
+Codecs = tuple[Mapping[str, Codec], int]
 
 
 class ReplyRejected(ValueError):
@@ -166,22 +173,24 @@ def decode_reply(msg: Message, expected: Mapping[str, ArraySpec], max_bytes: int
                  required_metrics: frozenset[str] = frozenset(),
                  domains: Mapping[str, Mapping[str, Domain]] | None = None,
                  metric_domains: Mapping[str, Domain] | None = None,
-                 level: int = logging.WARNING) -> DecodedReply:
+                 level: int = logging.WARNING, codecs: Codecs | None = None) -> DecodedReply:
     """Decode and validate one reply; raises ReplyRejected with the reason. `level`: of the line
     about a client's own metric left out (DEBUG under dp: it quotes the client's value)."""
     if msg.has_error():
         raise ReplyRejected(f"client error {msg.error.code}: {msg.error.reason}")
     return decode_content(msg.content, expected, max_bytes, required_metrics, domains, metric_domains,
-                          level)
+                          level, codecs)
 
 
 def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_bytes: int,
                    required_metrics: frozenset[str] = frozenset(),
                    domains: Mapping[str, Mapping[str, Domain]] | None = None,
                    metric_domains: Mapping[str, Domain] | None = None,
-                   level: int = logging.WARNING) -> DecodedReply:
+                   level: int = logging.WARNING, codecs: Codecs | None = None) -> DecodedReply:
     """Validate a reply's content (also used on the server's own preflight reply); `domains`
-    (record -> array -> Domain) and `metric_domains` are the contract's."""
+    (record -> array -> Domain) and `metric_domains` are the contract's. With `codecs`, every
+    check up to the metadata is on the encoded records (so the size bound holds on what came
+    over the wire), then each record is decoded, one at a time, and its values checked."""
     names = set(content.array_records)
     if names != set(expected):
         raise ReplyRejected(f"array records {sorted(names)}, expected {sorted(expected)}")
@@ -190,23 +199,40 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
     if set(content.metric_records) != {wire.METRICS}:
         raise ReplyRejected(f"metric records {sorted(content.metric_records)}, "
                             f"expected ['{wire.METRICS}']")
-    size = sum(len(arr.data) for rec in content.array_records.values()
-               for arr in rec.values())
+    by_record = {name: sum(len(arr.data) for arr in rec.values())
+                 for name, rec in content.array_records.items()}
+    size = sum(by_record.values())
     if size > max_bytes:
         raise ReplyRejected(f"reply of {size} bytes exceeds the bound of {max_bytes} bytes")
+    codec_of, block = codecs if codecs is not None else ({}, 0)
     for record_name, spec in expected.items():  # before any tensor is materialised
-        _check_metadata(record_name, content.array_records[record_name], spec)
+        codec = codec_of.get(record_name)
+        _check_metadata(record_name, content.array_records[record_name],
+                        spec if codec is None else codec.record_spec(spec, block))
     arrays = {}
-    for record_name, spec in expected.items():
-        try:
-            tensors = dict(content.array_records[record_name].to_torch_state_dict())
-        except Exception as err:  # noqa: BLE001 - any undecodable payload is a bad reply
-            raise ReplyRejected(f"{record_name}: cannot decode arrays ({err})") from err
+    for record_name, spec in expected.items():  # one record decoded at a time
+        tensors = _decoded(record_name, content.array_records[record_name], spec,
+                           codec_of.get(record_name), block)
         _check_arrays(record_name, tensors, spec, (domains or {}).get(record_name))
         arrays[record_name] = tensors
     metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics,
                              metric_domains, level)
-    return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size)
+    return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size, record_bytes=by_record)
+
+
+def _decoded(record_name: str, record: ArrayRecord, spec: ArraySpec, codec: Codec | None, block: int
+             ) -> dict[str, torch.Tensor]:
+    """One record's tensors, as its codec wrote them (metadata checked already)."""
+    try:
+        tensors = dict(record.to_torch_state_dict())
+    except Exception as err:  # noqa: BLE001 - any undecodable payload is a bad reply
+        raise ReplyRejected(f"{record_name}: cannot decode arrays ({err})") from err
+    if codec is None or codec.lossless:
+        return tensors
+    try:
+        return codec.decode(tensors, spec, block)
+    except MalformedEncoding as why:
+        raise ReplyRejected(f"{record_name}: malformed {codec} encoding {why}") from None
 
 
 # --- one node per partition, and a fixed order of the replies ------------------------------

@@ -4,8 +4,10 @@ steps), writes drift and byte metrics; nonsense combinations are refused before 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.codec.codec import spec_bytes
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from tests.support.run_outputs import metric_rows
@@ -16,7 +18,9 @@ CASES = [(n, {}) for n in NAMES] + [
     ("fedpac-soap", {"trust": "act"}),  # FedACT's trust modulation on SOAP
     ("fedpac-muon", {"trust": "cautious", "trust-on-muon": True}),
 ]
-MODEL_BYTES = 4 * (784 * 64 + 64 + 64 * 10 + 10)
+# the MLP's four arrays as they go over the wire (data and .npy headers)
+MODEL_BYTES = spec_bytes({"0.w": ((64, 784), torch.float32), "0.b": ((64,), torch.float32),
+                          "1.w": ((10, 64), torch.float32), "1.b": ((10,), torch.float32)})
 
 
 @pytest.mark.slow  # an in-process run per variant; the fast subset keeps the unit checks

@@ -15,6 +15,7 @@ from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, PartOutput
 from adaptfl.client_app.client_state import ClientStateStore, StateSource
 from adaptfl.client_app.session import build_optimizer
+from adaptfl.codec.codec import array_bytes
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import HaFedHo
 from adaptfl.workloads import ImageData
@@ -205,7 +206,9 @@ def test_server_averages_g_and_f_hat_by_hand() -> None:
     second = list(strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
     assert set(second[0].content.array_records) == {wire.ARRAYS, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT,
                                                     wire.HAFEDHO_N_TOTAL}
-    assert strategy.report.bytes_down == 3 * (8 + 8 + 4 + 8)  # x, g, f̂, |D| to three clients
+    # x, g, f̂, |D| (float64) to three clients, each array with its .npy header
+    two, one = array_bytes((2,), torch.float32), array_bytes((1,), torch.float32)
+    assert strategy.report.bytes_down == 3 * (two + two + one + array_bytes((1,), torch.float64))
     # Round 2's cohort: node 2 now claims 5 and node 3 (dropped before) 2: |D| = 7
     strategy.aggregate_train(2, [_reply(second[1], {"w": [0.0, 0.0]}, 5, 0.1),
                                  _reply(second[2], {"w": [0.0, 0.0]}, 2, 0.1)])

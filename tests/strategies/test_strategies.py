@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.codec.codec import array_bytes
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy, FedACT, FedAvg
 from adaptfl.strategies.screen import REFERENCE
@@ -152,8 +153,8 @@ def test_configure_train_ships_delta_g_and_v_bar_once_they_exist() -> None:
     recipe = content.config_records[wire.RECIPE]
     assert recipe["correction.rho"] == 0.5 and recipe["round.step-offset"] == 2  # (r-1)·K
     assert content.config_records[wire.CONFIG]["server-round"] == 2
-    # 3 tensors of 3 floats each, to 2 clients
-    assert strategy.report.bytes_down == 2 * 3 * 3 * 4
+    # 3 records (x, Δ_G, v̄) of w (2 floats) and b (1), each array with its .npy header, to 2 clients
+    assert strategy.report.bytes_down == 2 * 3 * (array_bytes((2,), F32) + array_bytes((1,), F32))
 
 
 def _malformed(to: Message) -> dict[str, Message]:

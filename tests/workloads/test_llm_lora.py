@@ -21,6 +21,7 @@ import torch
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.codec.codec import spec_bytes
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
 from adaptfl.workloads import load_task, partition_indices
@@ -75,7 +76,7 @@ def test_two_rounds_on_two_clients_train_the_adapters_only(tiny_llama, tmp_path)
         assert names and all("lora_" in n.split("/")[0] for n in names), record
     strategy, model, _ = build_run(cfg.replace(run_name="check"))  # shares the cached base
     assert strategy.spec is not None
-    adapters = sum(math.prod(s) * 4 for s, _ in strategy.spec.entries.values())
+    adapters = spec_bytes(strategy.spec.entries)  # as they go over the wire: with .npy headers
     assert rows[1]["bytes-down"] == 2 * adapters  # FedACT round 1: the adapters, nothing else
     on_disk, in_memory = _base_on_disk(tiny_llama), _base_in_memory(model)
     assert in_memory.keys() == on_disk.keys()

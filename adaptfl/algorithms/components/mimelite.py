@@ -27,7 +27,7 @@ from adaptfl.algorithms.contract import ModelSpec, Record
 from adaptfl.algorithms.params import component, param
 from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput
 
-MOMENTUM = "m"  # the record and the server state slot of m
+MOMENTUM = wire.MIME_M  # the record and the server state slot of m
 
 
 def sample_rows(ctx: ClientRound, limit: int) -> torch.Tensor:

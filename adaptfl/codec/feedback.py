@@ -1,0 +1,58 @@
+"""A client's side of the wire codecs: each shared record encoded as its codec says, with error
+feedback where it ends in +ef (Seide et al. 2014; Karimireddy et al. 2019, "Error Feedback
+Fixes SignSGD"): the client sends C(x + e) and keeps e ← x + e − D(C(x + e)), so over the rounds
+what was sent plus the last residual is what it had to send.
+
+The residual is durable client state (client_app/client_state.py, one entry for all of a
+client's +ef records): it survives a SuperNode restart and a server resume, and it is dropped
+with the client's state; a client that finds none starts from zero. It is kept in float64, so
+the identity above holds to float64 rounding (exactly when the updates are dyadic: the tests).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from adaptfl.algorithms import wire
+from adaptfl.codec.settings import CompressionBase
+
+RESIDUAL = "wire-residual"  # the client-state name
+Tensors = dict[str, torch.Tensor]
+Generators = Callable[[str], torch.Generator | None]  # record -> its stochastic rounding
+
+
+def residual_key(record: str, array: str) -> str:
+    return f"{record}/{array}"
+
+
+def encode_reply(records: Mapping[str, Tensors], compression: CompressionBase, store: Any,
+                 generator: Generators) -> tuple[dict[str, Tensors], dict[str, float]]:
+    """(the records as they go on the wire, the reply's codec metrics). `store`: the client's
+    durable state (load/save), read and written only when some record has +ef."""
+    block = compression.codec_block
+    fed_back = {name: tensors for name, tensors in records.items() if compression.of(name).ef}
+    out = {name: compression.of(name).encode(tensors, block, generator(name))
+           for name, tensors in records.items() if name not in fed_back}
+    if not fed_back:
+        return out, {}
+    expect = {residual_key(r, a): tuple(t.shape) for r, ts in fed_back.items()
+              for a, t in ts.items() if t.dtype == torch.float32}
+    residual, _ = store.load(RESIDUAL, expect)
+    residual = residual or {}
+    kept: Tensors = {}
+    for name, tensors in fed_back.items():
+        codec = compression.of(name)
+        target64 = {a: t.detach().cpu().double() + residual.get(residual_key(name, a), 0.0)
+                    for a, t in tensors.items() if t.dtype == torch.float32}
+        target = {a: target64[a].float() if a in target64 else t.cpu() for a, t in tensors.items()}
+        out[name] = codec.encode(target, block, generator(name))
+        spec = {a: (tuple(t.shape), t.dtype) for a, t in target.items()}
+        sent = codec.decode(out[name], spec, block)
+        kept.update({residual_key(name, a): target64[a] - sent[a].double() for a in target64})
+    store.save(RESIDUAL, kept)
+    norm = math.sqrt(sum(float((t * t).sum()) for t in kept.values()))
+    return out, {wire.EF_RESIDUAL: norm}

@@ -1,0 +1,116 @@
+"""The `codec*` keys, declared once: how every record but the model crosses the wire.
+
+    codec            the codec of every shared record, both directions (codec.py's grammar);
+                     fp32, the default, sends today's bytes exactly
+    codec-<record>   one record's own codec over `codec` ("": codec's); one key per record of
+                     algorithms/wire.py (SHARED_DOWN, SHARED_UP), e.g. codec-delta='top1%:fp4+ef',
+                     codec-v='int8', codec-delta-g='nf4'
+    codec-rounding   nearest, or stochastic (unbiased; seeded by the run seed, the round, the
+                     sender and the record, so a run replays)
+    codec-block      values per absmax block of int8 / nf4 / fp4 (64, as QLoRA)
+
+The model broadcast is always exact: a sampled client may have missed the last one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from adaptfl.algorithms import wire
+from adaptfl.algorithms.domain import Domain
+from adaptfl.algorithms.params import Component, component, param
+from adaptfl.codec.codec import FP32, Codec
+
+
+def record_key(record: str) -> str:
+    return f"codec-{record}"
+
+
+@dataclass(frozen=True)
+class CompressionBase(Component):
+    """What every record's codec is (the per-record fields are added below, from wire.py)."""
+
+    codec: str = param("fp32", "wire codec of every shared record, both directions (not the model): "
+                       "fp32 (lossless), bf16, fp16, int8, nf4, fp4, or top<P>%[:<values>] (top-k); "
+                       "+ef: error feedback on the replies' records. docs/compression.md")
+    codec_rounding: str = param("nearest", "rounding of the lossy codecs: nearest, or stochastic "
+                                "(unbiased, seeded: a run replays)", choices=("nearest", "stochastic"))
+    codec_block: int = param(64, "values per absmax scale of int8 / nf4 / fp4", within=(2, 1 << 20))
+
+    def check(self) -> None:
+        Codec.parse(self.codec)
+        for record in wire.SHARED_DOWN + wire.SHARED_UP:
+            text = self.raw(record)
+            if text:
+                codec = Codec.parse(text, record_key(record))
+                if codec.ef and record in wire.SHARED_DOWN:
+                    raise ValueError(f"invalid {record_key(record)}={text!r}: error feedback (+ef) is "
+                                     "a client's, for what it sends; the server's broadcast has none")
+
+    def raw(self, record: str) -> str:
+        return str(getattr(self, "codec_" + record.replace("-", "_")))
+
+    def of(self, record: str) -> Codec:
+        """The codec of one record (ARRAYS, the model: always fp32). `codec`'s +ef reaches the
+        replies' records only: the server's broadcast has no residual to feed back."""
+        if record == wire.ARRAYS:
+            return FP32
+        own = self.raw(record)
+        codec = Codec.parse(own or self.codec, record_key(record) if own else "codec")
+        return dataclasses.replace(codec, ef=False) if record in wire.SHARED_DOWN else codec
+
+    def set_keys(self) -> list[str]:
+        """The per-record keys set (for the check that their records are shared)."""
+        return [record_key(r) for r in wire.SHARED_DOWN + wire.SHARED_UP if self.raw(r)]
+
+    @property
+    def lossless(self) -> bool:
+        return all(self.of(r).lossless for r in wire.SHARED_DOWN + wire.SHARED_UP)
+
+    def generator(self, seed: int, server_round: int, sender: str, record: str) -> torch.Generator | None:
+        """The stochastic rounding's generator for one record of one sender's message (None: nearest)."""
+        if self.codec_rounding != "stochastic":
+            return None
+        digest = hashlib.sha256(f"codec/{seed}/{server_round}/{sender}/{record}".encode()).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest[:7], "little"))
+
+
+def _per_record_fields() -> list[tuple[str, type, Any]]:
+    fields: list[tuple[str, type, Any]] = []
+    for record in wire.SHARED_DOWN + wire.SHARED_UP:
+        side = "broadcast" if record in wire.SHARED_DOWN else "reply"
+        fields.append(("codec_" + record.replace("-", "_"), str,
+                       param("", f"wire codec of the {side} record `{record}` (\"\": codec's)")))
+    return fields
+
+
+# one field per shared record, generated from wire.py so a new record gets its key
+Compression: type[CompressionBase] = component("settings", "compression")(dataclasses.make_dataclass(
+    "Compression", _per_record_fields(), bases=(CompressionBase,), frozen=True))
+Compression.__module__ = __name__
+Compression.__doc__ = "Wire codecs of the shared records (docs/compression.md)."
+
+
+def check_shared(compression: CompressionBase, shared: set[str], algorithm: str) -> None:
+    """A per-record key must name a record this algorithm sends: refused otherwise (one line)."""
+    unread = [key for key in compression.set_keys() if key[len("codec-"):] not in shared]
+    if unread:
+        raise ValueError(f"{', '.join(unread)}: algorithm {algorithm!r} shares no such record (it "
+                         f"shares {sorted(shared)}); remove {'them' if len(unread) > 1 else 'it'}")
+
+
+def check_domains(compression: CompressionBase, domains: Mapping[str, Mapping[str, Domain]]) -> None:
+    """Per-value rounding keeps signs (v ≥ 0 stays so) but not a matrix's PSD-ness: a lossy
+    codec on a record with PSD arrays (SOAP's statistics in Θ) is refused before round 1."""
+    for record, arrays in domains.items():
+        codec = compression.of(record)
+        if not codec.lossless and any(d.psd for d in arrays.values()):
+            raise ValueError(f"{record_key(record)}={str(codec)!r} (or codec's): {record} holds symmetric "
+                             "PSD statistics (SOAP), which per-value rounding breaks; set "
+                             f"{record_key(record)}='fp32'")

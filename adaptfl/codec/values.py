@@ -1,0 +1,170 @@
+"""How one flat float32 array's values cross the wire: lossless, half precision, or blockwise
+absmax quantization to 8 or 4 bits. Pure functions: `quantize` (client or server), `dequantize`
+(the receiver; raises `MalformedEncoding` on anything an honest encoder cannot produce) and
+`parts_spec` (the shapes and dtypes the receiver expects, checked before anything is decoded).
+
+    fp32   the values themselves (today's bytes)
+    bf16   bfloat16, sent as its int16 bits (numpy has no bfloat16)
+    fp16   IEEE half precision
+    int8   blocks of `block` values; per block its absmax s (float32) and q = round(127·x/s)
+    nf4    the same blocks, each value the nearest of NormalFloat4's 16 levels × s (QLoRA)
+    fp4    the same with FP4 E2M1's 16 levels (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}/6) × s
+
+The absmax of each block is kept exactly (the largest value decodes to ±s, since every
+codebook ends at ±1): so re-encoding decoded values gives back the same codes and scales, and
+the server can keep what its clients decode (it re-encodes its stored state every round, and
+after a resume). An all-zero block is sent with s = 1 (a scale is always positive, so a zero
+or negative one marks a malformed encoding). Stochastic rounding picks the upper neighbour with
+probability (x − lo)/(hi − lo): unbiased, and a value on a level stays there.
+
+Why no library kernel: torchao's NF4Tensor double-quantizes its scales inside a tensor subclass
+(not a pair of arrays a receiver can check) and pins torch versions; bitsandbytes' blockwise
+quantizers target CUDA. The kernels here are one bucketize and one gather per array, in torch,
+on whatever device the values are (docs/compression.md measures their cost).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]  # part name -> (shape, dtype)
+
+# NormalFloat4 (Dettmers et al., QLoRA, 2023, appendix E): quantiles of N(0, 1) scaled to [-1, 1]
+NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+       -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+       0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+       0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+# FP4 E2M1 (OCP Microscaling spec v1.0): codes 0-7 positive, 8-15 their negatives (8 is -0)
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+FP4 = tuple(v / 6.0 for v in _E2M1) + tuple(-v / 6.0 for v in _E2M1)
+CODEBOOKS = {"nf4": NF4, "fp4": FP4}
+KINDS = ("fp32", "bf16", "fp16", "int8", "nf4", "fp4")
+INT8_MAX = 127
+
+
+class MalformedEncoding(ValueError):
+    """An encoding no honest encoder produces (the message says what is wrong)."""
+
+
+def parts_spec(kind: str, numel: int, block: int) -> Spec:
+    """The arrays an encoding of `numel` values consists of ("" is the values themselves)."""
+    blocks = (math.ceil(numel / block),)
+    if kind == "fp32":
+        return {"": ((numel,), torch.float32)}
+    if kind == "bf16":
+        return {"bf16": ((numel,), torch.int16)}
+    if kind == "fp16":
+        return {"fp16": ((numel,), torch.float16)}
+    if kind == "int8":
+        return {"q": ((numel,), torch.int8), "s": (blocks, torch.float32)}
+    if kind in CODEBOOKS:
+        return {"q": ((math.ceil(numel / 2),), torch.uint8), "s": (blocks, torch.float32)}
+    raise ValueError(f"unknown value codec {kind!r}: choose one of {list(KINDS)}")
+
+
+def quantize(x: torch.Tensor, kind: str, block: int, generator: torch.Generator | None = None
+             ) -> dict[str, torch.Tensor]:
+    """Encode the flat float32 `x`; `generator`: stochastic rounding (None: to nearest)."""
+    if kind == "fp32":
+        return {"": x}
+    if kind in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if kind == "bf16" else torch.float16
+        y = _round_float(x, dtype, generator)
+        return {"bf16": y.view(torch.int16)} if kind == "bf16" else {"fp16": y}
+    t, scales = _normalized(x, block)
+    if kind == "int8":
+        scaled = t * INT8_MAX
+        q = torch.round(scaled) if generator is None else torch.floor(scaled + _uniform(scaled, generator))
+        return {"q": q.clamp(-INT8_MAX, INT8_MAX).to(torch.int8)[:x.numel()], "s": scales}
+    levels = torch.tensor(CODEBOOKS[kind], dtype=torch.float32, device=x.device)
+    codes = _nearest_code(t, levels, kind) if generator is None else _stochastic_code(t, levels, generator)
+    return {"q": _pack(codes[:x.numel()]), "s": scales}
+
+
+def dequantize(parts: dict[str, torch.Tensor], kind: str, numel: int, block: int) -> torch.Tensor:
+    """The flat float32 values of an encoding whose parts match `parts_spec` (checked by the
+    caller); raises MalformedEncoding on scales or codes outside what `quantize` writes."""
+    if kind == "fp32":
+        return parts[""]
+    if kind == "bf16":
+        return parts["bf16"].view(torch.bfloat16).to(torch.float32)
+    if kind == "fp16":
+        return parts["fp16"].to(torch.float32)
+    scales = parts["s"]
+    if not bool(torch.isfinite(scales).all()) or (scales.numel() and float(scales.min()) <= 0.0):
+        raise MalformedEncoding("block scales must be finite and > 0")
+    expanded = scales.repeat_interleave(block)[:numel]
+    if kind == "int8":
+        q = parts["q"]
+        if q.numel() and int(q.min()) < -INT8_MAX:
+            raise MalformedEncoding(f"int8 code {int(q.min())} outside [-127, 127]")
+        return (q.to(torch.float32) / INT8_MAX) * expanded
+    levels = torch.tensor(CODEBOOKS[kind], dtype=torch.float32, device=scales.device)
+    return levels[_unpack(parts["q"], numel)] * expanded
+
+
+# --- the pieces ---------------------------------------------------------------------------------
+
+def _normalized(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x padded to whole blocks and divided by each block's absmax (1 for an all-zero block)."""
+    n = x.numel()
+    padded = torch.zeros(math.ceil(n / block) * block, dtype=torch.float32, device=x.device)
+    padded[:n] = x
+    rows = padded.view(-1, block)
+    absmax = rows.abs().amax(dim=1)
+    scales = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    # the absmax value itself must map to exactly ±1 (x / x == 1 in IEEE arithmetic)
+    return (rows / scales[:, None]).reshape(-1), scales
+
+
+def _uniform(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.rand(like.shape, generator=generator, dtype=torch.float32).to(like.device)
+
+
+def _nearest_code(t: torch.Tensor, levels: torch.Tensor, kind: str) -> torch.Tensor:
+    mids = (levels[1:] + levels[:-1]) / 2 if kind == "nf4" else None
+    if mids is not None:  # NF4's levels are sorted: the code is the number of midpoints below t
+        return torch.bucketize(t, mids)
+    return (t[:, None] - levels[None, :]).abs().argmin(dim=1)  # FP4's are not (codes 8-15 < 0)
+
+
+def _stochastic_code(t: torch.Tensor, levels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    order = torch.argsort(levels)
+    ranked = levels[order]
+    hi = torch.bucketize(t, ranked).clamp(1, len(ranked) - 1)  # first level >= t
+    lo = hi - 1
+    gap = ranked[hi] - ranked[lo]
+    up = (t - ranked[lo]) / torch.where(gap > 0, gap, torch.ones_like(gap))
+    pick = torch.where(_uniform(t, generator) < up, hi, lo)
+    on_level = ranked[hi] == t  # exactly on a level (the absmax): keep it
+    return order[torch.where(on_level, hi, pick)]
+
+
+def _round_float(x: torch.Tensor, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
+    nearest = x.to(dtype)
+    if generator is None:
+        return nearest
+    back = nearest.to(torch.float32)
+    inf = torch.full_like(nearest, float("inf"))
+    below = torch.where(back > x, torch.nextafter(nearest, -inf), nearest)
+    above = torch.where(back > x, nearest, torch.nextafter(nearest, inf))
+    lo, hi = below.to(torch.float32), above.to(torch.float32)
+    gap = hi - lo
+    up = torch.where(gap > 0, (x - lo) / torch.where(gap > 0, gap, torch.ones_like(gap)), torch.zeros_like(x))
+    return torch.where(_uniform(x, generator) < up, above, below)
+
+
+def _pack(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte: even positions in the low nibble."""
+    c = codes.to(torch.uint8)
+    if c.numel() % 2:
+        c = torch.cat([c, c.new_zeros(1)])
+    pairs = c.view(-1, 2)
+    return pairs[:, 0] | (pairs[:, 1] << 4)
+
+
+def _unpack(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    both = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)
+    return both[:numel].to(torch.int64)
