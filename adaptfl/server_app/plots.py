@@ -1,6 +1,7 @@
-"""A run's figures: `plot.png` (accuracy and loss per round, from the initial model at round 0)
-and `diagnostics.png` (the papers' per-round diagnostics the run recorded: direction
-consistency, PosRatio, TopMass, preconditioner drift)."""
+"""A run's figures: `plot.png` (accuracy and loss per round, from the initial model at round 0,
+and accuracy against the cumulative bytes on the wire, both directions) and `diagnostics.png`
+(the papers' per-round diagnostics the run recorded: direction consistency, PosRatio, TopMass,
+preconditioner drift)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,32 @@ def plot_run(rows: Sequence[dict[str, Any]], out: Path, title: str) -> None:
         plt.close(fig)
 
 
+def cumulative_mb(rows: Sequence[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """(MB on the wire so far, both directions; test accuracy) after each round, round 0 at 0 MB;
+    empty where the rows hold no bytes (under dp they are not released)."""
+    if not any(r.get("bytes-down") not in (None, "") for r in rows):
+        return [], []
+    total, mb, accuracy = 0.0, [], []
+    for r in rows:
+        total += float(r.get("bytes-down") or 0) + float(r.get("bytes-up") or 0)
+        if r.get("test-accuracy") not in (None, ""):
+            mb.append(total / 1e6)
+            accuracy.append(float(r["test-accuracy"]))
+    return mb, accuracy
+
+
 def run_figure(rows: Sequence[dict[str, Any]], title: str) -> Any:
-    """plot.png: accuracy and loss per round."""
+    """plot.png: accuracy and loss per round; accuracy against the bytes moved."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
+    mb, accuracy = cumulative_mb(rows)
+    fig, axes = plt.subplots(1, 3 if mb else 2, figsize=(16.5 if mb else 11, 4))
+    ax_acc, ax_loss = axes[0], axes[1]
+    if mb:
+        axes[2].plot(mb, accuracy, marker="o")
+        axes[2].set(xlabel="MB on the wire so far (down + up)", ylabel="test accuracy",
+                    title="accuracy against communication")
     ax_acc.plot(*_series(rows, "test-accuracy"), marker="o")
     ax_acc.set(xlabel="round (0: the initial model)", ylabel="test accuracy", title="central test accuracy")
     ax_loss.plot(*_series(rows, "test-loss"), marker="o", label="test")

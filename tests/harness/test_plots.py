@@ -45,6 +45,21 @@ def test_the_run_figure_fits() -> None:
         plt.close(fig)
 
 
+def test_accuracy_against_the_bytes_moved() -> None:
+    """With bytes in the rows (not under dp: they are not released) a third panel plots the
+    accuracy after each round against the MB moved so far, both directions."""
+    rows = [{**r, "bytes-down": 2e6, "bytes-up": 1e6} if r["round"] else r for r in ROWS]
+    assert plots.cumulative_mb(rows) == ([0.0, 3.0, 6.0, 9.0], [0.0, 0.1, 0.2, 0.30000000000000004])
+    assert plots.cumulative_mb(ROWS) == ([], [])
+    fig = plots.run_figure(rows, TITLE)
+    try:
+        assert len(fig.axes) == 3 and texts_outside(fig) == []
+        line = fig.axes[2].lines[0]
+        assert list(line.get_xdata()) == [0.0, 3.0, 6.0, 9.0]
+    finally:
+        plt.close(fig)
+
+
 @pytest.mark.parametrize("without", WITHOUT)
 def test_every_diagnostics_title_fits(without: tuple[str, ...]) -> None:
     fig = plots.diagnostics_figure(rows_without(without), TITLE)
