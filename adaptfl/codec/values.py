@@ -79,7 +79,7 @@ def quantize(x: torch.Tensor, kind: str, block: int, generator: torch.Generator 
         q = torch.round(scaled) if generator is None else torch.floor(scaled + _uniform(scaled, generator))
         return {"q": q.clamp(-INT8_MAX, INT8_MAX).to(torch.int8)[:x.numel()], "s": scales}
     levels = torch.tensor(CODEBOOKS[kind], dtype=torch.float32, device=x.device)
-    codes = _nearest_code(t, levels, kind) if generator is None else _stochastic_code(t, levels, generator)
+    codes = _nearest_code(t, levels) if generator is None else _stochastic_code(t, levels, generator)
     return {"q": _pack(codes[:x.numel()]), "s": scales}
 
 
@@ -123,11 +123,12 @@ def _uniform(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.rand(like.shape, generator=generator, dtype=torch.float32).to(like.device)
 
 
-def _nearest_code(t: torch.Tensor, levels: torch.Tensor, kind: str) -> torch.Tensor:
-    mids = (levels[1:] + levels[:-1]) / 2 if kind == "nf4" else None
-    if mids is not None:  # NF4's levels are sorted: the code is the number of midpoints below t
-        return torch.bucketize(t, mids)
-    return (t[:, None] - levels[None, :]).abs().argmin(dim=1)  # FP4's are not (codes 8-15 < 0)
+def _nearest_code(t: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """The code of the nearest level: the number of midpoints below t among the sorted levels,
+    mapped back to the codebook's order (FP4's codes 8-15 are its negatives)."""
+    order = torch.argsort(levels, stable=True)
+    ranked = levels[order]
+    return order[torch.bucketize(t, (ranked[1:] + ranked[:-1]) / 2)]
 
 
 def _stochastic_code(t: torch.Tensor, levels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
