@@ -108,9 +108,9 @@ def check_shared(compression: CompressionBase, shared: set[str], algorithm: str)
 def check_domains(compression: CompressionBase, domains: Mapping[str, Mapping[str, Domain]]) -> None:
     """Per-value rounding keeps signs (v ≥ 0 stays so) but not a matrix's PSD-ness: a lossy
     codec on a record with PSD arrays (SOAP's statistics in Θ) is refused before round 1."""
-    for record, arrays in domains.items():
-        codec = compression.of(record)
-        if not codec.lossless and any(d.psd for d in arrays.values()):
-            raise ValueError(f"{record_key(record)}={str(codec)!r} (or codec's): {record} holds symmetric "
-                             "PSD statistics (SOAP), which per-value rounding breaks; set "
-                             f"{record_key(record)}='fp32'")
+    lossy = sorted(r for r, arrays in domains.items()
+                   if not compression.of(r).lossless and any(d.psd for d in arrays.values()))
+    if lossy:
+        keys = " ".join(f"{record_key(r)}='fp32'" for r in lossy)
+        raise ValueError(f"{', '.join(lossy)} hold symmetric PSD statistics (SOAP), which the lossy "
+                         f"codec {str(compression.of(lossy[0]))!r} breaks value by value; set {keys}")
