@@ -47,6 +47,22 @@ def test_runs_two_rounds(algorithm: str, task: str, tiny_data, tmp_path) -> None
     assert 0.0 <= rows[-1]["pos-ratio"] <= 1.0  # diagnostics are real for every algorithm
 
 
+# every record of every algorithm through a lossy codec both ways, error feedback on the replies
+CODECS = {"codec": "int8", "codec_delta": "top10%:nf4+ef"}
+PSD = ("fedpac-soap", "fedmixp-soap")  # they share SOAP's statistics in Θ: fp32 (refused else)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_runs_two_rounds_with_every_record_compressed(algorithm: str, tiny_data, tmp_path) -> None:
+    keep = {"codec_theta": "fp32", "codec_theta_i": "fp32"} if algorithm in PSD else {}
+    cfg = _config(algorithm, "fashion-mnist", tiny_data, tmp_path, **CODECS, **keep)
+    rows = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
+    assert [r["replies-accepted"] for r in rows] == [2, 2], rows[-1]["rejected"]
+    assert all(math.isfinite(r["test-loss"]) for r in rows)
+    assert rows[-1]["compression-ratio"] > 1.5, rows[-1]["bytes"]
+    assert rows[-1]["bytes"]["up"][wire.DELTA] < rows[-1]["bytes"]["down"][wire.ARRAYS] / 4
+
+
 def _client_reply(msg: Message, node_config: dict, state_dir: str) -> RecordDict:
     """One client's reply to `msg`, in a fresh process-like context (durable state on disk)."""
     context = Context(run_id=1, node_id=1, node_config=dict(node_config), state=RecordDict(), run_config={})
