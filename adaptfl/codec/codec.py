@@ -152,6 +152,22 @@ class Codec:
         decoded = self.decode(self.encode(tensors, block, generator), spec, block)
         return {n: decoded[n].to(tensors[n].device) for n in tensors}
 
+    def settled(self, tensors: Mapping[str, torch.Tensor], block: int,
+                generator: torch.Generator | None = None, limit: int = 64) -> Tensors:
+        """What the server keeps of a broadcast record: values that its encoding (to nearest)
+        decodes to bit for bit, so clients decode exactly the state it keeps and re-encodes
+        every round. The round trip is such values except under top-k when a kept value decodes
+        to 0: re-encoding then picks another zero, which shifts the kept values' blocks and so
+        their scales; the nonzero positions only shrink, so re-encoding settles in a few steps."""
+        out = self.round_trip(tensors, block, generator)
+        for _ in range(limit):
+            again = self.round_trip(out, block)
+            if all(torch.equal(again[n].view(torch.int32), out[n].view(torch.int32))
+                   if out[n].dtype == torch.float32 else torch.equal(again[n], out[n]) for n in out):
+                return out
+            out = again
+        raise RuntimeError(f"codec {self}: re-encoding did not settle in {limit} steps")
+
 
 FP32 = Codec()
 

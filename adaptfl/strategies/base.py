@@ -307,7 +307,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             codec = compression.of(name)
             if not codec.lossless and name in state.extras:
                 generator = compression.generator(self.cfg.federation.seed, server_round, "server", name)
-                state.extras[name] = codec.round_trip(state.extras[name], compression.codec_block, generator)
+                state.extras[name] = codec.settled(state.extras[name], compression.codec_block, generator)
 
     def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
         return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
