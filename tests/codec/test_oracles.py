@@ -131,3 +131,12 @@ def test_invalid_codecs_are_one_line_errors_naming_the_key(text) -> None:
         Codec.parse(text, "codec-delta")
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"invalid codec-delta={text!r}")
+
+
+def test_topk_ties_go_to_the_lower_positions() -> None:
+    # |x| = [1, 2, 1, 1, 2, 1]: top50% keeps both 2s and the first 1 (position 0)
+    x = _t([1.0, -2.0, -1.0, 1.0, 2.0, 1.0])
+    assert Codec.parse("top50%").encode_array(x, 64)["i"].tolist() == [0, 1, 4]
+    zeros = torch.zeros(9)
+    zeros[7] = 3.0
+    assert Codec.parse("top30%").encode_array(zeros, 64)["i"].tolist() == [0, 1, 7]
