@@ -85,9 +85,10 @@ class Codec:
     def _top(self, flat: torch.Tensor) -> torch.Tensor:
         """The increasing positions of the kept values: the k largest |x|, ties at the k-th
         magnitude broken toward the lower position (so the choice is a function of the values,
-        which `settled` relies on; torch.topk leaves ties open)."""
+        which `settled` relies on; torch.topk leaves ties open). A NaN counts as the largest,
+        as in torch.topk (it is sent, and the receiver's value checks refuse it)."""
         k = self.kept(flat.numel())
-        size = flat.abs()
+        size = torch.nan_to_num(flat.abs(), nan=float("inf"))
         kth = torch.topk(size, k, sorted=False).values.min()
         above = torch.nonzero(size > kth).reshape(-1)
         tied = torch.nonzero(size == kth).reshape(-1)[:k - above.numel()]

@@ -301,7 +301,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
 
     def _as_broadcast(self, state: ServerState) -> None:
         """The records the server sends, as its codecs deliver them: the server keeps what its
-        clients decode, bit for bit (re-encoding those values gives the same codes: values.py)."""
+        clients decode, bit for bit (values whose re-encoding decodes to themselves: Codec.settled)."""
         compression, server_round = self.cfg.compression, state.server_round
         for name in self.contract().down:
             codec = compression.of(name)

@@ -140,3 +140,10 @@ def test_topk_ties_go_to_the_lower_positions() -> None:
     zeros = torch.zeros(9)
     zeros[7] = 3.0
     assert Codec.parse("top30%").encode_array(zeros, 64)["i"].tolist() == [0, 1, 7]
+
+
+def test_topk_sends_a_nan_as_the_largest_value_and_keeps_k_positions() -> None:
+    x = _t([0.5, float("nan"), 2.0, float("inf"), -1.0, 0.0])
+    parts = Codec.parse("top50%").encode_array(x, 64)
+    assert parts["i"].tolist() == [1, 2, 3]  # NaN, 2, inf: k = 3 all the same
+    assert torch.isnan(parts["v"][0]) and parts["v"][1:].tolist() == [2.0, float("inf")]
