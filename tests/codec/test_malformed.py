@@ -156,6 +156,9 @@ def test_a_good_reply_next_to_them_is_accepted(after_round_1) -> None:
     assert strategy.report.bytes_up == sum(len(a.data) for rec in good.content.array_records.values()
                                            for a in rec.values())
     assert int((decoded["w"] != 0).sum()) == 4  # top50% of 8
+    for n, t in strategy.state.model.items():  # x + the decoded Δ (the mean of one reply)
+        assert torch.allclose(t, before[1][n] + decoded[n], rtol=0, atol=1e-6), n
+        assert not torch.allclose(t, before[1][n] + 0.5 * DELTA[n], rtol=0, atol=1e-4)  # not the raw Δ
 
 
 def test_the_good_encoding_itself_decodes_to_the_kept_values() -> None:
