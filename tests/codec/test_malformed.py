@@ -166,3 +166,29 @@ def test_the_good_encoding_itself_decodes_to_the_kept_values() -> None:
     encoded = _encoded(strategy)
     assert encoded[wire.DELTA]["w@i"].tolist() == [1, 3, 5, 7]  # |-2|, |3|, |-4|, |2|
     assert encoded[wire.V_LOCAL]["w@s"].tolist() == [4.0, 8.0]  # block 4: absmax of each half
+
+
+@pytest.mark.parametrize("codec,part,value", [
+    ("top50%", "w@v", torch.tensor([1.0, float("nan"), 2.0, 3.0])),
+    ("top50%", "w@v", torch.tensor([1.0, float("inf"), 2.0, 3.0])),
+    ("fp16", "w@fp16", torch.tensor([1.0, 2.0, float("inf"), 0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float16)),
+    ("bf16", "w@bf16", torch.full((8,), 0x7FC0, dtype=torch.int16)),  # bf16 NaN bits
+])
+def test_non_finite_decoded_values_are_refused_as_ever(codec, part, value) -> None:
+    """A well-formed encoding of a non-finite value decodes, and today's value checks drop it."""
+    grid = InProcessGrid(2, {})
+    strategy = AdaptiveStrategy(RunConfig.of(algorithm="fedact", local_steps=2, lr=0.5,
+                                             lr_schedule="constant", fraction_train=1.0, min_replies=1,
+                                             codec_delta=codec))
+    strategy.initialize(MODEL, SPEC)
+    sent = strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid)
+    before = _state(strategy)
+    c = strategy.cfg.compression
+    records = {wire.DELTA: c.of(wire.DELTA).encode(DELTA, c.codec_block), wire.V_LOCAL: dict(V)}
+    records[wire.DELTA][part] = value
+    good = {wire.DELTA: c.of(wire.DELTA).encode(DELTA, c.codec_block), wire.V_LOCAL: dict(V)}
+    strategy.aggregate_train(1, [_message(sent[0], records), _message(sent[1], good)])
+    assert strategy.report.accepted == 1
+    reason = strategy.report.rejected[str(sent[0].metadata.dst_node_id)]
+    assert reason.startswith("delta[w]") and "finite" in reason, reason
+    assert not _same(_state(strategy), before)  # the good one was taken
