@@ -78,10 +78,21 @@ class Codec:
         flat = x.detach().reshape(-1).to(torch.float32)
         if not self.top:
             return quantize(flat, self.values, block, generator)
-        k = self.kept(flat.numel())
-        positions = torch.sort(torch.topk(flat.abs(), k, sorted=False).indices).values
+        positions = self._top(flat)
         kept = quantize(flat[positions].contiguous(), self.values, block, generator)
         return {"i": positions.to(torch.int32), **{"v" + p: t for p, t in kept.items()}}
+
+    def _top(self, flat: torch.Tensor) -> torch.Tensor:
+        """The increasing positions of the kept values: the k largest |x|, ties at the k-th
+        magnitude broken toward the lower position (so the choice is a function of the values,
+        which `settled` relies on; torch.topk leaves ties open). A NaN counts as the largest,
+        as in torch.topk (it is sent, and the receiver's value checks refuse it)."""
+        k = self.kept(flat.numel())
+        size = torch.nan_to_num(flat.abs(), nan=float("inf"))
+        kth = torch.topk(size, k, sorted=False).values.min()
+        above = torch.nonzero(size > kth).reshape(-1)
+        tied = torch.nonzero(size == kth).reshape(-1)[:k - above.numel()]
+        return torch.sort(torch.cat([above, tied])).values
 
     def decode_array(self, parts: Mapping[str, torch.Tensor], shape: tuple[int, ...], block: int
                      ) -> torch.Tensor:
@@ -151,6 +162,24 @@ class Codec:
         spec = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}
         decoded = self.decode(self.encode(tensors, block, generator), spec, block)
         return {n: decoded[n].to(tensors[n].device) for n in tensors}
+
+    def settled(self, tensors: Mapping[str, torch.Tensor], block: int,
+                generator: torch.Generator | None = None) -> Tensors:
+        """What the server keeps of a broadcast record: values that its encoding (to nearest)
+        decodes to bit for bit, so clients decode exactly the state it keeps and re-encodes
+        every round. The round trip is such values, except under top-k when a kept value
+        decodes to 0: re-encoding then keeps another zero, which shifts the kept values' blocks
+        and so their scales. Re-encoding until nothing changes ends: the nonzero positions only
+        shrink, and while they stay the kept positions do too (`_top`), where the blockwise
+        round trip is idempotent; so after at most 2 (nonzeros + 1) steps."""
+        out = self.round_trip(tensors, block, generator)
+        for _ in range(2 * sum(t.numel() for t in out.values()) + 2):
+            again = self.round_trip(out, block)
+            if all(torch.equal(again[n].view(torch.int32), out[n].view(torch.int32))
+                   if out[n].dtype == torch.float32 else torch.equal(again[n], out[n]) for n in out):
+                return out
+            out = again
+        raise AssertionError(f"codec {self}: re-encoding did not settle")  # cannot happen (above)
 
 
 FP32 = Codec()

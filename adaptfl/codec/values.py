@@ -140,7 +140,9 @@ def _stochastic_code(t: torch.Tensor, levels: torch.Tensor, generator: torch.Gen
     up = (t - ranked[lo]) / torch.where(gap > 0, gap, torch.ones_like(gap))
     pick = torch.where(_uniform(t, generator) < up, hi, lo)
     on_level = ranked[hi] == t  # exactly on a level (the absmax): keep it
-    return order[torch.where(on_level, hi, pick)]
+    # a level written twice (FP4's +0 and -0) gets its first code, as rounding to nearest does
+    first = torch.tensor([levels.tolist().index(v) for v in levels.tolist()], device=levels.device)
+    return first[order[torch.where(on_level, hi, pick)]]
 
 
 def _round_float(x: torch.Tensor, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:

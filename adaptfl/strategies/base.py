@@ -301,13 +301,13 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
 
     def _as_broadcast(self, state: ServerState) -> None:
         """The records the server sends, as its codecs deliver them: the server keeps what its
-        clients decode, bit for bit (re-encoding those values gives the same codes: values.py)."""
+        clients decode, bit for bit (values whose re-encoding decodes to themselves: Codec.settled)."""
         compression, server_round = self.cfg.compression, state.server_round
         for name in self.contract().down:
             codec = compression.of(name)
             if not codec.lossless and name in state.extras:
                 generator = compression.generator(self.cfg.federation.seed, server_round, "server", name)
-                state.extras[name] = codec.round_trip(state.extras[name], compression.codec_block, generator)
+                state.extras[name] = codec.settled(state.extras[name], compression.codec_block, generator)
 
     def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
         return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
