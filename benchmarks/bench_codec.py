@@ -101,31 +101,35 @@ def main() -> None:
     delta = {n: torch.randn_like(p) * 1e-3 for n, p in params.items()}
     v = {n: torch.rand_like(p) * 1e-6 for n, p in params.items()}
     for text in CODECS:
-        compression = Compression(codec=text)
-        codec = Codec.parse(text)
-        down = Codec(codec.values, codec.top)  # the broadcast: the same codec without +ef
-        broadcast = {wire.DELTA_G: down.encode(delta, 64), wire.V_BAR: down.encode(v, 64)}
-        store = Store()
-
-        def client() -> dict:
-            for encoded in broadcast.values():
-                down.decode(encoded, spec, 64)
-            out, _ = encode_reply({wire.DELTA: delta, wire.V_LOCAL: v}, compression, store, lambda r: None)
-            return out
-
-        client_s = median_seconds(client, 5)
-        records = client()
-        content = RecordDict({name: ArrayRecord(t) for name, t in records.items()})
-        content[wire.METRICS] = MetricRecord({wire.NUM_EXAMPLES: 100})
-        expected = {wire.DELTA: spec, wire.V_LOCAL: spec}
-        codecs = ({wire.DELTA: codec, wire.V_LOCAL: codec}, 64)
-        server_s = median_seconds(lambda: decode_content(content, expected, 1 << 40, codecs=codecs), 5)
-        size = sum(len(a.data) for r in content.array_records.values() for a in r.values())
+        size, client_s, server_s = measure(text, spec, delta, v)
         share = client_s / compute
         print(f"| {text} | {size / 1e3:.1f} KB (fp32 {2 * spec_bytes(spec) / 1e3:.1f}) | "
               f"{client_s * 1e3:.2f} ms | {share:.2%} | {server_s * 1e3:.2f} ms | "
               f"{'met' if share <= GOAL else 'NOT met'} |")
 
+
+def measure(text: str, spec: dict, delta: dict, v: dict) -> tuple[int, float, float]:
+    """(the reply's bytes, a client's decode + encode seconds, the server's decode seconds)."""
+    compression = Compression(codec=text)
+    codec = Codec.parse(text)
+    down = Codec(codec.values, codec.top)  # the broadcast: the same codec without +ef
+    broadcast = {wire.DELTA_G: down.encode(delta, 64), wire.V_BAR: down.encode(v, 64)}
+    store = Store()
+
+    def client() -> dict:
+        for encoded in broadcast.values():
+            down.decode(encoded, spec, 64)
+        out, _ = encode_reply({wire.DELTA: delta, wire.V_LOCAL: v}, compression, store, lambda r: None)
+        return out
+
+    client_s = median_seconds(client, 5)
+    content = RecordDict({name: ArrayRecord(t) for name, t in client().items()})
+    content[wire.METRICS] = MetricRecord({wire.NUM_EXAMPLES: 100})
+    expected = {wire.DELTA: spec, wire.V_LOCAL: spec}
+    codecs = ({wire.DELTA: codec, wire.V_LOCAL: codec}, 64)
+    server_s = median_seconds(lambda: decode_content(content, expected, 1 << 40, codecs=codecs), 5)
+    size = sum(len(a.data) for r in content.array_records.values() for a in r.values())
+    return size, client_s, server_s
 
 if __name__ == "__main__":
     main()

@@ -112,5 +112,6 @@ def check_domains(compression: CompressionBase, domains: Mapping[str, Mapping[st
                    if not compression.of(r).lossless and any(d.psd for d in arrays.values()))
     if lossy:
         keys = " ".join(f"{record_key(r)}='fp32'" for r in lossy)
-        raise ValueError(f"{', '.join(lossy)} hold symmetric PSD statistics (SOAP), which the lossy "
+        raise ValueError(f"{', '.join(lossy)} hold{'s' if len(lossy) == 1 else ''} symmetric PSD "
+                         "statistics (SOAP), which the lossy "
                          f"codec {str(compression.of(lossy[0]))!r} breaks value by value; set {keys}")

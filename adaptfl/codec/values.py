@@ -128,7 +128,14 @@ def _nearest_code(t: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
     mapped back to the codebook's order (FP4's codes 8-15 are its negatives)."""
     order = torch.argsort(levels, stable=True)
     ranked = levels[order]
-    return order[torch.bucketize(t, (ranked[1:] + ranked[:-1]) / 2)]
+    return _first_codes(levels)[order[torch.bucketize(t, (ranked[1:] + ranked[:-1]) / 2)]]
+
+
+def _first_codes(levels: torch.Tensor) -> torch.Tensor:
+    """code -> the first code of its level: a level written twice (FP4's +0 and -0) always gets
+    its first, so a value's code, and its decoded bits, are a function of the value."""
+    values = levels.tolist()
+    return torch.tensor([values.index(v) for v in values], device=levels.device)
 
 
 def _stochastic_code(t: torch.Tensor, levels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -140,9 +147,7 @@ def _stochastic_code(t: torch.Tensor, levels: torch.Tensor, generator: torch.Gen
     up = (t - ranked[lo]) / torch.where(gap > 0, gap, torch.ones_like(gap))
     pick = torch.where(_uniform(t, generator) < up, hi, lo)
     on_level = ranked[hi] == t  # exactly on a level (the absmax): keep it
-    # a level written twice (FP4's +0 and -0) gets its first code, as rounding to nearest does
-    first = torch.tensor([levels.tolist().index(v) for v in levels.tolist()], device=levels.device)
-    return first[order[torch.where(on_level, hi, pick)]]
+    return _first_codes(levels)[order[torch.where(on_level, hi, pick)]]
 
 
 def _round_float(x: torch.Tensor, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
