@@ -47,12 +47,22 @@ def test_runs_two_rounds(algorithm: str, task: str, tiny_data, tmp_path) -> None
     assert 0.0 <= rows[-1]["pos-ratio"] <= 1.0  # diagnostics are real for every algorithm
 
 
-# every record of every algorithm through a lossy codec both ways, error feedback on the replies
+# every record a catalog algorithm shares through a lossy codec both ways, error feedback on the
+# replies: one algorithm per record (v and v̄, c and Δc, Θ, Θ_i and g_G, g, f̂ and |D|, m and
+# ∇f_i(x), DiLoCo's kept inner state, FedDyn's server h, a server optimizer's v)
 CODECS = {"codec": "int8", "codec_delta": "top10%:nf4+ef"}
+SHARING = ["fedact", "scaffold", "fedpac-muon", "fedmixp-sophia", "fedpac-soap", "hafedho", "mimelite",
+           "diloco", "feddyn", "fedadam"]
 PSD = ("fedpac-soap", "fedmixp-soap")  # they share SOAP's statistics in Θ: fp32 (refused else)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_compressed_set_covers_every_shared_record() -> None:
+    """The list above holds an algorithm for every record the catalog shares."""
+    shared = set().union(*(catalog()[a].shared_records() for a in ALGORITHMS))
+    assert set().union(*(catalog()[a].shared_records() for a in SHARING)) == shared
+
+
+@pytest.mark.parametrize("algorithm", SHARING)
 def test_runs_two_rounds_with_every_record_compressed(algorithm: str, tiny_data, tmp_path) -> None:
     keep = {"codec_theta": "fp32", "codec_theta_i": "fp32"} if algorithm in PSD else {}
     cfg = _config(algorithm, "fashion-mnist", tiny_data, tmp_path, **CODECS, **keep)
