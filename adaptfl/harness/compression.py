@@ -240,10 +240,23 @@ def section(rows: list[dict[str, str]], host: str = "", lora_skipped: str = "") 
                 lines.append(f"| `{codec}` | {float(r['final-test-response-nll']):.4f} | "
                              f"{float(r['final-test-loss']):.4f} | {total_bytes(r) / 1e9:.3f} | "
                              f"{float(r['seconds']):.0f} s |")
+        lines += ["", lora_verdict(lora)]
     else:
         lines.append(f"Not run: {lora_skipped or 'no LoRA rows in the table'}. To run it: `{LORA_COMMAND}`.")
     lines += [END, ""]
     return "\n".join(lines)
+
+
+def lora_verdict(lora: list[dict[str, str]]) -> str:
+    """The LoRA goal in words: int8 within 2 % of fp32's held-out response NLL."""
+    nll = {c: float(r["final-test-response-nll"]) for c in ("fp32", "int8")
+           for r in lora if codecs_of(r) == {"codec": c}}
+    if len(nll) < 2:
+        return "**LoRA at int8 within 2 % of fp32's response NLL**: not measured (a run is missing)."
+    change = nll["int8"] / nll["fp32"] - 1
+    return (f"**LoRA at int8 within 2 % of fp32's response NLL**: {'met' if change <= 0.02 else 'not met'} "
+            f"({nll['int8']:.4f} against {nll['fp32']:.4f}, {change:+.1%}; a 2-round run, 1 seed). "
+            "Encode + decode against a client's round: docs/compression.md (bench_codec.py, ≤ 5 %: met).")
 
 
 def splice(page: str, new: str) -> str:

@@ -60,3 +60,14 @@ def test_the_section_is_spliced_before_systems_once() -> None:
     once = harness.splice(page, text)
     assert once.index(harness.START) < once.index("## Systems")
     assert harness.splice(once, text) == once
+
+
+def test_the_lora_verdict_reads_the_int8_and_fp32_nll() -> None:
+    def row(codec: str, nll: float) -> dict[str, str]:
+        return {"codec": codec, "final-test-response-nll": str(nll)}
+
+    assert harness.lora_verdict([row("fp32", 0.50), row("int8", 0.505)]).startswith(
+        "**LoRA at int8 within 2 % of fp32's response NLL**: met (0.5050 against 0.5000, +1.0%")
+    assert ": not met (0.5200 against 0.5000, +4.0%" in harness.lora_verdict(
+        [row("fp32", 0.50), row("int8", 0.52)])
+    assert "not measured" in harness.lora_verdict([row("fp32", 0.50)])
