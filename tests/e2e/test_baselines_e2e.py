@@ -4,8 +4,10 @@ with its extra records on the wire counted in bytes down / up."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.codec.codec import array_bytes, spec_bytes
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
@@ -14,6 +16,9 @@ from tests.support.run_outputs import metric_rows
 SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=16, model="mlp", run_name="t")
 MLP_PARAMS = 784 * 64 + 64 + 64 * 10 + 10  # floats in the tiny MLP
 MODEL_BYTES = 4 * MLP_PARAMS
+# the model as it goes over the wire: its four arrays with their .npy headers
+MODEL_WIRE = spec_bytes({"0.w": ((64, 784), torch.float32), "0.b": ((64,), torch.float32),
+                         "1.w": ((10, 64), torch.float32), "1.b": ((10,), torch.float32)})
 NODES = 3
 
 # algorithm -> (extra payloads down in round 2, extra payloads up per reply), in model sizes.
@@ -38,8 +43,9 @@ def test_runs_two_rounds_and_accounts_its_bytes(algorithm: str, tmp_path) -> Non
     assert rows[-1]["test-accuracy"] > 0.15  # learnt something in 6 steps per client
     down, up = WIRE[algorithm]
     # HaFedHo also sends f̂ (one float32) and |D| = n-total (one float64: counts above 2^24 exact)
-    extra_down = 4 + 8 if algorithm == "hafedho" else 0
-    assert rows[1]["bytes-down"] == NODES * ((1 + down) * MODEL_BYTES + extra_down)
+    extra_down = array_bytes((1,), torch.float32) + array_bytes((1,), torch.float64) \
+        if algorithm == "hafedho" else 0
+    assert rows[1]["bytes-down"] == NODES * ((1 + down) * MODEL_WIRE + extra_down)  # wire bytes
     # Up is counted as serialised (a ~128-byte header per tensor, 4 tensors per record).
     per_reply = rows[1]["bytes-up"] / NODES
     assert (1 + up) * MODEL_BYTES <= per_reply <= (1 + up) * (MODEL_BYTES + 4 * 160)

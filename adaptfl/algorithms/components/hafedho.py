@@ -83,6 +83,11 @@ class HaFedHo(Stage):
 
     up_metrics = (Metric(wire.F_HAT, FINITE, "f̂_i, the mean local loss (finite at float32)"),)
 
+    def check(self) -> None:
+        if self.total_examples and (self.total_examples < 1 or not float(self.total_examples).is_integer()):
+            raise ValueError(f"invalid total-examples={self.total_examples!r}: a count of examples, a "
+                             "whole number >= 1 (or 0: summed from the replies)")
+
     def records_down(self) -> tuple[Record, ...]:
         g = Record(wire.HAFEDHO_G, doc="g^{t-1}, mean of the clients' summed local gradients")
         n = Record(wire.HAFEDHO_N_TOTAL, _size_shape, "|D|: the num-examples of round t-1's replies, "
