@@ -24,7 +24,7 @@ from typing import Any
 
 from adaptfl.harness.grid import Cell
 from adaptfl.harness.sweep import DEFAULT_RESULTS_DIR, run_sweep
-from adaptfl.harness.table import read_table, series
+from adaptfl.harness.table import read_table, series, splice_section
 
 NAME = "compression"
 ALGORITHMS = ("fedavg", "fedact", "fedpac-muon", "diloco")
@@ -261,11 +261,7 @@ def lora_verdict(lora: list[dict[str, str]]) -> str:
 
 def splice(page: str, new: str) -> str:
     """The page with its compression section replaced (or inserted before "## Systems")."""
-    if START in page:
-        a, b = page.index(START), page.index(END) + len(END) + 1
-        return page[:a] + new + page[b:]
-    at = page.index("## Systems") if "## Systems" in page else len(page)
-    return page[:at] + new + "\n" + page[at:]
+    return splice_section(page, new, START, END)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from adaptfl.harness.grid import Cell
 from adaptfl.harness.sweep import DEFAULT_RESULTS_DIR, run_sweep
-from adaptfl.harness.table import read_table, series
+from adaptfl.harness.table import read_table, series, splice_section
 
 NAME = "privacy"
 ALGORITHMS = ("fedavg", "fedadam", "fedact", "fedpac-sophia")
@@ -143,11 +143,7 @@ def section(rows: list[dict[str, str]], ledger: Path | None = None) -> str:
 
 def splice(page: str, new: str) -> str:
     """The page with its privacy section replaced (or inserted before "## Systems")."""
-    if START in page:
-        a, b = page.index(START), page.index(END) + len(END) + 1
-        return page[:a] + new + page[b:]
-    at = page.index("## Systems") if "## Systems" in page else len(page)
-    return page[:at] + new + "\n" + page[at:]
+    return splice_section(page, new, START, END)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,3 +54,13 @@ def series(row: dict[str, str], metric: str) -> list[float]:
     """The per-round values of `metric` in a table row ([] when the run did not report it)."""
     raw = row.get(SERIES_PREFIX + metric, "")
     return [float("nan") if v is None else float(v) for v in json.loads(raw)] if raw else []
+
+
+def splice_section(page: str, new: str, start: str, end: str) -> str:
+    """`page` with the section between the markers `start` and `end` replaced by `new` (a
+    generated section of docs/results.md), or `new` inserted before "## Systems" if absent."""
+    if start in page:
+        a, b = page.index(start), page.index(end) + len(end) + 1
+        return page[:a] + new + page[b:]
+    at = page.index("## Systems") if "## Systems" in page else len(page)
+    return page[:at] + new + "\n" + page[at:]
