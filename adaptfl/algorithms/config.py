@@ -40,6 +40,7 @@ from adaptfl.algorithms.settings import (
 )
 from adaptfl.algorithms.stage import RoundInfo
 from adaptfl.codec.settings import CompressionBase, check_shared
+from adaptfl.secagg.settings import SecAggBase
 
 # Fields a title leaves out: numerical details, not what tells runs apart.
 _QUIET = {"eps", "beta2", "muon-adam-eps", "muon-adam-beta1", "muon-adam-beta2", "max-precond-dim",
@@ -81,6 +82,7 @@ class RunConfig:
     llm: LanguageModel
     privacy: Privacy
     compression: CompressionBase
+    secagg: SecAggBase
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any], drop_unused: bool = False) -> RunConfig:
@@ -111,6 +113,9 @@ class RunConfig:
 
         check_privacy(config.privacy, algorithm, config.federation)
         check_shared(config.compression, algorithm.shared_records(), algorithm.name)
+        from adaptfl.secagg.checks import check_secagg
+
+        check_secagg(config)
         return config
 
     @classmethod
@@ -128,7 +133,7 @@ class RunConfig:
         `from_flower(to_flower())` gives the same config."""
         out: dict[str, Any] = {key: PRESET for key in declared_keys()}
         for settings in (self.federation, self.local, self.data, self.output, self.runtime, self.llm,
-                         self.privacy, self.compression):
+                         self.privacy, self.compression, self.secagg):
             out.update(settings.values())
         out["lr"], out["weight-decay"] = self.lr, self.weight_decay
         out["algorithm"] = self.algorithm.name

@@ -23,6 +23,7 @@ from adaptfl.privacy.settings import SERVER_ONLY
 CLIENT_STATE_DIR = "output.client-state-dir"
 CLIENT_STATE_MEMORY = "output.client-state-memory"
 FROZEN_DIGEST = "model.frozen-digest"  # of the server's frozen parameters (contract.py)
+SECURE = "secagg.on"  # SecAgg+: the reply is summed masked; dp='client' noise goes on its integers
 SAMPLED = "privacy.sampled"  # nodes sampled this round: dp='client' noise shares are 1/n each
 
 
@@ -34,7 +35,7 @@ def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
               runtime: Runtime | None = None, client_state_dir: str = "",
               client_state_memory: bool = True, llm: LanguageModel | None = None,
               privacy: Privacy | None = None, sampled: int = 1,
-              compression: CompressionBase | None = None) -> dict[str, Any]:
+              compression: CompressionBase | None = None, secure: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"algorithm": algorithm.name}
     for slot in SLOTS:
         out.update(_component(slot, getattr(algorithm, slot)))
@@ -52,6 +53,8 @@ def to_recipe(algorithm: Algorithm, info: RoundInfo, data: Data | None = None,
         out[SAMPLED] = sampled
     if compression is not None and not compression.lossless:  # fp32 everywhere: today's recipe
         out.update({f"compression.{k}": v for k, v in compression.values().items()})
+    if secure:  # the reply goes out masked (secagg/client.py): a plain request for it is refused
+        out[SECURE] = True
     return out
 
 

@@ -182,8 +182,9 @@ class LanguageModel(Component):
 
 from adaptfl.codec.settings import Compression  # noqa: E402 - declared in its own package
 from adaptfl.privacy.settings import Privacy  # noqa: E402 - declared in its own package
+from adaptfl.secagg.settings import SecAgg  # noqa: E402 - declared in its own package
 
-SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel, Privacy, Compression)
+SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel, Privacy, Compression, SecAgg)
 # llm keys and what they need to matter: the adapters an hf: model, the rest an sft: task
 _NEEDS = {"lora-rank": "model", "lora-alpha": "model", "lora-dropout": "model",
           "lora-targets": "model", "gradient-checkpointing": "model", "max-length": "task",

@@ -24,6 +24,8 @@ V_LOCAL = "v"  # ArrayRecord: terminal second moment v_i
 DELTA_C = "delta-c"  # ArrayRecord: SCAFFOLD's Δc_i = c_i⁺ - c_i
 THETA_LOCAL = "theta-i"  # ArrayRecord: terminal Θ_i / P_i (full, or compressed with light=true)
 GRAD_AT_X = "grad-at-x"  # ArrayRecord: MimeLite's full local gradient ∇f_i(x^r) at the global model
+SECAGG = "secagg"  # ConfigRecord: a SecAgg+ stage's values (secagg/protocol.py)
+MASKED = "masked"  # ArrayRecord {"y": integers mod 2^m}: a SecAgg+ reply's masked shared records
 METRICS = "metrics"  # MetricRecord: the keys below, plus any numeric metric the client adds
 
 # Every array record but the model, by direction: each has its own wire codec (adaptfl/codec/)
@@ -50,6 +52,7 @@ TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as t
 NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DEVICE = "device"  # optional per-node override: "cpu", "cuda", "cuda:1", "auto"
+NODE_SECAGG_REQUIRED = "secagg-required"  # optional: true, the node trains only inside SecAgg+
 NODE_DATA_DIR = "data-dir"  # optional: this node's own data (then it trains on all of it)
 
 # --- A client's own context.state (kept by Flower across the rounds of one run) ---

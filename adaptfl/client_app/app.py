@@ -21,7 +21,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from adaptfl.algorithms import wire
-from adaptfl.algorithms.recipe import llm_from_recipe, privacy_from_recipe, settings_from_recipe
+from adaptfl.algorithms.recipe import SECURE, llm_from_recipe, privacy_from_recipe, settings_from_recipe
 from adaptfl.algorithms.settings import Data
 from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.device import peak_memory_mb, reset_peak_memory, select_device
@@ -29,6 +29,7 @@ from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.privacy.release import detail_level
+from adaptfl.secagg import client as secagg_client
 from adaptfl.workloads import build_task_model, load_task, partition_indices
 
 log = logging.getLogger(__name__)
@@ -125,10 +126,25 @@ def handle_train(msg: Message, context: Context) -> Message:
     return session.reply(num_examples=len(indices), metrics=metrics)
 
 
+def handle(msg: Message, context: Context) -> Message:
+    """A SecAgg+ stage (secagg/client.py, training inside its masked-input stage) or a round's
+    plain training. A node whose config sets secagg-required=true trains only inside SecAgg+, so
+    a server cannot ask it for its update in the clear; a plain instruction whose own recipe
+    names SecAgg+ is refused by every node (the server would get the reply unmasked)."""
+    if wire.SECAGG in msg.content.config_records:
+        return secagg_client.handle(msg, context, handle_train)
+    recipe = msg.content.config_records.get(wire.RECIPE, {})
+    if recipe.get(SECURE, False) or str(context.node_config.get(wire.NODE_SECAGG_REQUIRED, "")).lower() \
+            in ("1", "true", "yes"):
+        raise ValueError("this node replies only inside SecAgg+ (secagg-required, or a recipe naming "
+                         "secagg+): a plain training instruction is refused")
+    return handle_train(msg, context)
+
+
 def train_or_refuse(msg: Message, context: Context) -> Message:
-    """`handle_train`, with a setting or message this client cannot run answered in one line."""
+    """`handle`, with a setting or message this client cannot run answered in one line."""
     try:
-        return handle_train(msg, context)
+        return handle(msg, context)
     except ValueError as err:
         log.error("round refused: %s", err)
         return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=msg)

@@ -39,6 +39,7 @@ from adaptfl.algorithms.recipe import (
     CLIENT_STATE_DIR,
     CLIENT_STATE_MEMORY,
     FROZEN_DIGEST,
+    SECURE,
     algorithm_from_recipe,
     compression_from_recipe,
     privacy_from_recipe,
@@ -116,6 +117,7 @@ class ClientSession:
         self.algorithm = algorithm_from_recipe(recipe)
         self.info = round_from_recipe(recipe)
         self.privacy, self.sampled = privacy_from_recipe(recipe)
+        self.secure = bool(recipe.get(SECURE, False))  # SecAgg+ masks the reply (secagg/client.py)
         self.node_id = context.node_id if context is not None else 0
         check_floor(self.privacy, context.node_config if context is not None else {})  # dp='client'
         check_records(content, self.algorithm)
@@ -252,7 +254,8 @@ class ClientSession:
         if self.privacy.dp == "client":  # clipped and noised here: the server never sees them bare
             names = shared_records(self.algorithm.contract(ModelSpec.of(self.model)))
             seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
-            records, values = privatize(records, values, names, self.privacy, self.sampled, seed)
+            records, values = privatize(records, values, names, self.privacy, self.sampled, seed,
+                                        noised=not self.secure)
         if not self.compression.lossless:  # after dp's noise: post-processing
             info = self.info
             records, codec_metrics = encode_reply(records, self.compression, self._ctx.store, lambda name:

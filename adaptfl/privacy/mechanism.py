@@ -171,14 +171,15 @@ class GaussianMean:
 
 
 def privatize(records: Mapping[str, Tensors], metrics: Mapping[str, float | int],
-              names: Sequence[str], privacy: Privacy, sampled: int, seed: int | None
-              ) -> tuple[dict[str, Tensors], dict[str, float | int]]:
+              names: Sequence[str], privacy: Privacy, sampled: int, seed: int | None,
+              noised: bool = True) -> tuple[dict[str, Tensors], dict[str, float | int]]:
     """dp='client': clip each shared record to its C and add this client's share of the noise,
-    N(0, (z√k·C)²/n). Records are given by name; metrics in `names` are 1-element records."""
+    N(0, (z√k·C)²/n). Records are given by name; metrics in `names` are 1-element records.
+    `noised=False`: clip only (under SecAgg+ the noise is discrete, added to the integers)."""
     rng = noise_source(seed)
     k = len(names)
     std_of = {n: privacy.dp_noise_multiplier * math.sqrt(k) * start_bound(privacy, n) / math.sqrt(sampled)
-              for n in names}
+              if noised else 0.0 for n in names}
     out_records, out_metrics = dict(records), dict(metrics)
     for name in names:
         bound = start_bound(privacy, name)

@@ -83,10 +83,12 @@ def round_combine(privacy: Privacy, fed: Federation, contract: Contract, replies
 
 
 def record_release(privacy: Privacy, state: ServerState, replies: int, sampled: int,
-                   population: int, server_round: int, run: str) -> dict[str, float]:
+                   population: int, server_round: int, run: str, noise_factor: float = 1.0
+                   ) -> dict[str, float]:
     """Add the round's event to the ledger of `state` (and to dp-ledger's file); ε so far as
-    the round's metrics. `run` names the run in the file (its results folder)."""
-    z = privacy.dp_noise_multiplier
+    the round's metrics. `run` names the run in the file (its results folder); `noise_factor`
+    (≤ 1) what fixed point leaves of z (SecAgg+'s rounding widens the sensitivity: secagg/)."""
+    z = privacy.dp_noise_multiplier * noise_factor
     if privacy.dp == "client":  # m of the n noise shares arrived: less noise than planned
         z *= math.sqrt(min(replies, sampled) / sampled)
     events = [*ledger_of(state.extras), (z, sampled, population)]

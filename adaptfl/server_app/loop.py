@@ -30,6 +30,7 @@ from adaptfl.client_app.train import run_local_steps
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, detail_level
 from adaptfl.privacy.server import BudgetReached
+from adaptfl.secagg.aggregate import secure_round
 from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model, fell_below_start
 from adaptfl.server_app.checkpoint import (
     check_same_job,
@@ -208,10 +209,13 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
             summary = summarize(task, cfg, strategy.num_nodes)
             log.info("%s", summary_line(summary))
             write_summary(summary, outputs.dir)
-        replies = list(grid.send_and_receive(messages, timeout=timeout))
-        strategy.aggregate_train(server_round, replies)
+        if cfg.secagg.on:  # four exchanges; the strategy sees only the sum (secagg/)
+            missing = secure_round(strategy, grid, server_round, messages, timeout)[2]
+        else:
+            replies = list(grid.send_and_receive(messages, timeout=timeout))
+            strategy.aggregate_train(server_round, replies)
+            missing = unanswered_nodes(messages, replies)
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
-        missing = unanswered_nodes(messages, replies)
         report = strategy.report
         private = cfg.privacy.on
         if private and (missing or report.rejected):  # counts only: who and why are the server's

@@ -172,7 +172,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         info = cfg.round_info(server_round, self.state.run_key)
         recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
                            cfg.output.client_state_memory, cfg.llm,
-                           cfg.privacy, sampled, cfg.compression)
+                           cfg.privacy, sampled, cfg.compression, cfg.secagg.on)
         if self.spec is not None and self.spec.frozen_digest:
             recipe[FROZEN_DIGEST] = self.spec.frozen_digest
         self.refuse_adaptfl_keys(config or {})
@@ -224,7 +224,13 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         assert self.state is not None and self.spec is not None
-        accepted = [r for _, r in self._accept(replies)]
+        return self.aggregate_accepted(server_round, [r for _, r in self._accept(replies)])
+
+    def aggregate_accepted(self, server_round: int, accepted: list[DecodedReply], secure: bool = False
+                           ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round from its accepted replies; `secure`: each is the SecAgg+ mean (secagg/
+        aggregate.py), so per-reply statistics (direction consistency) say nothing."""
+        assert self.state is not None and self.spec is not None
         self.report.accepted = len(accepted)
         too_few = self._too_few(accepted)
         if too_few:
@@ -242,8 +248,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         privacy_stats = self._record_release(new, len(accepted), server_round) if private is not None else {}
         self.state = new  # the only assignment: a failure above leaves the state untouched
         deltas = [r.arrays[wire.DELTA] for r in accepted]
-        stats = {"direction-consistency": direction_consistency(deltas, agg.mean_delta),
-                 **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
+        consistency = {} if secure else {"direction-consistency": direction_consistency(deltas, agg.mean_delta)}
+        stats = {**consistency, **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
                  **privacy_stats}
         if self.report.clipped:
             stats["replies-clipped"] = float(self.report.clipped)
@@ -311,7 +317,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
 
     def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
         return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
-                                 server_round, self.run_dir or self.cfg.output.run_name)
+                                 server_round, self.run_dir or self.cfg.output.run_name,
+                                 self.report.noise_factor)
 
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:

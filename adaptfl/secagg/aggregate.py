@@ -1,0 +1,118 @@
+"""A SecAgg+ round of an AdaptiveStrategy: sizes the fixed point, runs the protocol (server.py),
+and hands the strategy's aggregation the unmasked mean as each live node's reply.
+
+Every record a client shares (Δ, the uploads, the averaged metrics) is in the one masked
+vector, so the server learns only their sums; what it sees per node is the plain metrics
+(num-examples, the partition id, the loss). The aggregation then runs unchanged on m replies
+that all carry the mean: a uniform mean of m copies of the mean is the mean, and everything
+after it (server optimizer, components' state, |S|/N, the invariants, dp's ledger) is
+post-processing of the sum. Under dp='client' each node adds its share of a discrete Gaussian
+to its integers before masking (noise.py), so the sum carries the whole noise of z.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from adaptfl.privacy.mechanism import metric_domains, shared_records, start_bound
+from adaptfl.privacy.release import detail_level
+from adaptfl.secagg import fixedpoint
+from adaptfl.secagg.server import SecAggServer, SecureRefused, ring_seed
+from adaptfl.strategies.aggregators import Combine
+from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics, bind_partitions
+
+if TYPE_CHECKING:
+    from adaptfl.strategies.base import AdaptiveStrategy
+
+log = logging.getLogger(__name__)
+
+
+def record_ranges(strategy: AdaptiveStrategy) -> dict[str, float]:
+    """Each shared record's range c: secagg-clip(-<record>), or under dp its clipping norm (no
+    entry of a vector clipped to C is larger, so the range clips nothing dp has not)."""
+    cfg = strategy.cfg
+    names = shared_records(strategy.contract())
+    if cfg.privacy.dp == "client":
+        return {r: start_bound(cfg.privacy, r) for r in names}
+    return {r: cfg.secagg.clip_of(r) for r in names}
+
+
+def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, messages: list[Message],
+                 timeout: float | None) -> tuple[ArrayRecord | None, MetricRecord | None, list[int]]:
+    """(the round's aggregate, its metrics, the sampled nodes that never answered)."""
+    assert strategy.state is not None and strategy.spec is not None
+    cfg, contract = strategy.cfg, strategy.contract()
+    nodes = [m.metadata.dst_node_id for m in messages]
+    shares, threshold = cfg.secagg.round_shares(len(nodes))
+    privacy, bits = cfg.privacy, cfg.secagg.secagg_modulus_bits
+    k = len(shared_records(contract))
+    z_sqrt_k = privacy.dp_noise_multiplier * math.sqrt(k) if privacy.dp == "client" else 0.0
+    bound = fixedpoint.budget(bits, len(nodes), z_sqrt_k)  # the summed noise's std is z√k·B
+    ranges = record_ranges(strategy)
+    slots = fixedpoint.layout(contract, strategy.spec, ranges.__getitem__)
+    server = SecAggServer(shares, threshold, bits, bound, z_sqrt_k * bound / math.sqrt(len(nodes)),
+                          timeout, ring_seed(cfg.federation.seed, server_round), server_round)
+    report = strategy.report
+    try:
+        if bound < 2 ** 8:  # fewer than 256 steps per value: the mean would be mostly rounding
+            raise SecureRefused(f"secagg-modulus-bits={bits}: {len(nodes)} nodes leave {bound} integer "
+                                "steps per value; raise secagg-modulus-bits")
+        out = server.run(grid, nodes, messages[0].content, slots, ranges, admit(strategy))
+    except SecureRefused as why:
+        _note(strategy, server.out)
+        return (*strategy._skip(server_round, str(why)), _missing(server.out.dropped))
+    _note(strategy, server.out)
+    assert out.total is not None
+    records, averaged = fixedpoint.decode_mean(out.total, slots, bound, len(out.live))
+    domains = Combine(None, [], contract.domains, {}, {})  # the mean back into each record's domain
+    records = {name: domains.project(name, arrays) for name, arrays in records.items()}
+    width = max(math.sqrt(s.size) for s in slots)  # rounding adds < 1 per value: ‖q‖ ≤ B + √d
+    report.noise_factor = bound / (bound + width) if privacy.dp == "client" else 1.0
+    replies = [DecodedReply(arrays=records, metrics={**out.metrics[n], **averaged},
+                            num_bytes=0) for n in out.live]
+    aggregate, metrics = strategy.aggregate_accepted(server_round, replies, secure=True)
+    return aggregate, metrics, _missing(out.dropped)
+
+
+def admit(strategy: AdaptiveStrategy):  # noqa: ANN201 - a callback of SecAggServer.run
+    """Each masked reply's plain metrics checked as any reply's, and its partition id bound,
+    before unmasking: a node refused after the unmask could not be taken out of the sum."""
+    contract, privacy = strategy.contract(), strategy.cfg.privacy
+    plain = {k: v for k, v in metric_domains(contract, privacy).items() if k not in contract.up_metrics}
+
+    def check(metrics_by_node: dict[int, dict]) -> dict[int, str]:
+        assert strategy.state is not None
+        why: dict[int, str] = {}
+        checked: dict[int, DecodedReply] = {}
+        for node, metrics in metrics_by_node.items():
+            try:
+                values = _check_metrics(metrics, frozenset(), plain, detail_level(privacy.on))
+            except ReplyRejected as err:
+                why[node] = str(err)
+                continue
+            checked[node] = DecodedReply(arrays={}, metrics=values, num_bytes=0)
+        dropped, strategy.state.partition_owners = bind_partitions(
+            checked, strategy.state.partition_owners, strategy._connected)
+        return {**why, **dropped}
+
+    return check
+
+
+def _note(strategy: AdaptiveStrategy, out) -> None:  # noqa: ANN001 - a SecureRound
+    """The round's drops, bytes and answers into the strategy's report."""
+    report = strategy.report
+    for node, why in out.dropped.items():
+        strategy._reject(str(node), f"secagg+ {why}")
+    report.answered = len(out.live)
+    report.bytes_down, report.bytes_up = out.bytes_down, out.bytes_up
+    report.down_bytes, report.up_bytes = {"secagg+": out.bytes_down}, {"secagg+": out.bytes_up}
+
+
+def _missing(dropped: dict[int, str]) -> list[int]:
+    return sorted(n for n, why in dropped.items() if why.endswith("no reply"))
+

@@ -1,0 +1,58 @@
+"""What composes with SecAgg+, checked with the run config (one line, before round 1).
+
+The server holds only the sum of each shared record, so whatever reads one reply alone is
+refused: a robust aggregator (median, trimmed mean, Krum, clip), the reply screen, the weight
+and contribution caps, hostile-fraction, the central dp (it clips each reply on the server),
+a lossy reply codec (fixed point is the replies' wire format). Composes: the uniform mean
+(weighting='uniform': the mean of the sum), every server optimizer and server-side state
+(post-processing of the sum), stateful clients, dp='client' (distributed, discrete noise),
+resume between rounds, codecs on the broadcast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from adaptfl.algorithms import wire
+from adaptfl.secagg.settings import clip_key
+
+if TYPE_CHECKING:
+    from adaptfl.algorithms.config import RunConfig
+
+
+def check_secagg(cfg: RunConfig) -> None:
+    secagg, fed = cfg.secagg, cfg.federation
+    if not secagg.on:
+        if secagg.set_keys():
+            raise ValueError(f"{secagg.set_keys()[0]} with secagg='none': nothing is masked; set "
+                             "secagg='secagg+' or drop it")
+        return
+    needs_one_reply = [
+        (cfg.algorithm.aggregator.name != "mean", f"aggregator={cfg.algorithm.aggregator.name!r}",
+         "aggregator='mean'"),
+        (fed.weighting != "uniform", f"weighting={fed.weighting!r}", "weighting='uniform'"),
+        # under dp the screen is off already (strategies/intake.py): dp's clipping bounds a reply
+        (fed.screen_ratio > 0 and not cfg.privacy.on, f"screen-ratio={fed.screen_ratio:g}", "screen-ratio=0"),
+        (fed.max_weight_share < 1, f"max-weight-share={fed.max_weight_share:g}", "max-weight-share=1"),
+        (fed.max_contribution_ratio > 0, f"max-contribution-ratio={fed.max_contribution_ratio:g}",
+         "max-contribution-ratio=0"),
+        (fed.hostile_fraction > 0, f"hostile-fraction={fed.hostile_fraction:g}", "hostile-fraction=0"),
+        (cfg.privacy.dp == "central", "dp='central'", "dp='client' (each node noises its share)"),
+    ]
+    for refused, setting, instead in needs_one_reply:
+        if refused:
+            raise ValueError(f"secagg='secagg+' with {setting}: it reads each reply alone, and the "
+                             f"server holds only their sum; use {instead}")
+    lossy = [r for r in wire.SHARED_UP if not cfg.compression.of(r).lossless]
+    if lossy:
+        raise ValueError(f"secagg='secagg+' with the lossy codec {str(cfg.compression.of(lossy[0]))!r} "
+                         f"on {lossy[0]!r}: SecAgg+ sends the replies as fixed-point integers; keep "
+                         "reply codecs at fp32 (broadcast codecs compose)")
+    shared = cfg.algorithm.shared_records()
+    unread = [key for key in secagg.set_keys() if key[len(clip_key("")):] not in shared]
+    if unread:
+        raise ValueError(f"{unread[0]}: algorithm {cfg.algorithm.name!r} shares no such record "
+                         f"(it shares {sorted(shared)})")
+    if cfg.privacy.dp == "client" and secagg.set_keys():
+        raise ValueError(f"{secagg.set_keys()[0]} with dp='client': under dp each record's range is "
+                         "its clipping norm (dp-clip-norm, dp-state-clip-norm); drop it")

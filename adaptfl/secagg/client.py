@@ -1,0 +1,167 @@
+"""A node's side of SecAgg+ (protocol.py): each stage checks what the server asks against what
+this node did before in the round, kept in `context.state` (Flower keeps it between a run's
+messages, also where each message starts a fresh ClientApp process). Anything wrong raises
+ValueError, which the ClientApp answers as an error reply: the node drops out of the round.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from adaptfl.algorithms import wire
+from adaptfl.secagg import crypto, fixedpoint, noise
+from adaptfl.secagg import protocol as p
+
+STATE = "adaptfl-secagg"  # context.state ConfigRecord: this node's protocol state for the round
+Train = Callable[[Message, Context], Message]
+
+
+def handle(msg: Message, context: Context, train: Train) -> Message:
+    cfg = msg.content.config_records[wire.SECAGG]
+    stage, server_round = str(cfg.get(p.STAGE, "")), int(cfg.get(p.ROUND, -1))  # type: ignore[arg-type]
+    if stage == p.SETUP:
+        return _reply(msg, _setup(cfg, context, server_round))
+    state = context.state.config_records.get(STATE)
+    before = {p.SHARE_KEYS: p.SETUP, p.MASKED_INPUT: p.SHARE_KEYS, p.UNMASK: p.MASKED_INPUT}
+    if stage not in before:
+        raise ValueError(f"secagg: unknown stage {stage!r}")
+    if state is None or int(state[p.ROUND]) != server_round or state[p.STAGE] != before[stage]:  # type: ignore[call-overload]
+        raise ValueError(f"secagg: stage {stage!r} of round {server_round} out of order")
+    if stage == p.SHARE_KEYS:
+        return _reply(msg, _share_keys(cfg, state, context.node_id))
+    if stage == p.MASKED_INPUT:
+        return _masked_input(msg, cfg, state, context, train)
+    return _reply(msg, _unmask(cfg, state, context))
+
+
+def _reply(msg: Message, record: ConfigRecord) -> Message:
+    return Message(RecordDict({wire.SECAGG: record}), reply_to=msg)
+
+
+def _ids(value: object) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, list) else []
+
+
+def _setup(cfg: ConfigRecord, context: Context, server_round: int) -> ConfigRecord:
+    shares, threshold = int(cfg[p.SHARES]), int(cfg[p.THRESHOLD])  # type: ignore[call-overload]
+    neighbours = _ids(cfg.get(p.NEIGHBOURS))
+    if 2 * threshold <= shares or threshold < 2:  # else two disjoint groups could each rebuild
+        raise ValueError(f"secagg: threshold {threshold} of {shares} shares is not above half")
+    if context.node_id in neighbours or len(set(neighbours)) != len(neighbours) \
+            or len(neighbours) + 1 > shares:
+        raise ValueError(f"secagg: {len(neighbours)} neighbours do not fit {shares} shares")
+    enc, masks = crypto.KeyPair(), crypto.KeyPair()
+    context.state[STATE] = ConfigRecord({
+        p.ROUND: server_round, p.STAGE: p.SETUP, p.THRESHOLD: threshold, p.NEIGHBOURS: neighbours,
+        "sk-enc": enc.private, "sk-mask": masks.private})
+    return ConfigRecord({p.PK_ENC: enc.public, p.PK_MASK: masks.public})
+
+
+def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecord:
+    threshold, neighbours = int(state[p.THRESHOLD]), set(_ids(state[p.NEIGHBOURS]))  # type: ignore[call-overload]
+    peers = sorted(int(k[len(p.PK_ENC) + 1:]) for k in cfg if k.startswith(p.PK_ENC + ":"))
+    if not set(peers) <= neighbours or len(peers) + 1 < threshold:
+        raise ValueError(f"secagg: {len(peers)} peers are not {threshold - 1} or more of this node's "
+                         "neighbours")
+    keys = [bytes(cfg[f"{p.PK_ENC}:{j}"]) for j in peers] + [bytes(cfg[f"{p.PK_MASK}:{j}"]) for j in peers]  # type: ignore[arg-type]
+    if len(set(keys)) != len(keys):  # a key seen twice: a server replaying one node's keys
+        raise ValueError("secagg: the peers' public keys are not distinct")
+    b = secrets.token_bytes(32)
+    holders = sorted([*peers, own])
+    b_shares = crypto.create_shares(b, threshold, len(holders))
+    s_shares = crypto.create_shares(bytes(state["sk-mask"]), threshold, len(holders))  # type: ignore[arg-type]
+    out = ConfigRecord()
+    for holder, b_share, s_share in zip(holders, b_shares, s_shares, strict=True):
+        if holder == own:
+            state["b:self"], state["s:self"] = b_share, s_share
+            continue
+        key = crypto.shared_key(bytes(state["sk-enc"]), bytes(cfg[f"{p.PK_ENC}:{holder}"]))  # type: ignore[arg-type]
+        out[p.key_of(holder)] = crypto.encrypt(key, crypto.share_keys_plaintext_concat(own, holder, b_share, s_share))
+    for j in peers:
+        state[f"pk-enc:{j}"], state[f"pk-mask:{j}"] = cfg[f"{p.PK_ENC}:{j}"], cfg[f"{p.PK_MASK}:{j}"]
+    state["b"], state["peers"], state[p.STAGE] = b, peers, p.SHARE_KEYS
+    return out
+
+
+def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context: Context,
+                  train: Train) -> Message:
+    own, threshold = context.node_id, int(state[p.THRESHOLD])  # type: ignore[call-overload]
+    senders = sorted(int(k[3:]) for k in cfg if k.startswith("ct:"))
+    if not set(senders) <= set(_ids(state["peers"])) or len(senders) + 1 < threshold:
+        raise ValueError(f"secagg: shares from {len(senders)} peers, not {threshold - 1} or more of "
+                         "this node's peers")
+    for src in senders:
+        key = crypto.shared_key(bytes(state["sk-enc"]), bytes(state[f"pk-enc:{src}"]))  # type: ignore[arg-type]
+        got_src, got_dst, b_share, s_share = crypto.share_keys_plaintext_separate(
+            crypto.decrypt(key, bytes(cfg[f"ct:{src}"])))  # type: ignore[arg-type]
+        if (got_src, got_dst) != (src, own):
+            raise ValueError(f"secagg: a share from node {src} names {got_src} -> {got_dst}")
+        state[f"b:{src}"], state[f"s:{src}"] = b_share, s_share
+    del msg.content[wire.SECAGG]  # the training instruction as any round's
+    reply = train(msg, context)
+    if reply.has_error():
+        return reply
+    bits, bound = int(cfg[p.BITS]), int(cfg[p.BOUND])  # type: ignore[call-overload]
+    total = _masked(reply.content, cfg, state, senders, own, bits, bound)
+    metrics = dict(reply.content.metric_records[wire.METRICS])
+    for name in [str(s).split("/", 1)[0] for s in _names(cfg) if str(s).endswith("/" + fixedpoint.METRIC)]:
+        metrics.pop(name, None)  # averaged through the sum, never sent alone
+    state["masked-with"], state[p.STAGE] = senders, p.MASKED_INPUT
+    content = RecordDict({wire.MASKED: ArrayRecord({p.MASKED_ARRAY: Array(total.astype(fixedpoint.wire_dtype(bits)))}),
+                          wire.METRICS: MetricRecord(metrics)})
+    return Message(content, reply_to=msg)
+
+
+def _names(cfg: ConfigRecord) -> list[str]:
+    value = cfg.get(p.LAYOUT)
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders: list[int], own: int,
+            bits: int, bound: int) -> np.ndarray:
+    """y: this reply's shared records in the server's layout, as integers, masked."""
+    records = {name: dict(rec.to_torch_state_dict()) for name, rec in content.array_records.items()}
+    metrics = dict(content.metric_records[wire.METRICS])
+    slots = []
+    for entry in _names(cfg):
+        record, name = entry.split("/", 1)
+        tensor = records.get(record, {}).get(name)
+        shape, dtype = ((1,), torch.float64) if tensor is None else (tuple(tensor.shape), tensor.dtype)
+        slots.append(fixedpoint.Slot(record, name, shape, dtype, float(cfg[f"clip:{record}"])))  # type: ignore[arg-type]
+    sent = {f"{s.record}/{s.name}" for s in slots}
+    extra = sorted(f"{r}/{n}" for r, arrays in records.items() for n in arrays if f"{r}/{n}" not in sent)
+    if extra:  # a record the server would not sum is a record it would never see
+        raise ValueError(f"secagg: the reply holds arrays the layout lacks: {extra[:3]}")
+    q = fixedpoint.encode(records, metrics, slots, bound, None)
+    std = float(cfg.get(p.NOISE_STD, 0.0))  # type: ignore[arg-type]
+    if std > 0.0:  # dp='client': this node's share of the sum's discrete Gaussian noise
+        q = q + noise.discrete_gaussian(std, len(q))
+    total = fixedpoint.to_ring(q, bits)
+    p.add_mask(total, bytes(state["b"]), 1, bits)  # type: ignore[arg-type]
+    for j in senders:
+        key = crypto.shared_key(bytes(state["sk-mask"]), bytes(state[f"pk-mask:{j}"]))  # type: ignore[arg-type]
+        p.add_mask(total, key, p.pair_sign(own, j), bits)
+    return total
+
+
+def _unmask(cfg: ConfigRecord, state: ConfigRecord, context: Context) -> ConfigRecord:
+    own, threshold = context.node_id, int(state[p.THRESHOLD])  # type: ignore[call-overload]
+    active, dead = set(_ids(cfg.get(p.ACTIVE))), set(_ids(cfg.get(p.DEAD)))
+    masked_with = set(_ids(state["masked-with"]))
+    if active & dead:  # both shares of one node would unmask its input
+        raise ValueError(f"secagg: nodes {sorted(active & dead)[:3]} named both alive and dead")
+    if own not in active or not (active | dead) <= masked_with | {own} or len(active) < threshold:
+        raise ValueError(f"secagg: an unmask request for {len(active)} live nodes (threshold "
+                         f"{threshold}) outside this node's neighbourhood")
+    out = ConfigRecord()
+    for j in active:
+        out[f"b:{j}"] = state["b:self" if j == own else f"b:{j}"]
+    for j in dead:
+        out[f"s:{j}"] = state[f"s:{j}"]
+    del context.state[STATE]  # one unmask per round: a second request finds nothing
+    return out

@@ -1,0 +1,122 @@
+"""Fixed point: a reply's shared records as one vector of integers mod 2^m, and back.
+
+The layout is the contract's: the shared records in `shared_records` order (Δ, the uploads, the
+averaged metrics as one value each), each record's arrays by name. A value x of a record with
+range c is clipped into [-c, c] and becomes q = floor(x·B/c + U), U uniform in [0, 1): unbiased
+stochastic rounding onto the integers of [-B, B] (integer arrays are sent as they are, clipped
+into [-B, B]). The server picks B each round so that n such vectors, plus dp's noise to ten of
+its standard deviations, sum inside (-2^(m-1), 2^(m-1)): the signed sum never wraps, and its
+value over n is the mean to within c/B per value (the rounding's largest error).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.privacy.mechanism import shared_records
+
+METRIC = "value"  # the one array of an averaged metric's record
+NOISE_SIGMAS = 10.0  # headroom for dp's summed noise: P(|N(0,1)| > 10) ≈ 1.5e-23 per value
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One array of the vector: its record, name, shape, dtype and range c."""
+
+    record: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    clip: float
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+def layout(contract: Contract, spec: ModelSpec, clip_of: Callable[[str], float]) -> list[Slot]:
+    reply = contract.reply_spec(spec)
+    out = []
+    for record in shared_records(contract):
+        if record in reply:
+            out += [Slot(record, name, tuple(shape), dtype, clip_of(record))
+                    for name, (shape, dtype) in sorted(reply[record].items())]
+        else:  # a metric the server averages into its state (HaFedHo's f̂_i)
+            out.append(Slot(record, METRIC, (1,), torch.float64, clip_of(record)))
+    return out
+
+
+def length(slots: list[Slot]) -> int:
+    return sum(s.size for s in slots)
+
+
+def budget(bits: int, sampled: int, noise_std: float = 0.0) -> int:
+    """B: the largest |q| one node may send, `noise_std` the summed noise's std in units of B."""
+    return int((2 ** (bits - 1) - 1) // (sampled + NOISE_SIGMAS * noise_std))
+
+
+def encode(records: Mapping[str, Mapping[str, torch.Tensor]], metrics: Mapping[str, float | int],
+           slots: list[Slot], bound: int, generator: torch.Generator | None) -> np.ndarray:
+    """The integers (int64) of one reply; ValueError for a missing array or a wrong shape."""
+    parts = []
+    for slot in slots:
+        if slot.name == METRIC and slot.record not in records:
+            if slot.record not in metrics:
+                raise ValueError(f"secagg: the reply lacks the metric {slot.record!r}")
+            value = torch.tensor([float(metrics[slot.record])], dtype=torch.float64)
+        else:
+            value = records.get(slot.record, {}).get(slot.name)
+            if value is None or tuple(value.shape) != slot.shape:
+                raise ValueError(f"secagg: {slot.record}/{slot.name} is missing or not of shape {slot.shape}")
+        x = value.detach().to("cpu", torch.float64).reshape(-1)
+        if not torch.isfinite(x).all():
+            raise ValueError(f"secagg: {slot.record}/{slot.name} holds non-finite values")
+        if slot.dtype.is_floating_point:
+            scaled = x.clamp(-slot.clip, slot.clip) * (bound / slot.clip)
+            q = torch.floor(scaled + torch.rand(x.numel(), generator=generator, dtype=torch.float64))
+        else:
+            q = torch.round(x)
+        parts.append(q.clamp(-bound, bound).to(torch.int64).numpy())
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def to_ring(q: np.ndarray, bits: int) -> np.ndarray:
+    """Signed integers as their residues mod 2^bits (uint64; two's complement)."""
+    out = q.astype(np.int64).view(np.uint64)
+    return out & np.uint64((1 << bits) - 1) if bits < 64 else out
+
+
+def from_ring(s: np.ndarray, bits: int) -> np.ndarray:
+    """Residues mod 2^bits back to the signed integers of (-2^(bits-1), 2^(bits-1)) (int64)."""
+    s = s.astype(np.uint64)
+    if bits == 64:
+        return s.view(np.int64)
+    signed = s.astype(np.int64)
+    return np.where(signed >= (1 << (bits - 1)), signed - (1 << bits), signed)
+
+
+def wire_dtype(bits: int) -> type[np.unsignedinteger]:
+    return np.uint32 if bits <= 32 else np.uint64
+
+
+def decode_mean(total: np.ndarray, slots: list[Slot], bound: int, count: int
+                ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, float]]:
+    """(records, metrics): the mean of `count` replies from their summed integers (int64)."""
+    records: dict[str, dict[str, torch.Tensor]] = {}
+    metrics: dict[str, float] = {}
+    start = 0
+    for slot in slots:
+        q = torch.from_numpy(total[start:start + slot.size].astype(np.float64))
+        start += slot.size
+        value = q * (slot.clip / bound) / count if slot.dtype.is_floating_point else q / count
+        if slot.name == METRIC:
+            metrics[slot.record] = float(value[0])
+        else:
+            records.setdefault(slot.record, {})[slot.name] = value.reshape(slot.shape).to(slot.dtype)
+    return records, metrics

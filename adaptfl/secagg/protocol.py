@@ -1,0 +1,68 @@
+"""SecAgg+ (Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020) as four message exchanges of a
+round, each a `secagg` ConfigRecord naming its stage:
+
+    setup         server -> node: the round, shares s, threshold t, the node's neighbours on a
+                  random ring (s - 1 of them: the k-regular graph); node -> server: two fresh
+                  public keys (one encrypts shares, one derives masks)
+    share-keys    server -> node: its live neighbours' public keys; node -> server: its self-mask
+                  seed b and its mask key, each Shamir-shared t-of-s, one share of each encrypted
+                  for each neighbour
+    masked-input  server -> node: the round's training instruction and the shares sent to it;
+                  node -> server: y = q + PRG(b) + Σ_j ±PRG(K_ij) mod 2^m (fixedpoint.py's q),
+                  masked with exactly the neighbours whose shares it received
+    unmask        server -> node: which neighbours sent y (whose b-shares it wants) and which
+                  did not (whose mask-key shares it wants); an honest node refuses a list that
+                  names one node in both, and answers once per round
+
+The server then rebuilds each live node's b and each dead node's mask key from t shares,
+removes their masks, and has the sum of the live nodes' q; it never holds one node's q alone.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from adaptfl.secagg import crypto
+
+SETUP, SHARE_KEYS, MASKED_INPUT, UNMASK = "setup", "share-keys", "masked-input", "unmask"
+STAGES = (SETUP, SHARE_KEYS, MASKED_INPUT, UNMASK)
+STAGE, ROUND = "stage", "round"
+SHARES, THRESHOLD, NEIGHBOURS = "shares", "threshold", "neighbours"
+PK_ENC, PK_MASK = "pk-enc", "pk-mask"
+BOUND, BITS, NOISE_STD, LAYOUT = "bound", "bits", "noise-std", "layout"
+ACTIVE, DEAD = "active", "dead"
+MASKED_ARRAY = "y"
+
+
+def ring_neighbours(nodes: list[int], shares: int, seed: int) -> dict[int, set[int]]:
+    """Each node's neighbours: the (shares-1)//2 on each side of it on a seeded random ring (all
+    others when the ring is no larger than `shares`)."""
+    order = sorted(nodes)
+    random.Random(seed).shuffle(order)
+    n, half = len(order), (shares - 1) // 2
+    if shares >= n:
+        return {node: set(order) - {node} for node in order}
+    return {node: {order[(i + o) % n] for o in range(-half, half + 1)} - {node}
+            for i, node in enumerate(order)}
+
+
+def pair_sign(own: int, other: int) -> int:
+    """+1 if `own` adds the pair's mask, -1 if it subtracts it: the pair's two masks cancel."""
+    return 1 if own < other else -1
+
+
+def key_of(node: int, prefix: str = "") -> str:
+    return f"{prefix}{node}"
+
+
+def add_mask(total: np.ndarray, key: bytes, sign: int, bits: int) -> None:
+    """total += sign · PRG(key) mod 2^bits, in place (uint64)."""
+    m = crypto.mask(key, len(total), bits)
+    if sign > 0:
+        total += m
+    else:
+        total -= m
+    if bits < 64:
+        total &= np.uint64((1 << bits) - 1)

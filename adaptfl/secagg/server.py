@@ -1,0 +1,232 @@
+"""The server's side of SecAgg+ (protocol.py): one round's four exchanges over a Flower Grid,
+and the unmasked sum. A node that errs, is late or answers out of contract drops out (with its
+reason); the round goes on while every secret it needs has t shares, and otherwise ends with a
+reason and no sum (SecureRefused): never a wrong sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from adaptfl.algorithms import wire
+from adaptfl.secagg import crypto, fixedpoint
+from adaptfl.secagg import protocol as p
+
+
+class SecureRefused(RuntimeError):
+    """The round cannot be unmasked (too few shares, too few nodes): the message says why."""
+
+
+@dataclass
+class SecureRound:
+    """What one SecAgg+ round gives the strategy."""
+
+    total: np.ndarray | None = None  # the live nodes' summed integers (int64), None if refused
+    live: list[int] = field(default_factory=list)  # nodes whose masked input is in the sum
+    metrics: dict[int, dict] = field(default_factory=dict)  # each live node's plain metrics
+    dropped: dict[int, str] = field(default_factory=dict)  # node -> why it left the round
+    bytes_down: int = 0
+    bytes_up: int = 0
+    latency: dict[int, float] = field(default_factory=dict)
+
+
+def content_bytes(content: RecordDict) -> int:
+    """A message's payload bytes: its arrays' serialised bytes and its config values' bytes."""
+    total = sum(len(a.data) for rec in content.array_records.values() for a in rec.values())
+    for rec in content.config_records.values():
+        for value in rec.values():
+            items = value if isinstance(value, list) else [value]
+            total += sum(len(v) if isinstance(v, bytes | str) else 8 for v in items)
+    return total
+
+
+class SecAggServer:
+    """Runs one round: `run(grid, nodes, instruction, layout)` with a `send(messages)` of the grid."""
+
+    def __init__(self, shares: int, threshold: int, bits: int, bound: int, noise_std: float,
+                 timeout: float | None, seed: int, server_round: int) -> None:
+        self.shares, self.threshold, self.bits, self.bound = shares, threshold, bits, bound
+        self.noise_std, self.timeout, self.round = noise_std, timeout, server_round
+        self.seed = seed
+        self.out = SecureRound()
+
+    # --- the exchanges ---------------------------------------------------------------------------
+    def _exchange(self, grid: Grid, contents: dict[int, RecordDict], stage: str
+                  ) -> dict[int, RecordDict]:
+        """Send each node its content; the valid-looking replies by node (the rest dropped)."""
+        messages = [Message(content=c, dst_node_id=node, message_type=MessageType.TRAIN)
+                    for node, c in contents.items()]
+        self.out.bytes_down += sum(content_bytes(c) for c in contents.values())
+        node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+        got: dict[int, RecordDict] = {}
+        for reply in grid.send_and_receive(messages, timeout=self.timeout):
+            node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if node not in contents or node in got or node in self.out.dropped:
+                if node in got:  # two replies: neither counts
+                    self._drop(node, f"{stage}: two replies", got)
+                continue
+            if reply.has_error():
+                self._drop(node, f"{stage}: {reply.error.reason}", got)
+                continue
+            got[node] = reply.content
+            self.out.bytes_up += content_bytes(reply.content)
+        for node in contents:
+            if node not in got and node not in self.out.dropped:
+                self.out.dropped[node] = f"{stage}: no reply"
+        return got
+
+    def _drop(self, node: int, why: str, got: dict[int, RecordDict] | None = None) -> None:
+        self.out.dropped.setdefault(node, why)
+        if got is not None:
+            got.pop(node, None)
+
+    def _config(self, stage: str, values: dict) -> RecordDict:
+        return RecordDict({wire.SECAGG: ConfigRecord({p.STAGE: stage, p.ROUND: self.round, **values})})
+
+    def _prune(self, alive: set[int], neighbours: dict[int, set[int]], stage: str) -> set[int]:
+        """Drop nodes left with fewer than t - 1 live neighbours (their secrets could not be
+        rebuilt), until none is; refuse the round below 3 nodes (a sum of two is each one's)."""
+        changed = True
+        while changed:
+            changed = False
+            for node in sorted(alive):
+                if len(neighbours[node] & alive) + 1 < self.threshold:
+                    alive.discard(node)
+                    self.out.dropped.setdefault(node, f"{stage}: fewer than {self.threshold - 1} live "
+                                                "neighbours")
+                    changed = True
+        if len(alive) < 3:
+            raise SecureRefused(f"secagg+: {len(alive)} nodes left after {stage}; a sum needs 3 or more")
+        return alive
+
+    def run(self, grid: Grid, nodes: list[int], instruction: RecordDict, layout: list[fixedpoint.Slot],
+            clips: dict[str, float], admit: Admit | None = None) -> SecureRound:
+        """The round's sum; `admit(metrics by node)` names the masked replies to drop (their
+        plain metrics checked, partitions bound) before anything is unmasked."""
+        if len(nodes) < 3:
+            raise SecureRefused(f"secagg+: {len(nodes)} sampled nodes; a sum needs 3 or more")
+        neighbours = p.ring_neighbours(nodes, self.shares, self.seed)
+        # 1. setup: fresh keys
+        replies = self._exchange(grid, {n: self._config(p.SETUP, {
+            p.SHARES: self.shares, p.THRESHOLD: self.threshold,
+            p.NEIGHBOURS: sorted(neighbours[n])}) for n in nodes}, p.SETUP)
+        keys: dict[int, tuple[bytes, bytes]] = {}
+        for node, content in replies.items():
+            rec = content.config_records.get(wire.SECAGG, ConfigRecord())
+            try:
+                pair = (bytes(rec[p.PK_ENC]), bytes(rec[p.PK_MASK]))  # type: ignore[arg-type]
+                crypto.public_key(pair[0]), crypto.public_key(pair[1])
+            except (KeyError, TypeError, ValueError):
+                self._drop(node, "setup: no valid public keys")
+                continue
+            keys[node] = pair
+        alive = self._prune(set(keys), neighbours, p.SETUP)
+        # 2. share keys
+        replies = self._exchange(grid, {n: self._config(p.SHARE_KEYS, {
+            **{f"{p.PK_ENC}:{j}": keys[j][0] for j in neighbours[n] & alive},
+            **{f"{p.PK_MASK}:{j}": keys[j][1] for j in neighbours[n] & alive}}) for n in sorted(alive)},
+            p.SHARE_KEYS)
+        sealed: dict[int, dict[int, bytes]] = {}  # sender -> receiver -> ciphertext
+        for node, content in replies.items():
+            rec = content.config_records.get(wire.SECAGG, ConfigRecord())
+            expected = {p.key_of(j) for j in neighbours[node] & alive}
+            if set(rec) != expected or not all(isinstance(v, bytes) for v in rec.values()):
+                self._drop(node, "share-keys: not one encrypted share per live neighbour")
+                continue
+            sealed[node] = {int(k): bytes(v) for k, v in rec.items()}  # type: ignore[arg-type]
+        alive = self._prune(set(sealed), neighbours, p.SHARE_KEYS)
+        shared = set(alive)  # U2: nodes whose shares went out; their masks are in their peers' y
+        # 3. masked input, with the training instruction
+        setup = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std,
+                 p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
+                 **{f"clip:{r}": c for r, c in clips.items()}}
+        contents = {}
+        for n in sorted(alive):
+            content = RecordDict(dict(instruction))
+            content[wire.SECAGG] = ConfigRecord({p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
+                                                 **{f"ct:{j}": sealed[j][n] for j in neighbours[n] & alive}})
+            contents[n] = content
+        replies = self._exchange(grid, contents, p.MASKED_INPUT)
+        length, masked = fixedpoint.length(layout), {}
+        for node, content in replies.items():
+            why = self._check_masked(content, length)
+            if why:
+                self._drop(node, f"masked-input: {why}")
+                continue
+            masked[node] = content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
+            self.out.metrics[node] = dict(content.metric_records[wire.METRICS])
+        for node, why in (admit(self.out.metrics) if admit is not None else {}).items():
+            self._drop(node, f"masked-input: {why}")
+            masked.pop(node, None)
+        live = self._prune(set(masked), neighbours, p.MASKED_INPUT)
+        self.out.metrics = {n: m for n, m in self.out.metrics.items() if n in live}
+        dead = shared - live
+        # 4. unmask
+        replies = self._exchange(grid, {n: self._config(p.UNMASK, {
+            p.ACTIVE: sorted((neighbours[n] & live) | {n}),
+            p.DEAD: sorted(neighbours[n] & dead)}) for n in sorted(live)}, p.UNMASK)
+        b_shares: dict[int, list[bytes]] = {n: [] for n in live}
+        s_shares: dict[int, list[bytes]] = {n: [] for n in dead}
+        for node, content in replies.items():
+            rec = content.config_records.get(wire.SECAGG, ConfigRecord())
+            for k, v in rec.items():
+                kind, _, of = k.partition(":")
+                target = b_shares if kind == "b" else s_shares if kind == "s" else None
+                holds = of.isdigit() and (int(of) == node or int(of) in neighbours[node])  # its shares only
+                if target is not None and holds and int(of) in target and isinstance(v, bytes):
+                    target[int(of)].append(v)
+        total = np.zeros(length, dtype=np.uint64)
+        for node in sorted(live):
+            total += masked[node]
+        for node in sorted(live):  # remove each live node's self mask
+            p.add_mask(total, self._rebuild(b_shares[node], node, "self-mask seed"), -1, self.bits)
+        for node in sorted(dead):  # and the masks live peers shared with a node that vanished
+            peers = neighbours[node] & live
+            if not peers:
+                continue
+            try:
+                secret = crypto.KeyPair(self._rebuild(s_shares[node], node, "mask key"))
+            except ValueError:
+                raise SecureRefused(f"secagg+: node {node}'s mask key rebuilds to no key") from None
+            for peer in sorted(peers):
+                p.add_mask(total, secret.agree(keys[peer][1]), -p.pair_sign(peer, node), self.bits)
+        self.out.total, self.out.live = fixedpoint.from_ring(total, self.bits), sorted(live)
+        return self.out
+
+    def _check_masked(self, content: RecordDict, length: int) -> str:
+        arrays = content.array_records
+        if set(arrays) != {wire.MASKED} or set(arrays[wire.MASKED]) != {p.MASKED_ARRAY}:
+            return f"records {sorted(arrays)}, not one {wire.MASKED!r} array"
+        arr = arrays[wire.MASKED][p.MASKED_ARRAY]
+        if tuple(arr.shape) != (length,) or arr.dtype != np.dtype(fixedpoint.wire_dtype(self.bits)).name:
+            return f"masked array of shape {tuple(arr.shape)} / {arr.dtype}, not ({length},)"
+        if wire.METRICS not in content.metric_records:
+            return "no metrics"
+        return ""
+
+    def _rebuild(self, shares: list[bytes], node: int, what: str) -> bytes:
+        if len(shares) < self.threshold:
+            raise SecureRefused(f"secagg+: node {node}'s {what} has {len(shares)} of the "
+                                f"{self.threshold} shares it needs; the round is not unmasked")
+        try:
+            secret = crypto.combine_shares(shares[:self.threshold])
+            # a spare share set must rebuild the same secret: a corrupted share refuses the round
+            if len(shares) > self.threshold and crypto.combine_shares(shares[-self.threshold:]) != secret:
+                raise ValueError("shares disagree")
+            return secret
+        except ValueError:
+            raise SecureRefused(f"secagg+: node {node}'s {what} does not rebuild from its shares") from None
+
+
+def ring_seed(seed: int, server_round: int) -> int:
+    """The ring's shuffle seed: public, as the graph is (it hides nothing; it makes runs replay)."""
+    return int.from_bytes(hashlib.sha256(f"secagg/{seed}/{server_round}".encode()).digest()[:8], "little")
+
+
+Admit = Callable[[dict[int, dict]], dict[int, str]]
