@@ -1,0 +1,1 @@
+"""Secure aggregation (SecAgg+) on Flower's Message API (docs/privacy.md)."""
