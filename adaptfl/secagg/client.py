@@ -6,6 +6,7 @@ ValueError, which the ClientApp answers as an error reply: the node drops out of
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Callable
 
@@ -137,7 +138,7 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
     extra = sorted(f"{r}/{n}" for r, arrays in records.items() for n in arrays if f"{r}/{n}" not in sent)
     if extra:  # a record the server would not sum is a record it would never see
         raise ValueError(f"secagg: the reply holds arrays the layout lacks: {extra[:3]}")
-    q = fixedpoint.encode(records, metrics, slots, bound, None)
+    q = fixedpoint.encode(records, metrics, slots, bound, _rounding(cfg, own))
     std = float(cfg.get(p.NOISE_STD, 0.0))  # type: ignore[arg-type]
     if std > 0.0:  # dp='client': this node's share of the sum's discrete Gaussian noise
         q = q + noise.discrete_gaussian(std, len(q))
@@ -147,6 +148,13 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
         key = crypto.shared_key(bytes(state["sk-mask"]), bytes(state[f"pk-mask:{j}"]))  # type: ignore[arg-type]
         p.add_mask(total, key, p.pair_sign(own, j), bits)
     return total
+
+
+def _rounding(cfg: ConfigRecord, own: int) -> torch.Generator:
+    """The stochastic rounding's generator, seeded by the run seed, the round and the node, so a
+    run replays (the masks cancel exactly; only dp's noise is fresh OS entropy)."""
+    digest = hashlib.sha256(f"secagg/{cfg.get(p.SEED, 0)}/{cfg[p.ROUND]}/{own}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:7], "little"))
 
 
 def _unmask(cfg: ConfigRecord, state: ConfigRecord, context: Context) -> ConfigRecord:

@@ -31,7 +31,7 @@ STAGES = (SETUP, SHARE_KEYS, MASKED_INPUT, UNMASK)
 STAGE, ROUND = "stage", "round"
 SHARES, THRESHOLD, NEIGHBOURS = "shares", "threshold", "neighbours"
 PK_ENC, PK_MASK = "pk-enc", "pk-mask"
-BOUND, BITS, NOISE_STD, LAYOUT = "bound", "bits", "noise-std", "layout"
+BOUND, BITS, NOISE_STD, LAYOUT, SEED = "bound", "bits", "noise-std", "layout", "seed"
 ACTIVE, DEAD = "active", "dead"
 MASKED_ARRAY = "y"
 

@@ -143,7 +143,7 @@ class SecAggServer:
         alive = self._prune(set(sealed), neighbours, p.SHARE_KEYS)
         shared = set(alive)  # U2: nodes whose shares went out; their masks are in their peers' y
         # 3. masked input, with the training instruction
-        setup = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std,
+        setup = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std, p.SEED: self.seed,
                  p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
                  **{f"clip:{r}": c for r, c in clips.items()}}
         contents = {}
