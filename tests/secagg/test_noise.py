@@ -58,7 +58,7 @@ def _binned(samples: np.ndarray, xs: np.ndarray, pmf: np.ndarray) -> tuple[np.nd
     return observed, exp_bins
 
 
-@pytest.mark.parametrize("sigma", [0.7, 3.0, 25.0])
+@pytest.mark.parametrize("sigma", [0.5, 0.7, 3.0, 25.0])
 def test_fits_exact_pmf(sigma: float) -> None:
     # 1M samples: a 3% error in the acceptance's shift σ²/t fails at every σ here.
     xs, pmf = _pmf(sigma)
