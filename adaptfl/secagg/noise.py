@@ -28,7 +28,7 @@ import secrets
 
 import numpy as np
 
-# Above this, -t·log(U) (≤ 37.5·t) would leave float64's exact-integer range (2^53).
+# A margin below t ≈ 2.4e14, where -t·log(U) (≤ 37.5·t) leaves float64's exact integers (2^53).
 MAX_SIGMA = 1e12
 _BATCH_MAX = 1 << 20  # proposals per round, bounds memory for large `size`
 
@@ -48,8 +48,8 @@ def _geometric(t: float, u: np.ndarray) -> np.ndarray:
     """Geometric on {0, 1, ...} with success prob 1 - exp(-1/t), by inversion: P(G >= k) = e^{-k/t}.
 
     No overflow or loss up to MAX_SIGMA: U >= 2^-54, so G <= 37.5·t < 2^53 is an exact integer in
-    float64 and int64; the 53-bit grid of U only coarsens G beyond G ≈ t·(36.7 - ln t) (16·t at
-    t = 1e9), where the acceptance probability below is < e^-100.
+    float64 and int64; the 53-bit grid of U only coarsens G beyond G ≈ t·(36.7 - ln t): 16·t at
+    t = 1e9, where the acceptance below is < e^-100 (9·t and < e^-30 at MAX_SIGMA).
     """
     return np.floor(np.log(u) / (-1.0 / t)).astype(np.int64)
 
