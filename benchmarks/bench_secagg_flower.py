@@ -29,12 +29,19 @@ plus the server's (a deployment runs the clients in parallel).
 
 Measures. `seconds`: the median over `rounds` rounds, after one warm-up round that is not
 counted, of the wall time of one fit round (the fit workflow from the server's first message
-to the new global model). `bytes`: per round (the same every round), the sum over every message
+to the new global model); `cpu_seconds`, the median of the process's CPU time in the same
+window (all of it is this process's work: clients and server run here, torch on one thread),
+which a loaded machine disturbs far less than the wall time. `bytes`: per round (the same every round), the sum over every message
 of the round, server to client and client to server, of the serialized size of its content,
 `flwr.common.serde.recorddict_to_proto(message.content).ByteSize()` (every ArrayRecord,
 ConfigRecord and MetricRecord the message carries; the metadata, ~100 bytes a message, is not
 counted). Over Flower's gRPC transport the arrays travel as separately pushed objects, so the
 wire there differs by framing; both halves of the comparison are counted this same way.
+
+Flower's SecAgg+ hands FedAvg a float64 aggregate (`dequantize` returns float64), so from the
+second round on its global model, and every copy of it sent to a client, is float64: twice the
+float32 model's bytes down. That is the reference's real cost, so it is counted (the warm-up
+round, with the float32 initial model, is not); the table shows bytes down and up apart.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import statistics
 import subprocess
 import time
@@ -208,9 +216,10 @@ class TimedFit:
     def __call__(self, grid: Grid, context: Context) -> None:
         assert isinstance(grid, FlowerWireGrid)
         grid.reset_counts()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         self.inner(grid, context)
         self.rounds.append({"seconds": time.perf_counter() - started,
+                            "cpu_seconds": time.process_time() - cpu_started,
                             "bytes": grid.bytes_down + grid.bytes_up,
                             "bytes_down": grid.bytes_down, "bytes_up": grid.bytes_up,
                             "messages": grid.messages})
@@ -237,7 +246,8 @@ def server_app(model_name: str, num_clients: int, secagg: bool, num_rounds: int,
 def flower_rounds(num_clients: int, model: str, secagg: bool, rounds: int) -> dict:
     """`rounds` measured rounds (after one warm-up round) of Flower's legacy FedAvg, with or
     without SecAgg+, over the in-process grid. Returns {"seconds": the median seconds of a
-    round, "bytes": the bytes of a round (both directions)}, plus "bytes_down", "bytes_up",
+    round, "bytes": the bytes of a round (both directions)}, plus "cpu_seconds" (the median
+    CPU seconds of this process in a round), "bytes_down", "bytes_up",
     "messages" (of the last round), "rounds" (every round's, the warm-up first) and
     "parameters" (the global model after the last round, numpy arrays)."""
     if model not in MODELS:
@@ -265,6 +275,7 @@ def flower_rounds(num_clients: int, model: str, secagg: bool, rounds: int) -> di
         logging.getLogger(__name__).info("bytes differ between rounds: %s",
                                          [r["bytes"] for r in measured])
     return {"seconds": statistics.median(r["seconds"] for r in measured),
+            "cpu_seconds": statistics.median(r["cpu_seconds"] for r in measured),
             "bytes": int(statistics.median(r["bytes"] for r in measured)),
             "bytes_down": measured[-1]["bytes_down"], "bytes_up": measured[-1]["bytes_up"],
             "messages": measured[-1]["messages"], "rounds": timed.rounds,
@@ -286,6 +297,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def load() -> str:
+    try:
+        return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    except OSError:
+        return "load unknown"
+
+
 def mib(n: float) -> str:
     return f"{n / 2**20:.2f}"
 
@@ -299,10 +317,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     print(f"Flower legacy SecAgg+ vs plain FedAvg over InProcessGrid; CPU {cpu_name()}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); median of "
-          f"{args.rounds} round(s) after 1 warm-up; {EXAMPLES} random examples/client, 1 epoch")
+          f"{args.rounds} round(s) after 1 warm-up; {EXAMPLES} random examples/client, 1 epoch; "
+          f"{load()}")
     header = (f"| {'model':5} | {'clients':>7} | {'shares/thr':>10} | {'plain s':>8} | "
-              f"{'secagg s':>8} | {'s ratio':>7} | {'plain MiB':>9} | {'secagg MiB':>10} | "
-              f"{'B ratio':>7} |")
+              f"{'secagg s':>8} | {'s ratio':>7} | {'plain cpu s':>11} | {'secagg cpu s':>12} | "
+              f"{'cpu ratio':>9} | {'plain MiB':>9} | {'secagg MiB':>10} | "
+              f"{'secagg down/up MiB':>18} | {'B ratio':>7} |")
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for model in args.models:
@@ -310,9 +330,12 @@ def main(argv: list[str] | None = None) -> None:
             plain = flower_rounds(n, model, False, args.rounds)
             sec = flower_rounds(n, model, True, args.rounds)
             shares, thr = secagg_settings(n)
+            down_up = f"{mib(sec['bytes_down'])}/{mib(sec['bytes_up'])}"
             print(f"| {model:5} | {n:>7} | {f'{shares}/{thr}':>10} | {plain['seconds']:>8.3f} | "
                   f"{sec['seconds']:>8.3f} | {sec['seconds'] / plain['seconds']:>7.2f} | "
-                  f"{mib(plain['bytes']):>9} | {mib(sec['bytes']):>10} | "
+                  f"{plain['cpu_seconds']:>11.3f} | {sec['cpu_seconds']:>12.3f} | "
+                  f"{sec['cpu_seconds'] / plain['cpu_seconds']:>9.2f} | "
+                  f"{mib(plain['bytes']):>9} | {mib(sec['bytes']):>10} | {down_up:>18} | "
                   f"{sec['bytes'] / plain['bytes']:>7.3f} |", flush=True)
 
 
