@@ -31,8 +31,9 @@ Measures. `seconds`: the median over `rounds` rounds, after one warm-up round th
 counted, of the wall time of one fit round (the fit workflow from the server's first message
 to the new global model); `cpu_seconds`, the median of the process's CPU time in the same
 window (all of it is this process's work: clients and server run here, torch on one thread),
-which a loaded machine disturbs far less than the wall time. `bytes`: per round (the same every round), the sum over every message
-of the round, server to client and client to server, of the serialized size of its content,
+which a loaded machine disturbs far less than the wall time. `bytes`: per round (the same
+every measured round), the sum over every message of the round, server to client and client
+to server, of the serialized size of its content,
 `flwr.common.serde.recorddict_to_proto(message.content).ByteSize()` (every ArrayRecord,
 ConfigRecord and MetricRecord the message carries; the metadata, ~100 bytes a message, is not
 counted). Over Flower's gRPC transport the arrays travel as separately pushed objects, so the
@@ -42,6 +43,9 @@ Flower's SecAgg+ hands FedAvg a float64 aggregate (`dequantize` returns float64)
 second round on its global model, and every copy of it sent to a client, is float64: twice the
 float32 model's bytes down. That is the reference's real cost, so it is counted (the warm-up
 round, with the float32 initial model, is not); the table shows bytes down and up apart.
+Up, each client's masked vector travels as .npy bytes of 8-byte integers (values below
+modulus_range = 2**32) in a ConfigRecord: twice a float32 model's bytes too. The key
+exchange (public keys, encrypted shares, unmask shares) adds little beside either.
 """
 
 from __future__ import annotations
