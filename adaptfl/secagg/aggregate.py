@@ -69,6 +69,8 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
     _note(strategy, server.out)
     assert out.total is not None
     records, averaged = fixedpoint.decode_mean(out.total, slots, bound, len(out.live))
+    for name in contract.up:  # a record of no arrays (Muon routing nothing) has no slot
+        records.setdefault(name, {})
     domains = Combine(None, [], contract.domains, {}, {})  # the mean back into each record's domain
     records = {name: domains.project(name, arrays) for name, arrays in records.items()}
     width = max(math.sqrt(s.size) for s in slots)  # rounding adds < 1 per value: ‖q‖ ≤ B + √d

@@ -69,8 +69,9 @@ def mask(key: bytes, length: int, bits: int) -> np.ndarray:
     raw = base64.urlsafe_b64decode(key) if len(key) == 44 else key
     if len(raw) != 32:
         raise ValueError(f"a mask key has 32 bytes, not {len(raw)}")
-    stream = Cipher(algorithms.ChaCha20(raw, NONCE), mode=None).encryptor().update(bytes(8 * length))
-    out = np.frombuffer(stream, dtype=np.uint64).copy()
+    width = 4 if bits <= 32 else 8  # half the keystream for the default 32-bit modulus
+    stream = Cipher(algorithms.ChaCha20(raw, NONCE), mode=None).encryptor().update(bytes(width * length))
+    out = np.frombuffer(stream, dtype=np.uint32 if width == 4 else np.uint64).astype(np.uint64)
     if bits < 64:
         out &= np.uint64((1 << bits) - 1)
     return out
