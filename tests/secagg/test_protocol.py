@@ -64,7 +64,7 @@ class Nodes:
         return self.tamper(stage, context.node_id, reply) if self.tamper else reply
 
 
-def run_round(num_nodes: int = 5, fail=None, tamper=None, shares: int = 11):  # noqa: ANN001, ANN201
+def run_round(num_nodes: int = 5, fail=None, tamper=None, shares: int = 11, noise_std: float = 0.0):  # noqa: ANN001, ANN201
     bound = fixedpoint.budget(BITS, num_nodes)
     grid = InProcessGrid(num_nodes, {})
     handler = Nodes(bound, fail, tamper)
@@ -72,7 +72,7 @@ def run_round(num_nodes: int = 5, fail=None, tamper=None, shares: int = 11):  # 
     layout = slots(bound)
     share_count = min(shares, num_nodes)
     threshold = math.ceil(0.66 * share_count)
-    server = SecAggServer(share_count, threshold, BITS, bound, 0.0, None, seed=3, server_round=1)
+    server = SecAggServer(share_count, threshold, BITS, bound, noise_std, None, seed=3, server_round=1)
     instruction = RecordDict({wire.RECIPE: ConfigRecord({"round.seed": 1})})
     try:
         out = server.run(grid, list(range(1, num_nodes + 1)), instruction, layout,
@@ -99,6 +99,15 @@ def test_the_unmasked_sum_is_the_plain_sum_of_the_integers() -> None:
     expected = torch.from_numpy(plain_sum(out.live, bound) / 5.0)
     assert torch.allclose(records["delta"]["w"].double(), expected[:SIZE].float().double())
     assert metrics["f-hat"] == pytest.approx(float(expected[-1]))
+
+
+def test_each_node_adds_its_share_of_the_discrete_noise_before_masking() -> None:
+    """dp='client': the sum carries five shares of N_Z(0, σ²): integer noise of std σ√5."""
+    sigma = 2000.0
+    out, _, why, bound = run_round(noise_std=sigma)
+    noise = out.total - plain_sum(out.live, bound)
+    assert why == "" and noise.dtype == np.int64 and np.any(noise != 0)
+    assert 0.7 < float(noise.std()) / (sigma * math.sqrt(5)) < 1.3  # 84 values: ±8 % a std error
 
 
 def test_the_sum_over_a_sparse_ring_of_twelve_nodes() -> None:  # SecAgg+ proper: 4 neighbours each
