@@ -133,7 +133,7 @@ def handle(msg: Message, context: Context) -> Message:
     names SecAgg+ is refused by every node (the server would get the reply unmasked)."""
     if wire.SECAGG in msg.content.config_records:
         return secagg_client.handle(msg, context, handle_train)
-    recipe = msg.content.config_records.get(wire.RECIPE, {})
+    recipe = msg.content.config_records.get(wire.RECIPE, ConfigRecord())
     if recipe.get(SECURE, False) or str(context.node_config.get(wire.NODE_SECAGG_REQUIRED, "")).lower() \
             in ("1", "true", "yes"):
         raise ValueError("this node replies only inside SecAgg+ (secagg-required, or a recipe naming "

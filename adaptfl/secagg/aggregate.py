@@ -16,14 +16,15 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
+from adaptfl.algorithms.domain import Domain
 from adaptfl.privacy.mechanism import metric_domains, shared_records, start_bound
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint
 from adaptfl.secagg.server import SecAggServer, SecureRefused, ring_seed
-from adaptfl.strategies.aggregators import Combine
 from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics, bind_partitions
 
 if TYPE_CHECKING:
@@ -71,14 +72,20 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
     records, averaged = fixedpoint.decode_mean(out.total, slots, bound, len(out.live))
     for name in contract.up:  # a record of no arrays (Muon routing nothing) has no slot
         records.setdefault(name, {})
-    domains = Combine(None, [], contract.domains, {}, {})  # the mean back into each record's domain
-    records = {name: domains.project(name, arrays) for name, arrays in records.items()}
+    records = {name: project(contract.domains.get(name, {}), arrays) for name, arrays in records.items()}
     width = max(math.sqrt(s.size) for s in slots)  # rounding adds < 1 per value: ‖q‖ ≤ B + √d
     report.noise_factor = bound / (bound + width) if privacy.dp == "client" else 1.0
     replies = [DecodedReply(arrays=records, metrics={**out.metrics[n], **averaged},
                             num_bytes=0) for n in out.live]
     aggregate, metrics = strategy.aggregate_accepted(server_round, replies, secure=True)
     return aggregate, metrics, _missing(out.dropped)
+
+
+def project(domains: dict[str, Domain], arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The mean back into each array's domain (v ≥ 0, Θ symmetric PSD): post-processing; the
+    rounding of n inputs may leave a PSD matrix's sum a hair outside the cone."""
+    return {n: domains[n].project(t) if n in domains and t.is_floating_point() else t
+            for n, t in arrays.items()}
 
 
 def admit(strategy: AdaptiveStrategy):  # noqa: ANN201 - a callback of SecAggServer.run

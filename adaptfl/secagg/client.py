@@ -24,20 +24,41 @@ Train = Callable[[Message, Context], Message]
 
 def handle(msg: Message, context: Context, train: Train) -> Message:
     cfg = msg.content.config_records[wire.SECAGG]
-    stage, server_round = str(cfg.get(p.STAGE, "")), int(cfg.get(p.ROUND, -1))  # type: ignore[arg-type]
+    stage, server_round = str(cfg.get(p.STAGE, "")), _int(cfg, p.ROUND) if p.ROUND in cfg else -1
     if stage == p.SETUP:
         return _reply(msg, _setup(cfg, context, server_round))
     state = context.state.config_records.get(STATE)
     before = {p.SHARE_KEYS: p.SETUP, p.MASKED_INPUT: p.SHARE_KEYS, p.UNMASK: p.MASKED_INPUT}
     if stage not in before:
         raise ValueError(f"secagg: unknown stage {stage!r}")
-    if state is None or int(state[p.ROUND]) != server_round or state[p.STAGE] != before[stage]:  # type: ignore[call-overload]
+    if state is None or _int(state, p.ROUND) != server_round or state[p.STAGE] != before[stage]:
         raise ValueError(f"secagg: stage {stage!r} of round {server_round} out of order")
     if stage == p.SHARE_KEYS:
         return _reply(msg, _share_keys(cfg, state, context.node_id))
     if stage == p.MASKED_INPUT:
         return _masked_input(msg, cfg, state, context, train)
     return _reply(msg, _unmask(cfg, state, context))
+
+
+def _int(rec: ConfigRecord, key: str) -> int:
+    value = rec[key]
+    if not isinstance(value, int | float | str) or isinstance(value, bool):
+        raise ValueError(f"secagg: {key} is not a number")
+    return int(value)
+
+
+def _bytes(rec: ConfigRecord, key: str) -> bytes:
+    value = rec[key]
+    if not isinstance(value, bytes):
+        raise ValueError(f"secagg: {key} is not bytes")
+    return value
+
+
+def _float(rec: ConfigRecord, key: str) -> float:
+    value = rec.get(key, 0.0)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"secagg: {key} is not a number")
+    return float(value)
 
 
 def _reply(msg: Message, record: ConfigRecord) -> Message:
@@ -49,7 +70,7 @@ def _ids(value: object) -> list[int]:
 
 
 def _setup(cfg: ConfigRecord, context: Context, server_round: int) -> ConfigRecord:
-    shares, threshold = int(cfg[p.SHARES]), int(cfg[p.THRESHOLD])  # type: ignore[call-overload]
+    shares, threshold = _int(cfg, p.SHARES), _int(cfg, p.THRESHOLD)
     neighbours = _ids(cfg.get(p.NEIGHBOURS))
     if 2 * threshold <= shares or threshold < 2:  # else two disjoint groups could each rebuild
         raise ValueError(f"secagg: threshold {threshold} of {shares} shares is not above half")
@@ -64,25 +85,26 @@ def _setup(cfg: ConfigRecord, context: Context, server_round: int) -> ConfigReco
 
 
 def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecord:
-    threshold, neighbours = int(state[p.THRESHOLD]), set(_ids(state[p.NEIGHBOURS]))  # type: ignore[call-overload]
+    threshold, neighbours = _int(state, p.THRESHOLD), set(_ids(state[p.NEIGHBOURS]))
     peers = sorted(int(k[len(p.PK_ENC) + 1:]) for k in cfg if k.startswith(p.PK_ENC + ":"))
     if not set(peers) <= neighbours or len(peers) + 1 < threshold:
         raise ValueError(f"secagg: {len(peers)} peers are not {threshold - 1} or more of this node's "
                          "neighbours")
-    keys = [bytes(cfg[f"{p.PK_ENC}:{j}"]) for j in peers] + [bytes(cfg[f"{p.PK_MASK}:{j}"]) for j in peers]  # type: ignore[arg-type]
+    keys = [_bytes(cfg, f"{p.PK_ENC}:{j}") for j in peers] + [_bytes(cfg, f"{p.PK_MASK}:{j}") for j in peers]
     if len(set(keys)) != len(keys):  # a key seen twice: a server replaying one node's keys
         raise ValueError("secagg: the peers' public keys are not distinct")
     b = secrets.token_bytes(32)
     holders = sorted([*peers, own])
     b_shares = crypto.create_shares(b, threshold, len(holders))
-    s_shares = crypto.create_shares(bytes(state["sk-mask"]), threshold, len(holders))  # type: ignore[arg-type]
+    s_shares = crypto.create_shares(_bytes(state, "sk-mask"), threshold, len(holders))
     out = ConfigRecord()
     for holder, b_share, s_share in zip(holders, b_shares, s_shares, strict=True):
         if holder == own:
             state["b:self"], state["s:self"] = b_share, s_share
             continue
-        key = crypto.shared_key(bytes(state["sk-enc"]), bytes(cfg[f"{p.PK_ENC}:{holder}"]))  # type: ignore[arg-type]
-        out[p.key_of(holder)] = crypto.encrypt(key, crypto.share_keys_plaintext_concat(own, holder, b_share, s_share))
+        key = crypto.shared_key(_bytes(state, "sk-enc"), _bytes(cfg, f"{p.PK_ENC}:{holder}"))
+        plaintext = crypto.share_keys_plaintext_concat(own, holder, b_share, s_share)
+        out[p.key_of(holder)] = crypto.encrypt(key, plaintext)
     for j in peers:
         state[f"pk-enc:{j}"], state[f"pk-mask:{j}"] = cfg[f"{p.PK_ENC}:{j}"], cfg[f"{p.PK_MASK}:{j}"]
     state["b"], state["peers"], state[p.STAGE] = b, peers, p.SHARE_KEYS
@@ -91,15 +113,15 @@ def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecor
 
 def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context: Context,
                   train: Train) -> Message:
-    own, threshold = context.node_id, int(state[p.THRESHOLD])  # type: ignore[call-overload]
+    own, threshold = context.node_id, _int(state, p.THRESHOLD)
     senders = sorted(int(k[3:]) for k in cfg if k.startswith("ct:"))
     if not set(senders) <= set(_ids(state["peers"])) or len(senders) + 1 < threshold:
         raise ValueError(f"secagg: shares from {len(senders)} peers, not {threshold - 1} or more of "
                          "this node's peers")
     for src in senders:
-        key = crypto.shared_key(bytes(state["sk-enc"]), bytes(state[f"pk-enc:{src}"]))  # type: ignore[arg-type]
+        key = crypto.shared_key(_bytes(state, "sk-enc"), _bytes(state, f"pk-enc:{src}"))
         got_src, got_dst, b_share, s_share = crypto.share_keys_plaintext_separate(
-            crypto.decrypt(key, bytes(cfg[f"ct:{src}"])))  # type: ignore[arg-type]
+            crypto.decrypt(key, _bytes(cfg, f"ct:{src}")))
         if (got_src, got_dst) != (src, own):
             raise ValueError(f"secagg: a share from node {src} names {got_src} -> {got_dst}")
         state[f"b:{src}"], state[f"s:{src}"] = b_share, s_share
@@ -107,13 +129,14 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     reply = train(msg, context)
     if reply.has_error():
         return reply
-    bits, bound = int(cfg[p.BITS]), int(cfg[p.BOUND])  # type: ignore[call-overload]
+    bits, bound = _int(cfg, p.BITS), _int(cfg, p.BOUND)
     total = _masked(reply.content, cfg, state, senders, own, bits, bound)
     metrics = dict(reply.content.metric_records[wire.METRICS])
     for name in [str(s).split("/", 1)[0] for s in _names(cfg) if str(s).endswith("/" + fixedpoint.METRIC)]:
         metrics.pop(name, None)  # averaged through the sum, never sent alone
     state["masked-with"], state[p.STAGE] = senders, p.MASKED_INPUT
-    content = RecordDict({wire.MASKED: ArrayRecord({p.MASKED_ARRAY: Array(total.astype(fixedpoint.wire_dtype(bits)))}),
+    y = Array(total.astype(fixedpoint.wire_dtype(bits)))
+    content = RecordDict({wire.MASKED: ArrayRecord({p.MASKED_ARRAY: y}),
                           wire.METRICS: MetricRecord(metrics)})
     return Message(content, reply_to=msg)
 
@@ -127,25 +150,25 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
             bits: int, bound: int) -> np.ndarray:
     """y: this reply's shared records in the server's layout, as integers, masked."""
     records = {name: dict(rec.to_torch_state_dict()) for name, rec in content.array_records.items()}
-    metrics = dict(content.metric_records[wire.METRICS])
+    metrics = {k: v for k, v in content.metric_records[wire.METRICS].items() if isinstance(v, int | float)}
     slots = []
     for entry in _names(cfg):
         record, name = entry.split("/", 1)
         tensor = records.get(record, {}).get(name)
         shape, dtype = ((1,), torch.float64) if tensor is None else (tuple(tensor.shape), tensor.dtype)
-        slots.append(fixedpoint.Slot(record, name, shape, dtype, float(cfg[f"clip:{record}"])))  # type: ignore[arg-type]
+        slots.append(fixedpoint.Slot(record, name, shape, dtype, _float(cfg, f"clip:{record}")))
     sent = {f"{s.record}/{s.name}" for s in slots}
     extra = sorted(f"{r}/{n}" for r, arrays in records.items() for n in arrays if f"{r}/{n}" not in sent)
     if extra:  # a record the server would not sum is a record it would never see
         raise ValueError(f"secagg: the reply holds arrays the layout lacks: {extra[:3]}")
     q = fixedpoint.encode(records, metrics, slots, bound, _rounding(cfg, own))
-    std = float(cfg.get(p.NOISE_STD, 0.0))  # type: ignore[arg-type]
+    std = _float(cfg, p.NOISE_STD)
     if std > 0.0:  # dp='client': this node's share of the sum's discrete Gaussian noise
         q = q + noise.discrete_gaussian(std, len(q))
     total = fixedpoint.to_ring(q, bits)
-    p.add_mask(total, bytes(state["b"]), 1, bits)  # type: ignore[arg-type]
+    p.add_mask(total, _bytes(state, "b"), 1, bits)
     for j in senders:
-        key = crypto.shared_key(bytes(state["sk-mask"]), bytes(state[f"pk-mask:{j}"]))  # type: ignore[arg-type]
+        key = crypto.shared_key(_bytes(state, "sk-mask"), _bytes(state, f"pk-mask:{j}"))
         p.add_mask(total, key, p.pair_sign(own, j), bits)
     return total
 
@@ -153,12 +176,13 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
 def _rounding(cfg: ConfigRecord, own: int) -> torch.Generator:
     """The stochastic rounding's generator, seeded by the run seed, the round and the node, so a
     run replays (the masks cancel exactly; only dp's noise is fresh OS entropy)."""
-    digest = hashlib.sha256(f"secagg/{cfg.get(p.SEED, 0)}/{cfg[p.ROUND]}/{own}".encode()).digest()
+    seed = _int(cfg, p.SEED) if p.SEED in cfg else 0
+    digest = hashlib.sha256(f"secagg/{seed}/{_int(cfg, p.ROUND)}/{own}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:7], "little"))
 
 
 def _unmask(cfg: ConfigRecord, state: ConfigRecord, context: Context) -> ConfigRecord:
-    own, threshold = context.node_id, int(state[p.THRESHOLD])  # type: ignore[call-overload]
+    own, threshold = context.node_id, _int(state, p.THRESHOLD)
     active, dead = set(_ids(cfg.get(p.ACTIVE))), set(_ids(cfg.get(p.DEAD)))
     masked_with = set(_ids(state["masked-with"]))
     if active & dead:  # both shares of one node would unmask its input

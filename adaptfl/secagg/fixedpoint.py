@@ -71,9 +71,10 @@ def encode(records: Mapping[str, Mapping[str, torch.Tensor]], metrics: Mapping[s
                 raise ValueError(f"secagg: the reply lacks the metric {slot.record!r}")
             value = torch.tensor([float(metrics[slot.record])], dtype=torch.float64)
         else:
-            value = records.get(slot.record, {}).get(slot.name)
-            if value is None or tuple(value.shape) != slot.shape:
+            found = records.get(slot.record, {}).get(slot.name)
+            if found is None or tuple(found.shape) != slot.shape:
                 raise ValueError(f"secagg: {slot.record}/{slot.name} is missing or not of shape {slot.shape}")
+            value = found
         x = value.detach().to("cpu", torch.float64).reshape(-1)
         if not torch.isfinite(x).all():
             raise ValueError(f"secagg: {slot.record}/{slot.name} holds non-finite values")

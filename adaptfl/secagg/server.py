@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -86,7 +87,7 @@ class SecAggServer:
         if got is not None:
             got.pop(node, None)
 
-    def _config(self, stage: str, values: dict) -> RecordDict:
+    def _config(self, stage: str, values: dict[str, Any]) -> RecordDict:
         return RecordDict({wire.SECAGG: ConfigRecord({p.STAGE: stage, p.ROUND: self.round, **values})})
 
     def _prune(self, alive: set[int], neighbours: dict[int, set[int]], stage: str) -> set[int]:
@@ -143,7 +144,8 @@ class SecAggServer:
         alive = self._prune(set(sealed), neighbours, p.SHARE_KEYS)
         shared = set(alive)  # U2: nodes whose shares went out; their masks are in their peers' y
         # 3. masked input, with the training instruction
-        setup = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std, p.SEED: self.seed,
+        setup: dict[str, Any] = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std,
+                                 p.SEED: self.seed,
                  p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
                  **{f"clip:{r}": c for r, c in clips.items()}}
         contents = {}

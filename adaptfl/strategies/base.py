@@ -248,7 +248,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         privacy_stats = self._record_release(new, len(accepted), server_round) if private is not None else {}
         self.state = new  # the only assignment: a failure above leaves the state untouched
         deltas = [r.arrays[wire.DELTA] for r in accepted]
-        consistency = {} if secure else {"direction-consistency": direction_consistency(deltas, agg.mean_delta)}
+        consistency = {} if secure else \
+            {"direction-consistency": direction_consistency(deltas, agg.mean_delta)}
         stats = {**consistency, **self._client_metrics(accepted, weights), **agg.stats, **combine.stats,
                  **privacy_stats}
         if self.report.clipped:

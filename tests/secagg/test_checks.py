@@ -41,7 +41,8 @@ def test_what_composes_is_accepted() -> None:
 
 @pytest.mark.parametrize(("values", "says"), [
     ({"secagg_clip_v": 0.1}, "secagg-clip-v with secagg='none'"),
-    ({**OK, "algorithm": "fedavg", "secagg_clip_v": 0.1}, "secagg-clip-v: algorithm 'fedavg' shares no such record"),
+    ({**OK, "algorithm": "fedavg", "secagg_clip_v": 0.1},
+     "secagg-clip-v: algorithm 'fedavg' shares no such record"),
     ({**OK, "dp": "client", "algorithm": "fedact", "secagg_clip_v": 0.1}, "under dp each record's range"),
     ({**OK, "secagg_threshold": 0.5}, "secagg-threshold"),
 ])
