@@ -20,7 +20,7 @@ from adaptfl.algorithms.settings import parse_partition_map
 from adaptfl.codec.codec import spec_bytes
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
-from adaptfl.strategies.ownership import bind_by_claims, bind_by_map
+from adaptfl.strategies.ownership import Ownership, bind_by_claims, bind_by_map
 from adaptfl.strategies.screen import (
     cap_to_median,
     capped_factors,
@@ -53,6 +53,7 @@ class ReplyIntake:
     _messages: list[Message]  # this round's instructions
     _connected: set[int]  # nodes connected at the last sampling
     screen_reference: dict[str, tuple[float, int]]  # the next round's, committed with this round's state
+    ownership_next: Ownership  # the partition ledger after this round's claims, committed likewise
 
     def contract(self) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
@@ -111,13 +112,15 @@ class ReplyIntake:
 
     def _bind(self, accepted: Mapping[int, DecodedReply]) -> dict[int, str]:
         """node -> why its partition-id claim is dropped (ownership.py): the operator's
-        partition-map where given, else the rule for claims; the ledger is the server state's."""
+        partition-map where given, else the rule for claims. On a copy of the state's ledger,
+        `ownership_next`: a skipped or refused round leaves the state as it was, ledger too."""
         assert self.state is not None
         claims = {node: reply.metrics for node, reply in accepted.items()}
+        self.ownership_next = self.state.ownership.clone()
         mapping = parse_partition_map(self.cfg.federation.partition_map)  # checked before round 1
         if mapping:
-            return bind_by_map(claims, mapping, self.state.ownership)
-        return bind_by_claims(claims, self.state.ownership, self._connected)
+            return bind_by_map(claims, mapping, self.ownership_next)
+        return bind_by_claims(claims, self.ownership_next, self._connected)
 
     def _by_node(self, replies: Iterable[Message]) -> dict[int | None, list[Message]]:
         """Replies by the sampled node they answer for; a forged one (sent by another node) is

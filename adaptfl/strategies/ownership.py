@@ -88,43 +88,52 @@ def bind_by_claims(replies: Mapping[int, Mapping[str, object]], ledger: Ownershi
     """node -> why dropped, for the round's claims without a map (the rule in the module doc);
     updates `ledger`."""
     ledger.rounds += 1
-    now = ledger.rounds
     for pid in [p for p, n in ledger.owners.items() if n not in connected]:  # a node that left
         del ledger.owners[pid]
         ledger.bound_at.pop(pid, None)
     for node in replies:
-        ledger.first_seen.setdefault(node, now)
-    suspects = {n: p for p, nodes in ledger.quarantined.items() for n in nodes}
+        ledger.first_seen.setdefault(node, ledger.rounds)
     dropped: dict[int, str] = {}
-    held = {n: p for p, n in ledger.owners.items()}  # node -> its id, kept along below
     for pid, nodes in sorted(claims_of(replies).items()):
-        owner = ledger.owners.get(pid)
-        free = []  # claimants with no id of their own, nor in another id's quarantine
-        for node in nodes:
-            if node == owner:
-                free.append(node)
-            elif owner is not None and (node in held or ledger.first_seen[node] <= ledger.bound_at[pid]):
-                # it holds an id of its own, or was seen by the binding and claimed another then
-                dropped[node] = f"{PID}={pid} belongs to node {owner}, which held it first"
-            elif held.get(node, pid) != pid:
-                dropped[node] = f"{PID}={pid}: node {node} holds {held[node]}"
-            elif suspects.get(node, pid) != pid:
-                dropped[node] = f"{PID}={pid}: node {node} claimed quarantined {PID}={suspects[node]}"
-            else:
-                free.append(node)
-        if pid in ledger.quarantined:
-            _quarantine(ledger, pid, free, free, dropped)
-        elif owner is None and len(free) == 1:
-            ledger.owners[pid], ledger.bound_at[pid], held[free[0]] = free[0], now, pid
-        elif owner is None and free:  # two first claims in one round: nothing tells the owner's
-            _quarantine(ledger, pid, free, free, dropped)
-        elif owner is not None and any(n != owner for n in free):  # first seen after the
-            late = [n for n in free if n != owner]  # binding: maybe the owner a liar raced
-            del ledger.owners[pid], held[owner]
-            ledger.bound_at.pop(pid, None)
-            _quarantine(ledger, pid, [owner, *late], free, dropped,
-                        f"; node {owner} held it before nodes {_names(late)} were first seen")
+        _decide(ledger, pid, _unproven(ledger, pid, nodes, dropped), dropped)
     return dropped
+
+
+def _unproven(ledger: Ownership, pid: int, nodes: list[int], dropped: dict[int, str]) -> list[int]:
+    """The claimants of `pid` whose claim no earlier fact refutes; the others into `dropped`."""
+    owner = ledger.owners.get(pid)
+    held = {n: p for p, n in ledger.owners.items()}
+    suspects = {n: p for p, claimants in ledger.quarantined.items() for n in claimants}
+    free = []
+    for node in nodes:
+        if node == owner:
+            free.append(node)
+        elif owner is not None and (node in held or ledger.first_seen[node] <= ledger.bound_at[pid]):
+            # it holds an id of its own, or was seen by the binding and claimed another then
+            dropped[node] = f"{PID}={pid} belongs to node {owner}, which held it first"
+        elif held.get(node, pid) != pid:
+            dropped[node] = f"{PID}={pid}: node {node} holds {held[node]}"
+        elif suspects.get(node, pid) != pid:
+            dropped[node] = f"{PID}={pid}: node {node} claimed quarantined {PID}={suspects[node]}"
+        else:
+            free.append(node)
+    return free
+
+
+def _decide(ledger: Ownership, pid: int, free: list[int], dropped: dict[int, str]) -> None:
+    """Binds `pid` to a lone first claimant, or quarantines it where the claims are ambiguous."""
+    owner = ledger.owners.get(pid)
+    late = [n for n in free if n != owner]
+    if pid in ledger.quarantined:
+        _quarantine(ledger, pid, free, free, dropped)
+    elif owner is None and len(free) == 1:
+        ledger.owners[pid], ledger.bound_at[pid] = free[0], ledger.rounds
+    elif owner is None and free:  # two first claims in one round: nothing tells the owner's
+        _quarantine(ledger, pid, free, free, dropped)
+    elif owner is not None and late:  # first seen after the binding: maybe the owner that a
+        del ledger.owners[pid], ledger.bound_at[pid]  # liar raced while it was not sampled
+        _quarantine(ledger, pid, [owner, *late], free, dropped,
+                    f"; node {owner} held it before nodes {_names(late)} were first seen")
 
 
 def _names(nodes: Collection[int]) -> str:

@@ -36,7 +36,7 @@ def test_a_thief_that_claims_first_never_keeps_the_owners_id() -> None:
            "were first seen; partition-map must name its owner")
     assert strategy.report.rejected == {"1": why, "5": why}
     assert strategy.report.accepted == 1 and 0 not in strategy.state.partition_owners
-    _round(strategy, {n: _honest(strategy, n) for n in (1, 2)})  # the thief gone: still quarantined
+    _round(strategy, {n: _honest(strategy, n) for n in (1, 2)})  # the thief away: still quarantined
     assert set(strategy.report.rejected) == {"1"}
     assert "partition-id=0 is quarantined: claimed by nodes 1, 5" in strategy.report.rejected["1"]
     assert strategy.state.ownership.quarantined == {0: [1, HOSTILE]}
@@ -124,7 +124,7 @@ def test_the_ledger_is_checkpointed_and_resumed() -> None:
     assert resumed.state.ownership.as_dict() == {"owners": {0: 5, 1: 2}, "bound_at": {0: 1, 1: 1},
                                                  "first_seen": {2: 1, 5: 1}, "quarantined": {},
                                                  "rounds": 1}
-    _round(resumed, {1: _honest(resumed, 1)})  # the owner, first seen after the resume
+    _round(resumed, {1: _honest(resumed, 1), 2: _honest(resumed, 2)})  # the owner comes
     assert "partition-id=0 is quarantined" in resumed.report.rejected["1"]
     assert ServerState.from_bytes(resumed.state.to_bytes()).ownership.quarantined == {0: [1, 5]}
 
@@ -145,3 +145,15 @@ def test_a_malformed_partition_map_is_refused_in_one_line(text: str, match: str)
         RunConfig.of(partition_map=text)
     assert "\n" not in str(refused.value) and str(refused.value).startswith("invalid partition-map")
     assert RunConfig.from_flower({"partition-map": "11:0,12:1"}).federation.partition_map == "11:0,12:1"
+
+
+def test_a_skipped_round_leaves_the_ledger_as_it_was() -> None:
+    """The ledger is committed with the round's state: a round that is skipped (here every reply
+    dropped) leaves the ledger as the last good round left it, as every part of the state."""
+    strategy = _strategy("fedavg")
+    replies = {n: _honest(strategy, n) for n in (2, HOSTILE)}
+    replies[HOSTILE]["metrics"][wire.PARTITION_ID] = 0
+    _round(strategy, replies)
+    before = strategy.state.ownership.clone()
+    _round(strategy, {1: _honest(strategy, 1)})  # dropped (quarantine): 0 accepted, skipped
+    assert strategy.report.skipped and strategy.state.ownership == before
