@@ -6,10 +6,13 @@ partition-map names the owner; and a map, where given, is the binding."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.server_app.checkpoint import CONFIG_FILE, check_same_job
 from adaptfl.strategies.ownership import Ownership, bind_by_claims, bind_by_map
 from adaptfl.strategies.state import ServerState
 from tests.strategies.test_hostile_replies import HOSTILE, _honest, _round, _strategy
@@ -157,3 +160,10 @@ def test_a_skipped_round_leaves_the_ledger_as_it_was() -> None:
     before = strategy.state.ownership.clone()
     _round(strategy, {1: _honest(strategy, 1)})  # dropped (quarantine): 0 accepted, skipped
     assert strategy.report.skipped and strategy.state.ownership == before
+
+
+def test_a_resume_may_add_the_partition_map_that_resolves_a_quarantine(tmp_path) -> None:
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(RunConfig.of().to_flower()))
+    check_same_job(RunConfig.of(partition_map="1:0,2:1"), tmp_path)  # no error: may change
+    with pytest.raises(ValueError, match="run config differs"):
+        check_same_job(RunConfig.of(seed=7), tmp_path)
