@@ -14,7 +14,8 @@ binding may rest on node ids and on the order the server saw them, never on who 
   one round. A liar can thus deny one partition, never take it from its owner silently.
 
 An owner that is no longer connected frees its id (a restarted SuperNode gets a new node id);
-a quarantine is kept for the run. All of it is in the server state (checkpointed, resumed).
+a quarantine is kept for the run. All of it is in the server state (checkpointed, resumed),
+committed with the round: a skipped or refused round leaves it as it was.
 """
 
 from __future__ import annotations
