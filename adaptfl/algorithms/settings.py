@@ -66,8 +66,13 @@ class Federation(Component):
                              within=(0, None), loop_only="check the Result that start() returns")
     seed: int = param(42, "seed of the model, the partitions, the client sampling and the batches",
                       within=(0, None))
+    partition_map: str = param("", "node-id:partition-id pairs, comma-separated (e.g. '11:0,12:1'): "
+                               "the only partition id each listed node may claim, and no other node "
+                               "may reply; empty: bound from the claims (docs/robustness.md, "
+                               "'Partition ownership')")
 
     def check(self) -> None:
+        parse_partition_map(self.partition_map)  # a malformed map stops the run before round 1
         if 0.0 < self.round_timeout < MIN_ROUND_TIMEOUT:
             raise ValueError(f"invalid round-timeout={self.round_timeout!r}: no round answers within "
                              f"{self.round_timeout:g} s; use >= {MIN_ROUND_TIMEOUT:g} s, or 0 (no limit)")
@@ -75,6 +80,25 @@ class Federation(Component):
             # below 2, honest replies a little above the round's median would be dropped
             raise ValueError(f"invalid screen-ratio={self.screen_ratio!r}: it would drop honest replies "
                              f"near the round's median; use >= {MIN_SCREEN_RATIO:g}, or 0 (off)")
+
+
+def parse_partition_map(text: str) -> dict[int, int]:
+    """node id -> partition id of a `partition-map` ('' : {}); a one-line ValueError naming the
+    first bad pair, a node listed twice or a partition given to two nodes."""
+    mapping: dict[int, int] = {}
+    for pair in (p.strip() for p in text.replace(" ", ",").split(",")):
+        if not pair:
+            continue
+        node, sep, pid = pair.partition(":")
+        if not sep or not node.strip().isdigit() or not pid.strip().isdigit():
+            raise ValueError(f"invalid partition-map: {pair!r} is not node-id:partition-id "
+                             "(two non-negative ints)")
+        if int(node) in mapping:
+            raise ValueError(f"invalid partition-map: node {int(node)} is listed twice")
+        if int(pid) in mapping.values():
+            raise ValueError(f"invalid partition-map: partition-id {int(pid)} is given to two nodes")
+        mapping[int(node)] = int(pid)
+    return mapping
 
 
 @component("settings", "local")

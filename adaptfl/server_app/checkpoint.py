@@ -36,6 +36,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "resume", "resume-from", "results-dir", "run-name", "data-dir", "device", "num-threads",
     "round-timeout", "min-replies", "max-reply-mb", "node-wait", "max-skipped-rounds", "skip-window",
     "overwrite", "mlflow",  # mlflow: turned on by a resume, its store gets the kept rows too
+    "partition-map",  # how an operator resolves a quarantined partition id (strategies/ownership.py)
 })
 
 

@@ -43,6 +43,7 @@ from adaptfl.strategies.aggregate import cap_shares, direction_consistency
 from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
+from adaptfl.strategies.ownership import Ownership
 from adaptfl.strategies.sampling import hostile_count, sample_size, secret_sample, wait_for_nodes
 from adaptfl.strategies.screen import REFERENCE, reference_record
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
@@ -80,6 +81,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
         self.screen_reference: dict[str, tuple[float, int]] = {}  # set by _screen each round
+        self.ownership_next = Ownership()  # set by _bind each round
 
     # --- state ----------------------------------------------------------------------------------
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
@@ -303,6 +305,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self._as_broadcast(new)
         if self.screen_reference:  # for the next lone reply (screen.py)
             new.extras[REFERENCE] = reference_record(self.screen_reference)
+        new.ownership = self.ownership_next  # the round's partition claims (ownership.py)
         check_state(new, self.contract(), algorithm)
         return new, agg
 

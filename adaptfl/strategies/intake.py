@@ -1,7 +1,7 @@
 """Which replies of a round count (`ReplyIntake`, a part of `AdaptiveStrategy`): only the answer
 to an instruction of this round, one per sampled node, sent by that node, as a train reply; its
 records, shapes, dtypes, values and size against the algorithm's contract (validation.py); a
-partition id its node holds (`bind_partitions`); then the screen against the round's others
+partition id its node holds (ownership.py); then the screen against the round's others
 (screen.py: every shared record; a lone reply against the screen reference). A bad reply is
 dropped with its reason in the round's report, never raised into the round; the claimed
 weights are capped at max-weight-ratio × the round's median."""
@@ -16,9 +16,11 @@ from flwr.app import Message, MessageType
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.contract import ArraySpec, Contract, ModelSpec
+from adaptfl.algorithms.settings import parse_partition_map
 from adaptfl.codec.codec import spec_bytes
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
+from adaptfl.strategies.ownership import Ownership, bind_by_claims, bind_by_map
 from adaptfl.strategies.screen import (
     cap_to_median,
     capped_factors,
@@ -33,7 +35,6 @@ from adaptfl.strategies.validation import (
     Codecs,
     DecodedReply,
     ReplyRejected,
-    bind_partitions,
     decode_reply,
     reply_bound,
     summation_order,
@@ -52,6 +53,7 @@ class ReplyIntake:
     _messages: list[Message]  # this round's instructions
     _connected: set[int]  # nodes connected at the last sampling
     screen_reference: dict[str, tuple[float, int]]  # the next round's, committed with this round's state
+    ownership_next: Ownership  # the partition ledger after this round's claims, committed likewise
 
     def contract(self) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
@@ -98,9 +100,7 @@ class ReplyIntake:
         by_node = self._by_node(replies)
         accepted = self._decode_all(by_node)
         assert self.state is not None
-        dropped, self.state.partition_owners = bind_partitions(
-            accepted, self.state.partition_owners, self._connected)
-        for node, why in dropped.items():
+        for node, why in self._bind(accepted).items():
             accepted.pop(node)
             self._reject(str(node), why)
         pairs = sorted(accepted.items(), key=summation_order(accepted))
@@ -109,6 +109,18 @@ class ReplyIntake:
         for node, reply in kept:  # only now: a dropped claimer of another's partition id notes nothing
             self.report.note_client(node, reply.metrics)
         return kept
+
+    def _bind(self, accepted: Mapping[int, DecodedReply]) -> dict[int, str]:
+        """node -> why its partition-id claim is dropped (ownership.py): the operator's
+        partition-map where given, else the rule for claims. On a copy of the state's ledger,
+        `ownership_next`: a skipped or refused round leaves the state as it was, ledger too."""
+        assert self.state is not None
+        claims = {node: reply.metrics for node, reply in accepted.items()}
+        self.ownership_next = self.state.ownership.clone()
+        mapping = parse_partition_map(self.cfg.federation.partition_map)  # checked before round 1
+        if mapping:
+            return bind_by_map(claims, mapping, self.ownership_next)
+        return bind_by_claims(claims, self.ownership_next, self._connected)
 
     def _by_node(self, replies: Iterable[Message]) -> dict[int | None, list[Message]]:
         """Replies by the sampled node they answer for; a forged one (sent by another node) is

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from adaptfl.algorithms import wire
+from adaptfl.strategies.ownership import Ownership
 
 Tensors = dict[str, torch.Tensor]
 
@@ -27,9 +28,13 @@ class ServerState:
     # Names this job's durable client state (client_app/client_state.py): new for every run,
     # kept across a resume (Flower gives the resumed run a new run id, so that can't serve).
     run_key: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # partition id -> the node that first held it alone (issue 21 §4: a node claiming another's
-    # id is dropped, not the owner); an owner that is no longer connected frees its id
-    partition_owners: dict[int, int] = field(default_factory=dict)
+    # which node each partition id belongs to, and what decided it (strategies/ownership.py)
+    ownership: Ownership = field(default_factory=Ownership)
+
+    @property
+    def partition_owners(self) -> dict[int, int]:
+        """partition id -> its node (the ledger's own dict: changes to it are the state's)."""
+        return self.ownership.owners
 
     def clone(self) -> ServerState:
         return ServerState(
@@ -38,14 +43,14 @@ class ServerState:
             extras={name: {k: v.clone() for k, v in t.items()} for name, t in self.extras.items()},
             sampling_rng=self.sampling_rng.clone(),
             run_key=self.run_key,
-            partition_owners=dict(self.partition_owners),
+            ownership=self.ownership.clone(),
         )
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         torch.save({"server_round": self.server_round, "model": self.model,
                     "extras": self.extras, "sampling_rng": self.sampling_rng,
-                    "run_key": self.run_key, "partition_owners": self.partition_owners}, buffer)
+                    "run_key": self.run_key, "ownership": self.ownership.as_dict()}, buffer)
         return buffer.getvalue()
 
     @classmethod
@@ -54,7 +59,7 @@ class ServerState:
         return cls(server_round=int(raw["server_round"]), model=raw["model"],
                    extras=raw["extras"], sampling_rng=raw["sampling_rng"],
                    run_key=str(raw["run_key"]),
-                   partition_owners={int(p): int(n) for p, n in raw.get("partition_owners", {}).items()})
+                   ownership=Ownership.from_dict(raw.get("ownership", {}), raw.get("partition_owners", {})))
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint intact."""

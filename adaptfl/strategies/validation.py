@@ -5,15 +5,15 @@ name, shape and dtype and finite values within its record's declared domain (v â
 statistics PSD, Î” squarable under the rules that square it: algorithms/domain.py), the metrics
 are finite numbers with a positive example count, a non-negative int partition id (and the
 algorithm's required keys, within their domains), and the whole reply is within the size bound.
-Otherwise the reason is returned and the caller drops the reply. Across the round's replies: a
-partition id belongs to the node that first held it, and the ids fix the order of the float sums.
+Otherwise the reason is returned and the caller drops the reply. Across the round's replies the
+partition ids fix the order of the float sums (which node an id belongs to: ownership.py).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeGuard, cast
 
@@ -235,7 +235,7 @@ def _decoded(record_name: str, record: ArrayRecord, spec: ArraySpec, codec: Code
         raise ReplyRejected(f"{record_name}: malformed {codec} encoding {why}") from None
 
 
-# --- one node per partition, and a fixed order of the replies ------------------------------
+# --- a fixed order of the replies ---------------------------------------------------------
 
 def summation_order(replies: Mapping[int, DecodedReply]) -> Callable[[tuple[int, DecodedReply]], int]:
     """A fixed order of the replies, so float sums depend neither on arrival order nor on the
@@ -246,29 +246,3 @@ def summation_order(replies: Mapping[int, DecodedReply]) -> Callable[[tuple[int,
     if all(isinstance(p, int) and p >= 0 for p in pids) and len(set(pids)) == len(pids):
         return lambda item: cast(int, item[1].metrics[wire.PARTITION_ID])  # all() above: an int each
     return lambda item: item[0]
-
-
-def bind_partitions(accepted: Mapping[int, DecodedReply], owners: Mapping[int, int],
-                    connected: Collection[int]) -> tuple[dict[int, str], dict[int, int]]:
-    """(node -> why dropped, the new owners) for the round's partition-id claims. A partition
-    belongs to the node that first claimed it alone in a round; a later claim of it by another
-    node is dropped (never the owner's), and so is a node's claim of a second partition. Two
-    first claims in one round bind nobody and drop nobody (the sums then go in node-id order).
-    An owner that is no longer connected frees its id (a restarted SuperNode gets a new node id)."""
-    owners = {p: n for p, n in owners.items() if n in connected}
-    held = {n: p for p, n in owners.items()}
-    claims: dict[int, list[int]] = {}
-    for node, reply in accepted.items():
-        if wire.PARTITION_ID in reply.metrics:
-            claims.setdefault(int(reply.metrics[wire.PARTITION_ID]), []).append(node)
-    dropped: dict[int, str] = {}
-    for pid, nodes in sorted(claims.items()):
-        owner = owners.get(pid)
-        for node in nodes:
-            if owner is not None and node != owner:
-                dropped[node] = f"{wire.PARTITION_ID}={pid} belongs to node {owner}, which held it first"
-            elif owner is None and node in held:
-                dropped[node] = f"{wire.PARTITION_ID}={pid}: node {node} holds {held[node]}"
-        if owner is None and len(nodes) == 1 and nodes[0] not in held:
-            owners[pid] = held[nodes[0]] = nodes[0]
-    return dropped, owners

@@ -290,3 +290,27 @@ def test_a_reply_sent_in_another_nodes_name_never_drops_the_victims_own(tiny_dat
     rows = metric_rows(run_federated(InProcessGrid(5, cfg.to_flower(), handler=forger), cfg))
     assert [r["replies-accepted"] for r in rows] == [4, 4]  # everyone but the forger
     assert all("2" in r["latency"] and "5" not in r["latency"] and not r["rejected"] for r in rows)
+
+
+@pytest.mark.parametrize("partition_map", ["", "1:0,2:1,3:2,4:3,5:4"])
+def test_a_partition_thief_under_partial_participation_never_keeps_the_owners_id(
+        partition_map, tiny_data, tmp_path) -> None:
+    """issue 32 §4: with fraction-train=0.6 node 1 claims node 2's partition id every round. On
+    main, when node 1 was sampled first it held the id and node 2 was dropped ("partition-id=1
+    belongs to node 1, which held it first"). Now node 2 is never dropped in node 1's favour:
+    without a map the id is quarantined once both have claimed it, with the map node 1 is
+    dropped from its first claim and node 2 never."""
+    cfg = _config(tiny_data, tmp_path, "fedavg", rounds=6, local_steps=2, fraction_train=0.6,
+                  partition_map=partition_map)
+    rows = metric_rows(run_federated(InProcessGrid(5, cfg.to_flower(), handler=hostile(pid_taken)), cfg))
+    seen: set[str] = set()
+    for row in rows:
+        replied, rejected = set(row["latency"]), row["rejected"]
+        assert "belongs to node 1" not in str(rejected)  # the thief never holds it against node 2
+        if partition_map:
+            assert "2" not in rejected and ("1" in rejected) == ("1" in replied)
+        elif {"1", "2"} <= seen | replied:  # both have claimed it: quarantined, both dropped
+            for node in {"1", "2"} & replied:
+                assert "partition-id=1 is quarantined" in rejected.get(node, "accepted"), row
+        seen |= replied
+    assert {"1", "2"} <= seen  # the sampling gave both a turn

@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
@@ -115,3 +116,21 @@ def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, tiny_data, caplo
     assert messages.count("exceeds this client's") == 2, messages
     row = metric_rows(tmp_path / "big")[0]
     assert 0 < row["eval-seconds"] <= row["seconds"]  # the central evaluation's share of the round
+
+
+def test_a_reply_forged_in_another_nodes_name_never_reaches_the_server() -> None:
+    """issue 32 §5: node 3's handler stamps its reply as node 2's. Flower's link state refuses a
+    reply whose sender is not the node its instruction went to, and so does the engine: node 2's
+    own reply is the one that arrives, node 3 gets none (no message hand-built in its name)."""
+    def forger(msg: Message, context) -> Message:  # noqa: ANN001
+        reply = Message(RecordDict({"who": ConfigRecord({"node": context.node_id})}), reply_to=msg)
+        if context.node_id == 3:
+            reply.metadata.__dict__["_src_node_id"] = 2
+        return reply
+
+    grid = InProcessGrid(3, {}, handler=forger)
+    sent = [grid.create_message(RecordDict(), "train", node, "1") for node in (1, 2, 3)]
+    for reply in (grid.send_and_receive(sent), grid.pull_messages(grid.push_messages(sent))):
+        assert sorted(r.metadata.src_node_id for r in reply) == [1, 2]
+        (victims,) = [r for r in reply if r.metadata.src_node_id == 2]
+        assert victims.content["who"]["node"] == 2  # its own, not the forger's

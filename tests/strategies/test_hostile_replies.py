@@ -151,16 +151,6 @@ def test_a_partition_stays_with_the_node_that_first_held_it() -> None:
     assert sorted(strategy.report.clients) == ["0", "1", "2", "3"]
 
 
-def test_two_first_claims_of_one_partition_drop_nobody() -> None:
-    strategy = _strategy("fedavg")
-    replies = {n: _honest(strategy, n) for n in range(1, 6)}
-    replies[HOSTILE]["metrics"][wire.PARTITION_ID] = 0  # node 1's partition, in the first round
-    _round(strategy, replies)
-    assert strategy.report.rejected == {} and strategy.report.accepted == 5
-    assert 0 not in strategy.state.partition_owners  # undecided: bound to neither
-    assert strategy.state.partition_owners == {1: 2, 2: 3, 3: 4}
-
-
 def test_a_reply_must_come_from_the_node_its_instruction_went_to() -> None:
     strategy = _strategy("fedavg")
     sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(
