@@ -25,7 +25,7 @@ from adaptfl.privacy.mechanism import metric_domains, shared_records, start_boun
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint
 from adaptfl.secagg.server import SecAggServer, SecureRefused, ring_seed
-from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics, bind_partitions
+from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics
 
 if TYPE_CHECKING:
     from adaptfl.strategies.base import AdaptiveStrategy
@@ -105,9 +105,7 @@ def admit(strategy: AdaptiveStrategy):  # noqa: ANN201 - a callback of SecAggSer
                 why[node] = str(err)
                 continue
             checked[node] = DecodedReply(arrays={}, metrics=values, num_bytes=0)
-        dropped, strategy.state.partition_owners = bind_partitions(
-            checked, strategy.state.partition_owners, strategy._connected)
-        return {**why, **dropped}
+        return {**why, **strategy._bind(checked)}  # committed with the round's state
 
     return check
 
