@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from adaptfl.algorithms.config import RunConfig  # noqa: E402
 from adaptfl.engine.inprocess import InProcessGrid, train_or_refuse  # noqa: E402
+from adaptfl.server_app import loop  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402
 from adaptfl.workloads.idx import read_idx_file  # noqa: E402
 from machine import describe  # noqa: E402
@@ -127,7 +128,17 @@ def adaptfl_rounds(num_clients: int, model: str, secagg: bool, rounds: int, data
     prof = cProfile.Profile() if profile_round else None
 
     # the grid's counts per round: reset when a round's row arrives (on_round), read there
+    # CPU seconds of a round: from the previous round's end (on_round) to this round's central
+    # evaluation (the process's CPU time: clients and server run here, torch on one thread)
+    cpu_marks: dict[str, list[float]] = {"eval": [], "done": []}
+    evaluate_all = loop.evaluate_all
+
+    def timed_evaluate(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        cpu_marks["eval"].append(time.process_time())
+        return evaluate_all(*a, **k)
+
     def on_round(row: dict) -> None:
+        cpu_marks["done"].append(time.process_time())
         proto[int(row["round"])] = (grid.bytes_down, grid.bytes_up)
         grid.bytes_down = grid.bytes_up = 0
         if prof is not None and int(row["round"]) == profile_round - 1:
@@ -137,7 +148,13 @@ def adaptfl_rounds(num_clients: int, model: str, secagg: bool, rounds: int, data
 
     if prof is not None and profile_round == 1:
         prof.enable()
-    out = run_federated(grid, cfg, on_round=on_round)
+    loop.evaluate_all = timed_evaluate
+    try:
+        out = run_federated(grid, cfg, on_round=on_round)
+    finally:
+        loop.evaluate_all = evaluate_all
+    # eval marks: round 0, 1, 2, ...; done marks: round 1, 2, ...
+    cpu = [cpu_marks["eval"][r] - cpu_marks["done"][r - 2] for r in range(2, rounds + 2)]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     done = [r for r in rows if r["round"] >= 1]
     if len(done) != rounds + 1 or any(r.get("skipped") for r in done):
@@ -147,6 +164,7 @@ def adaptfl_rounds(num_clients: int, model: str, secagg: bool, rounds: int, data
     last = measured[-1]
     down, up = proto.get(int(last["round"]), (0, 0))
     result = {"seconds": statistics.median(secs), "rounds-s": secs,
+              "cpu_seconds": statistics.median(cpu) if cpu else float("nan"),
               "eval-s": statistics.median(r.get("eval-seconds", 0.0) for r in measured),
               "row-bytes": int(statistics.median(r["bytes-down"] + r["bytes-up"] for r in measured)),
               "row-down": last["bytes-down"], "row-up": last["bytes-up"],
@@ -272,6 +290,8 @@ def main(argv: list[str] | None = None) -> None:
                 row = {"model": model, "clients": n,
                        "plain_s": plain["seconds"], "secagg_s": sec["seconds"],
                        "ratio_s": sec["seconds"] / plain["seconds"],
+                       "plain_cpu_s": plain["cpu_seconds"], "secagg_cpu_s": sec["cpu_seconds"],
+                       "ratio_cpu": sec["cpu_seconds"] / plain["cpu_seconds"],
                        "plain_B": plain["bytes"], "secagg_B": sec["bytes"],
                        "ratio_B": sec["bytes"] / plain["bytes"],
                        "plain_row_B": plain["row-bytes"], "secagg_row_B": sec["row-bytes"],
@@ -283,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
                     fp, fs = fl
                     row.update({"flower_plain_s": fp["seconds"], "flower_secagg_s": fs["seconds"],
                                 "vs_flower_s": sec["seconds"] / fs["seconds"],
+                                "flower_plain_cpu_s": fp["cpu_seconds"],
+                                "flower_secagg_cpu_s": fs["cpu_seconds"],
+                                "vs_flower_cpu": sec["cpu_seconds"] / fs["cpu_seconds"],
                                 "flower_plain_B": fp["bytes"], "flower_secagg_B": fs["bytes"],
                                 "vs_flower_B": sec["bytes"] / fs["bytes"]})
                 rows.append(row)
@@ -301,6 +324,15 @@ def main(argv: list[str] | None = None) -> None:
                   f"{f('vs_flower_s', '.2f')} | {mib(r['plain_B'])} | {mib(r['secagg_B'])} | "
                   f"{r['ratio_B']:.3f} | {fmib('flower_plain_B')} | {fmib('flower_secagg_B')} | "
                   f"{f('vs_flower_B', '.3f')} |")
+        print("\nCPU seconds per round (the process's; less disturbed by the shared machine's load):\n")
+        print("| model | clients | plain cpu s | secagg+ cpu s | ratio | Flower plain cpu s | "
+              "Flower SecAgg+ cpu s | adaptfl/Flower secagg |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            f = (lambda k, fmt: format(r[k], fmt) if k in r else "n/a")  # noqa: E731
+            print(f"| {r['model']} | {r['clients']} | {r['plain_cpu_s']:.3f} | {r['secagg_cpu_s']:.3f} | "
+                  f"{r['ratio_cpu']:.2f} | {f('flower_plain_cpu_s', '.3f')} | "
+                  f"{f('flower_secagg_cpu_s', '.3f')} | {f('vs_flower_cpu', '.2f')} |")
         big = [r for r in rows if r["clients"] == max(args.clients)]
         if big:
             worst_s, worst_b = max(r["ratio_s"] for r in big), max(r["ratio_B"] for r in big)
