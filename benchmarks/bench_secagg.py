@@ -253,6 +253,14 @@ def flower_side(num_clients: int, model: str, rounds: int) -> tuple[dict, dict] 
             flower_rounds(num_clients, model, True, rounds))
 
 
+def write_csv(path: str, rows: list[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def mib(n: float) -> str:
     return f"{n / 2**20:.2f}"
 
@@ -309,6 +317,8 @@ def main(argv: list[str] | None = None) -> None:
                                 "flower_plain_B": fp["bytes"], "flower_secagg_B": fs["bytes"],
                                 "vs_flower_B": sec["bytes"] / fs["bytes"]})
                 rows.append(row)
+                if args.out:  # after every size, so a run cut short keeps what it measured
+                    write_csv(args.out, rows)
                 print(f"  {model} {n} clients: {time.perf_counter() - started:.0f} s wall "
                       f"({json.dumps({k: v for k, v in row.items() if isinstance(v, float)}, default=str)})",
                       file=sys.stderr, flush=True)
@@ -347,12 +357,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['model']} {r['clients']}: plain {mib(r['plain_row_B'])} MiB, secagg+ "
             f"{mib(r['secagg_row_B'])} MiB ({r['ratio_row_B']:.3f}x)" for r in rows))
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.out, "w", newline="") as fh:
-                keys = list(dict.fromkeys(k for r in rows for k in r))
-                writer = csv.DictWriter(fh, fieldnames=keys)
-                writer.writeheader()
-                writer.writerows(rows)
+            write_csv(args.out, rows)
             print(f"wrote {args.out}")
         if args.profile:
             n = max(args.clients)
