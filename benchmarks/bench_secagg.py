@@ -52,12 +52,13 @@ from flwr.common.serde import message_from_proto, message_to_proto, recorddict_t
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from machine import describe  # noqa: E402
+
 from adaptfl.algorithms.config import RunConfig  # noqa: E402
 from adaptfl.engine.inprocess import InProcessGrid, train_or_refuse  # noqa: E402
 from adaptfl.server_app import loop  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402
 from adaptfl.workloads.idx import read_idx_file  # noqa: E402
-from machine import describe  # noqa: E402
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 EXAMPLES = 64  # per client at the largest size, as in the Flower reference
@@ -108,9 +109,9 @@ class WireGrid(InProcessGrid):
         return message_from_proto(message_to_proto(reply))
 
 
-def config(model: str, rounds: int, data: Path, results: Path, secagg: bool) -> RunConfig:
+def config(model: str, rounds: int, data: Path, results: Path, secagg: bool, steps: int = 2) -> RunConfig:
     extra = {"secagg": "secagg+"} if secagg else {}
-    return RunConfig.of(model=model, algorithm="fedavg", num_server_rounds=rounds, local_steps=STEPS,
+    return RunConfig.of(model=model, algorithm="fedavg", num_server_rounds=rounds, local_steps=steps,
                         batch_size=BATCH, lr=LR, lr_schedule="constant", num_threads=1,
                         diagnostics_every=0, partitioning="iid", data_dir=str(data),
                         results_dir=str(results), run_name="secagg" if secagg else "plain",
@@ -158,7 +159,8 @@ def adaptfl_rounds(num_clients: int, model: str, secagg: bool, rounds: int, data
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     done = [r for r in rows if r["round"] >= 1]
     if len(done) != rounds + 1 or any(r.get("skipped") for r in done):
-        raise RuntimeError(f"{model} {num_clients} secagg={secagg}: rounds {[(r['round'], r.get('skipped'), r.get('skip-reason')) for r in done]}")
+        states = [(r["round"], r.get("skipped"), r.get("skip-reason")) for r in done]
+        raise RuntimeError(f"{model} {num_clients} secagg={secagg}: rounds {states}")
     measured = done[1:]
     secs = [r["seconds"] - r.get("eval-seconds", 0.0) for r in measured]
     last = measured[-1]
@@ -195,7 +197,8 @@ def print_profile(prof: cProfile.Profile, title: str) -> None:
     stages = [
         ("whole secure round (server + every client)", get("secagg/aggregate.py", "secure_round")),
         ("client setup: key pairs (secagg/client.py _setup)", get("secagg/client.py", "_setup")),
-        ("client share keys: Shamir shares + encryption (_share_keys)", get("secagg/client.py", "_share_keys")),
+        ("client share keys: Shamir shares + encryption (_share_keys)",
+         get("secagg/client.py", "_share_keys")),
         ("client masked input, without local training (_masked_input - handle_train)",
          get("secagg/client.py", "_masked_input") - train),
         ("  of which key agreement (crypto.py shared_key)", get("secagg/crypto.py", "shared_key")),
@@ -209,7 +212,8 @@ def print_profile(prof: cProfile.Profile, title: str) -> None:
         ("  of which decode mean (fixedpoint.py decode_mean)", get("secagg/fixedpoint.py", "decode_mean")),
         ("serialisation on the wire (serde message_to/from_proto)",
          get("common/serde.py", "message_to_proto") + get("common/serde.py", "message_from_proto")),
-        ("byte counting (serde recorddict_to_proto, all calls)", get("common/serde.py", "recorddict_to_proto")),
+        ("byte counting (serde recorddict_to_proto, all calls)",
+         get("common/serde.py", "recorddict_to_proto")),
     ]
     print("\nwhere the round's time goes (cumulative s, clients summed; rows overlap where indented):\n")
     print("| stage | s |\n|---|---:|")
@@ -327,8 +331,8 @@ def main(argv: list[str] | None = None) -> None:
               "Flower SecAgg+ MiB | adaptfl/Flower secagg |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            f = (lambda k, fmt: format(r[k], fmt) if k in r else "n/a")  # noqa: E731
-            fmib = (lambda k: mib(r[k]) if k in r else "n/a")  # noqa: E731
+            f = (lambda k, fmt, r=r: format(r[k], fmt) if k in r else "n/a")  # noqa: E731
+            fmib = (lambda k, r=r: mib(r[k]) if k in r else "n/a")  # noqa: E731
             print(f"| {r['model']} | {r['clients']} | {r['plain_s']:.3f} | {r['secagg_s']:.3f} | "
                   f"{r['ratio_s']:.2f} | {f('flower_plain_s', '.3f')} | {f('flower_secagg_s', '.3f')} | "
                   f"{f('vs_flower_s', '.2f')} | {mib(r['plain_B'])} | {mib(r['secagg_B'])} | "
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
               "Flower SecAgg+ cpu s | adaptfl/Flower secagg |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            f = (lambda k, fmt: format(r[k], fmt) if k in r else "n/a")  # noqa: E731
+            f = (lambda k, fmt, r=r: format(r[k], fmt) if k in r else "n/a")  # noqa: E731
             print(f"| {r['model']} | {r['clients']} | {r['plain_cpu_s']:.3f} | {r['secagg_cpu_s']:.3f} | "
                   f"{r['ratio_cpu']:.2f} | {f('flower_plain_cpu_s', '.3f')} | "
                   f"{f('flower_secagg_cpu_s', '.3f')} | {f('vs_flower_cpu', '.2f')} |")

@@ -98,15 +98,17 @@ def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecor
     b_shares = crypto.create_shares(b, threshold, len(holders))
     s_shares = crypto.create_shares(_bytes(state, "sk-mask"), threshold, len(holders))
     out = ConfigRecord()
+    enc = crypto.KeyPair(_bytes(state, "sk-enc"))  # loaded once per stage
     for holder, b_share, s_share in zip(holders, b_shares, s_shares, strict=True):
         if holder == own:
             state["b:self"], state["s:self"] = b_share, s_share
             continue
-        key = crypto.shared_key(_bytes(state, "sk-enc"), _bytes(cfg, f"{p.PK_ENC}:{holder}"))
+        # kept: the same pair decrypts the holder's shares to this node in masked-input
+        key = state[f"k-enc:{holder}"] = enc.agree(_bytes(cfg, f"{p.PK_ENC}:{holder}"))
         plaintext = crypto.share_keys_plaintext_concat(own, holder, b_share, s_share)
         out[p.key_of(holder)] = crypto.encrypt(key, plaintext)
     for j in peers:
-        state[f"pk-enc:{j}"], state[f"pk-mask:{j}"] = cfg[f"{p.PK_ENC}:{j}"], cfg[f"{p.PK_MASK}:{j}"]
+        state[f"pk-mask:{j}"] = cfg[f"{p.PK_MASK}:{j}"]
     state["b"], state["peers"], state[p.STAGE] = b, peers, p.SHARE_KEYS
     return out
 
@@ -119,7 +121,7 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
         raise ValueError(f"secagg: shares from {len(senders)} peers, not {threshold - 1} or more of "
                          "this node's peers")
     for src in senders:
-        key = crypto.shared_key(_bytes(state, "sk-enc"), _bytes(state, f"pk-enc:{src}"))
+        key = _bytes(state, f"k-enc:{src}")
         got_src, got_dst, b_share, s_share = crypto.share_keys_plaintext_separate(
             crypto.decrypt(key, _bytes(cfg, f"ct:{src}")))
         if (got_src, got_dst) != (src, own):
@@ -167,9 +169,9 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
         q = q + noise.discrete_gaussian(std, len(q))
     total = fixedpoint.to_ring(q, bits)
     p.add_mask(total, _bytes(state, "b"), 1, bits)
+    masks = crypto.KeyPair(_bytes(state, "sk-mask"))
     for j in senders:
-        key = crypto.shared_key(_bytes(state, "sk-mask"), _bytes(state, f"pk-mask:{j}"))
-        p.add_mask(total, key, p.pair_sign(own, j), bits)
+        p.add_mask(total, masks.agree(_bytes(state, f"pk-mask:{j}")), p.pair_sign(own, j), bits)
     return total
 
 

@@ -1,7 +1,10 @@
 """The cryptography of SecAgg+, all of it from Flower and `cryptography` (nothing home-made).
 
-    key pairs        ECDH on P-384 (`cryptography`), one pair to encrypt shares, one for masks
-    shared keys      Flower's `generate_shared_key` (ECDH, then HKDF-SHA256 to 32 bytes)
+    key pairs        X25519 (`cryptography`), one pair to encrypt shares, one for masks; a
+                     private key is 32 raw bytes, which Shamir shares in 3 blocks (a P-384 key
+                     in DER takes 12, and its ECDH is ~15x slower: docs/secagg.md)
+    shared keys      X25519, then HKDF-SHA256 to 32 bytes, as Flower's `generate_shared_key`
+                     does after its ECDH
     share transport  Flower's `encrypt`/`decrypt` (Fernet: AES-128-CBC + HMAC-SHA256), the
                      plaintext naming its sender and receiver (Flower's share_keys_plaintext_*)
     secret sharing   Flower's Shamir over GF(2^128) (`create_shares`/`combine_shares`)
@@ -15,52 +18,48 @@ from __future__ import annotations
 import base64
 
 import numpy as np
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
-from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt
 from flwr.common.secure_aggregation.secaggplus_utils import (
     share_keys_plaintext_concat,
     share_keys_plaintext_separate,
 )
 
 __all__ = ["combine_shares", "create_shares", "decrypt", "encrypt", "share_keys_plaintext_concat",
-           "share_keys_plaintext_separate", "KeyPair", "shared_key", "mask", "public_key"]
+           "share_keys_plaintext_separate", "KeyPair", "mask", "public_key"]
 
-CURVE = ec.SECP384R1()
 NONCE = b"adaptfl-secagg+\0"  # 16 bytes; every key masks once (fresh keys every round)
+RAW = serialization.Encoding.Raw
 
 
 class KeyPair:
-    """An ECDH key pair; `private` and `public` as bytes (DER / X9.62 compressed point)."""
+    """An X25519 key pair; `private` and `public` as their 32 raw bytes."""
 
     def __init__(self, private: bytes | None = None) -> None:
-        if private is None:
-            self._key = ec.generate_private_key(CURVE)
-        else:
-            loaded = serialization.load_der_private_key(private, password=None)
-            if not isinstance(loaded, ec.EllipticCurvePrivateKey):
-                raise ValueError("not an elliptic-curve private key")
-            self._key = loaded
-        self.private = self._key.private_bytes(serialization.Encoding.DER,
-                                               serialization.PrivateFormat.PKCS8,
+        if private is not None and len(private) != 32:
+            raise ValueError(f"a private key has 32 bytes, not {len(private)}")
+        self._key = X25519PrivateKey.generate() if private is None else \
+            X25519PrivateKey.from_private_bytes(private)
+        self.private = self._key.private_bytes(RAW, serialization.PrivateFormat.Raw,
                                                serialization.NoEncryption())
-        self.public = self._key.public_key().public_bytes(serialization.Encoding.X962,
-                                                          serialization.PublicFormat.CompressedPoint)
+        self.public = self._key.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)
 
     def agree(self, public: bytes) -> bytes:
         """The 32-byte key this pair shares with `public` (urlsafe base64, as Fernet takes it)."""
-        return generate_shared_key(self._key, public_key(public))
+        secret = self._key.exchange(public_key(public))
+        derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=None).derive(secret)
+        return base64.urlsafe_b64encode(derived)
 
 
-def public_key(data: bytes) -> ec.EllipticCurvePublicKey:
-    """A peer's public key; ValueError for bytes that are no point on the curve."""
-    return ec.EllipticCurvePublicKey.from_encoded_point(CURVE, data)
-
-
-def shared_key(private: bytes, public: bytes) -> bytes:
-    return KeyPair(private).agree(public)
+def public_key(data: bytes) -> X25519PublicKey:
+    """A peer's public key; ValueError for bytes that are no X25519 key."""
+    if len(data) != 32:
+        raise ValueError(f"a public key has 32 bytes, not {len(data)}")
+    return X25519PublicKey.from_public_bytes(data)
 
 
 def mask(key: bytes, length: int, bits: int) -> np.ndarray:
