@@ -123,7 +123,7 @@ def adaptfl_rounds(num_clients: int, model: str, secagg: bool, rounds: int, data
                    work: Path, profile_round: int = 0) -> dict:
     """`rounds` measured rounds after one warm-up of adaptfl's FedAvg, with or without SecAgg+.
     With `profile_round` r, that round runs under cProfile (returned as "profile")."""
-    cfg = config(model, rounds + 1, data, work, secagg)
+    cfg = config(model, rounds + 1, data, work, secagg, STEPS)
     grid = WireGrid(num_clients, cfg.to_flower())
     proto: dict[int, tuple[int, int]] = {}
     prof = cProfile.Profile() if profile_round else None
@@ -278,8 +278,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="cProfile one secagg+ mlp round at the largest size")
     parser.add_argument("--no-flower", action="store_true", help="adaptfl only")
+    parser.add_argument("--local-steps", type=int, default=STEPS,
+                        help="adaptfl's local steps per client (Flower's side: one epoch of 64); with "
+                             "--no-flower, e.g. 50 (the main job's) for the protocol's share of a real round")
     parser.add_argument("--skip", nargs="*", default=[], help="model:clients pairs to leave out")
     args = parser.parse_args(argv)
+    global STEPS
+    STEPS = args.local_steps
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     for name in ("flwr", "adaptfl"):
