@@ -22,7 +22,6 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from adaptfl.deploy.loopback import Nodes, run_loopback
