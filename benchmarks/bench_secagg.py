@@ -30,7 +30,6 @@ adaptfl/secagg by stage).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import cProfile
 import csv
@@ -52,6 +51,7 @@ from flwr.common.serde import message_from_proto, message_to_proto, recorddict_t
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_secagg_flower import mib, size_arguments  # noqa: E402
 from machine import describe  # noqa: E402
 
 from adaptfl.algorithms.config import RunConfig  # noqa: E402
@@ -265,15 +265,8 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def mib(n: float) -> str:
-    return f"{n / 2**20:.2f}"
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (after 1 warm-up)")
+    parser = size_arguments(__doc__)
     parser.add_argument("--out", default="", help="CSV of the table")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile one secagg+ mlp round at the largest size")

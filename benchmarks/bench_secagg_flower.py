@@ -312,11 +312,17 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.2f}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def size_arguments(doc: str) -> argparse.ArgumentParser:
+    """The clients, models and rounds both SecAgg+ benchmarks take (bench_secagg.py too)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds (after 1 warm-up)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = size_arguments(__doc__)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"Flower legacy SecAgg+ vs plain FedAvg over InProcessGrid; CPU {cpu_name()}, "
