@@ -65,6 +65,8 @@ def fp32_rows(tiny_data, tmp_path_factory) -> list[dict]:  # noqa: ANN001
     return metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
 
 
+# one xdist group per shared run, so `-n 2 --dist loadgroup` computes it once, on one worker
+@pytest.mark.xdist_group("codec-engine-fp32-run")
 @pytest.mark.parametrize("codecs", [dict(codec="int8"), dict(codec="int8", codec_delta="top10%:nf4+ef")])
 def test_the_rows_bytes_are_the_payloads_sent_and_received(tiny_data, tmp_path, codecs, fp32_rows) -> None:
     recording = Recording()
@@ -119,6 +121,7 @@ def residual_loads(monkeypatch) -> list[tuple[int, bool, int]]:  # noqa: ANN001
     return loads
 
 
+@pytest.mark.xdist_group("codec-engine-ef-run")
 def test_a_resumed_run_with_residuals_equals_an_uninterrupted_one(tiny_data, tmp_path, monkeypatch,
                                                                   residual_loads, uninterrupted) -> None:
     expected = uninterrupted
@@ -144,6 +147,7 @@ def test_a_resumed_run_with_residuals_equals_an_uninterrupted_one(tiny_data, tmp
     assert_same_model(final_model(out), expected)
 
 
+@pytest.mark.xdist_group("codec-engine-ef-run")
 def test_without_its_state_dir_a_client_starts_from_zero_and_the_run_goes_on(
         tiny_data, tmp_path, monkeypatch, residual_loads, uninterrupted) -> None:
     expected = uninterrupted
