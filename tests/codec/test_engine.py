@@ -57,13 +57,22 @@ def _sum(per_message: list[dict[str, int]]) -> dict[str, int]:
     return out
 
 
+@pytest.fixture(scope="module")
+def fp32_rows(tiny_data, tmp_path_factory) -> list[dict]:  # noqa: ANN001
+    """The rows of the uncompressed run both codec settings below are measured against (one run
+    for the module: it does not depend on the codecs compared with it)."""
+    cfg = _cfg(tiny_data, tmp_path_factory.mktemp("fp32"), codec="fp32", codec_delta="", run_name="fp32")
+    return metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
+
+
+# one xdist group per shared run, so `-n 2 --dist loadgroup` computes it once, on one worker
+@pytest.mark.xdist_group("codec-engine-fp32-run")
 @pytest.mark.parametrize("codecs", [dict(codec="int8"), dict(codec="int8", codec_delta="top10%:nf4+ef")])
-def test_the_rows_bytes_are_the_payloads_sent_and_received(tiny_data, tmp_path, codecs) -> None:
+def test_the_rows_bytes_are_the_payloads_sent_and_received(tiny_data, tmp_path, codecs, fp32_rows) -> None:
     recording = Recording()
     cfg = _cfg(tiny_data, tmp_path, **codecs)
     rows = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower(), handler=recording), cfg))
-    plain = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()),
-                                      cfg.replace(codec="fp32", codec_delta="", run_name="fp32")))
+    plain = fp32_rows
     assert len(recording.pairs) == 4 and not any(reply.has_error() for _, reply in recording.pairs)
     for r, (row, fp32_row) in enumerate(zip(rows, plain, strict=True), start=1):
         pairs = recording.pairs[2 * (r - 1): 2 * r]
@@ -89,6 +98,13 @@ def test_the_rows_bytes_are_the_payloads_sent_and_received(tiny_data, tmp_path, 
 EF = dict(codec="int8", codec_delta="top10%:int8+ef", num_server_rounds=3)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_data, tmp_path_factory) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """The final model of the EF run that is never killed: one run for both resume tests."""
+    whole = _cfg(tiny_data, tmp_path_factory.mktemp("whole"), **EF)
+    return final_model(run_federated(InProcessGrid(2, whole.to_flower()), whole))
+
+
 @pytest.fixture
 def residual_loads(monkeypatch) -> list[tuple[int, bool, int]]:  # noqa: ANN001
     """(round, found, source) of every client's load of its residual."""
@@ -105,10 +121,10 @@ def residual_loads(monkeypatch) -> list[tuple[int, bool, int]]:  # noqa: ANN001
     return loads
 
 
+@pytest.mark.xdist_group("codec-engine-ef-run")
 def test_a_resumed_run_with_residuals_equals_an_uninterrupted_one(tiny_data, tmp_path, monkeypatch,
-                                                                  residual_loads) -> None:
-    whole = _cfg(tiny_data, tmp_path / "whole", **EF)
-    expected = final_model(run_federated(InProcessGrid(2, whole.to_flower()), whole))
+                                                                  residual_loads, uninterrupted) -> None:
+    expected = uninterrupted
     cut = _cfg(tiny_data, tmp_path / "cut", **EF)
     with monkeypatch.context() as m:
         die_before_checkpoint(m, 2)
@@ -131,10 +147,10 @@ def test_a_resumed_run_with_residuals_equals_an_uninterrupted_one(tiny_data, tmp
     assert_same_model(final_model(out), expected)
 
 
+@pytest.mark.xdist_group("codec-engine-ef-run")
 def test_without_its_state_dir_a_client_starts_from_zero_and_the_run_goes_on(
-        tiny_data, tmp_path, monkeypatch, residual_loads) -> None:
-    whole = _cfg(tiny_data, tmp_path / "whole", **EF)
-    expected = final_model(run_federated(InProcessGrid(2, whole.to_flower()), whole))
+        tiny_data, tmp_path, monkeypatch, residual_loads, uninterrupted) -> None:
+    expected = uninterrupted
     cut = _cfg(tiny_data, tmp_path / "cut", **EF)
     with monkeypatch.context() as m:
         die_before_checkpoint(m, 2)

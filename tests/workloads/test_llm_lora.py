@@ -59,10 +59,19 @@ def _base_in_memory(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters() if not p.requires_grad}
 
 
-def test_two_rounds_on_two_clients_train_the_adapters_only(tiny_llama, tmp_path) -> None:
-    cfg = _cfg(tmp_path, tiny_llama, partitioning="iid")
+@pytest.fixture(scope="module")
+def fedact_run(tiny_llama, tmp_path_factory) -> tuple[RunConfig, Recording, object]:  # noqa: ANN001
+    """2 rounds of FedACT over the adapters, iid, with every array name that crossed the wire:
+    one run for the checks below and the uninterrupted reference of the resume test."""
+    cfg = _cfg(tmp_path_factory.mktemp("fedact-lora"), tiny_llama, partitioning="iid")
     recording = Recording()
-    run_dir = run_federated(InProcessGrid(2, cfg.to_flower(), handler=recording), cfg)
+    return cfg, recording, run_federated(InProcessGrid(2, cfg.to_flower(), handler=recording), cfg)
+
+
+# the resume test shares fedact_run: one xdist group, so `-n 2 --dist loadgroup` runs it once
+@pytest.mark.xdist_group("llm-lora-fedact-run")
+def test_two_rounds_on_two_clients_train_the_adapters_only(tiny_llama, fedact_run) -> None:
+    cfg, recording, run_dir = fedact_run
     rows = metric_rows(run_dir, initial=True)
     assert [r.get("replies-accepted") for r in rows] == [None, 2, 2]
     assert rows[-1]["test-response-nll"] < rows[0]["test-response-nll"]  # it learns
@@ -117,10 +126,11 @@ def _stop_after_round_1(row: dict) -> None:
 
 
 @pytest.mark.slow
-def test_a_stopped_lora_run_resumes_to_the_same_adapters(tiny_llama, tmp_path) -> None:
-    whole = _cfg(tmp_path, tiny_llama, partitioning="iid", run_name="whole")
-    expected = torch.load(run_federated(InProcessGrid(2, whole.to_flower()), whole) / "model.pt")
-    cut = whole.replace(run_name="cut")
+@pytest.mark.xdist_group("llm-lora-fedact-run")
+def test_a_stopped_lora_run_resumes_to_the_same_adapters(tiny_llama, tmp_path, fedact_run) -> None:
+    _, _, whole_dir = fedact_run  # the uninterrupted run: the same config, its own folders
+    expected = torch.load(whole_dir / "model.pt")
+    cut = _cfg(tmp_path, tiny_llama, partitioning="iid", run_name="cut")
     with pytest.raises(Stop):  # after round 1's checkpoint
         run_federated(InProcessGrid(2, cut.to_flower()), cut, on_round=_stop_after_round_1)
     resumed = cut.replace(resume=True)
