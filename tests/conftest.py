@@ -17,16 +17,6 @@ needs_fashion_mnist = pytest.mark.skipif(
 )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With pytest-xdist's `--dist loadgroup` (README's test command) the tests that start real
-    Flower processes run one after another on one worker, the others on the rest; a Flower test
-    that names its own group (the 16-SuperNode one, mostly waiting on Flower's heartbeats) runs
-    beside that chain instead of at its end."""
-    for item in items:
-        if item.get_closest_marker("flower") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("flower"))
-
-
 @pytest.fixture
 def accelerator_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU tensors take the branches written for CUDA (local_update/devices.py), so their logic
