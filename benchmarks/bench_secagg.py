@@ -120,10 +120,10 @@ def config(model: str, rounds: int, data: Path, results: Path, secagg: bool, ste
 
 
 def adaptfl_rounds(num_clients: int, model: str, secagg: bool, rounds: int, data: Path,
-                   work: Path, profile_round: int = 0) -> dict:
+                   work: Path, profile_round: int = 0, steps: int = STEPS) -> dict:
     """`rounds` measured rounds after one warm-up of adaptfl's FedAvg, with or without SecAgg+.
     With `profile_round` r, that round runs under cProfile (returned as "profile")."""
-    cfg = config(model, rounds + 1, data, work, secagg, STEPS)
+    cfg = config(model, rounds + 1, data, work, secagg, steps)
     grid = WireGrid(num_clients, cfg.to_flower())
     proto: dict[int, tuple[int, int]] = {}
     prof = cProfile.Profile() if profile_round else None
@@ -276,15 +276,13 @@ def main(argv: list[str] | None = None) -> None:
                              "--no-flower, e.g. 50 (the main job's) for the protocol's share of a real round")
     parser.add_argument("--skip", nargs="*", default=[], help="model:clients pairs to leave out")
     args = parser.parse_args(argv)
-    global STEPS
-    STEPS = args.local_steps
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     for name in ("flwr", "adaptfl"):
         logging.getLogger(name).setLevel(logging.WARNING)
     print(describe("cpu") + f"; torch threads {torch.get_num_threads()}")
     print(f"adaptfl FedAvg, plain vs secagg+ (and Flower legacy FedAvg plain vs SecAgg+), "
-          f"InProcessGrid, fraction 1.0, {STEPS} SGD steps at batch {BATCH} per client, median "
+          f"InProcessGrid, fraction 1.0, {args.local_steps} SGD steps at batch {BATCH} per client, median "
           f"of {args.rounds} round(s) after 1 warm-up; seconds exclude adaptfl's central evaluation")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-secagg-") as tmp:
@@ -294,8 +292,10 @@ def main(argv: list[str] | None = None) -> None:
                 if f"{model}:{n}" in args.skip:
                     continue
                 started = time.perf_counter()
-                plain = adaptfl_rounds(n, model, False, args.rounds, data, Path(tmp) / f"p-{model}-{n}")
-                sec = adaptfl_rounds(n, model, True, args.rounds, data, Path(tmp) / f"s-{model}-{n}")
+                plain = adaptfl_rounds(n, model, False, args.rounds, data, Path(tmp) / f"p-{model}-{n}",
+                                       steps=args.local_steps)
+                sec = adaptfl_rounds(n, model, True, args.rounds, data, Path(tmp) / f"s-{model}-{n}",
+                                     steps=args.local_steps)
                 fl = None if args.no_flower else flower_side(n, model, args.rounds)
                 row = {"model": model, "clients": n,
                        "plain_s": plain["seconds"], "secagg_s": sec["seconds"],
