@@ -77,10 +77,11 @@ def _setup(cfg: ConfigRecord, context: Context, server_round: int) -> ConfigReco
     if context.node_id in neighbours or len(set(neighbours)) != len(neighbours) \
             or len(neighbours) + 1 > shares:
         raise ValueError(f"secagg: {len(neighbours)} neighbours do not fit {shares} shares")
-    enc, masks = crypto.KeyPair(), crypto.KeyPair()
+    seed = secrets.token_bytes(crypto.SEED_BYTES)  # the mask key's: Shamir shares it, not the key
+    enc, masks = crypto.KeyPair(), crypto.KeyPair.from_seed(seed)
     context.state[STATE] = ConfigRecord({
         p.ROUND: server_round, p.STAGE: p.SETUP, p.THRESHOLD: threshold, p.NEIGHBOURS: neighbours,
-        "sk-enc": enc.private, "sk-mask": masks.private})
+        "sk-enc": enc.private, "mask-seed": seed})
     return ConfigRecord({p.PK_ENC: enc.public, p.PK_MASK: masks.public})
 
 
@@ -93,11 +94,11 @@ def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecor
     keys = [_bytes(cfg, f"{p.PK_ENC}:{j}") for j in peers] + [_bytes(cfg, f"{p.PK_MASK}:{j}") for j in peers]
     if len(set(keys)) != len(keys):  # a key seen twice: a server replaying one node's keys
         raise ValueError("secagg: the peers' public keys are not distinct")
-    b = secrets.token_bytes(32)
+    b = secrets.token_bytes(crypto.SEED_BYTES)  # the self-mask's seed
     holders = sorted([*peers, own])
     b_shares = crypto.create_shares(b, threshold, len(holders))
-    s_shares = crypto.create_shares(_bytes(state, "sk-mask"), threshold, len(holders))
-    out = ConfigRecord()
+    s_shares = crypto.create_shares(_bytes(state, "mask-seed"), threshold, len(holders))
+    out = ConfigRecord({p.COMMIT: crypto.commitment(b)})  # the mask key's is its public key
     enc = crypto.KeyPair(_bytes(state, "sk-enc"))  # loaded once per stage
     for holder, b_share, s_share in zip(holders, b_shares, s_shares, strict=True):
         if holder == own:
@@ -168,8 +169,8 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
     if std > 0.0:  # dp='client': this node's share of the sum's discrete Gaussian noise
         q = q + noise.discrete_gaussian(std, len(q))
     total = fixedpoint.to_ring(q, bits)
-    p.add_mask(total, _bytes(state, "b"), 1, bits)
-    masks = crypto.KeyPair(_bytes(state, "sk-mask"))
+    p.add_mask(total, crypto.self_mask_key(_bytes(state, "b")), 1, bits)
+    masks = crypto.KeyPair.from_seed(_bytes(state, "mask-seed"))
     for j in senders:
         p.add_mask(total, masks.agree(_bytes(state, f"pk-mask:{j}")), p.pair_sign(own, j), bits)
     return total

@@ -1,8 +1,10 @@
 """The cryptography of SecAgg+, all of it from Flower and `cryptography` (nothing home-made).
 
-    key pairs        X25519 (`cryptography`), one pair to encrypt shares, one for masks; a
-                     private key is 32 raw bytes, which Shamir shares in 3 blocks (a P-384 key
-                     in DER takes 12, and its ECDH is ~15x slower: docs/secagg.md)
+    key pairs        X25519 (`cryptography`), one pair to encrypt shares, one for masks; the
+                     mask key is derived (HKDF) from a 15-byte seed, as the self-mask key is:
+                     what Shamir shares is the seed, one 16-byte block (pycryptodome's
+                     GF(2^128) arithmetic is pure Python, ~5 ms a block to rebuild; a 32-byte
+                     key is 3 blocks, a P-384 key in DER 12), at 120 bits of security
     shared keys      X25519, then HKDF-SHA256 to 32 bytes, as Flower's `generate_shared_key`
                      does after its ECDH
     share transport  Flower's `encrypt`/`decrypt` (Fernet: AES-128-CBC + HMAC-SHA256), the
@@ -30,10 +32,26 @@ from flwr.common.secure_aggregation.secaggplus_utils import (
 )
 
 __all__ = ["combine_shares", "create_shares", "decrypt", "encrypt", "share_keys_plaintext_concat",
-           "share_keys_plaintext_separate", "KeyPair", "mask", "public_key"]
+           "share_keys_plaintext_separate", "KeyPair", "mask", "public_key", "expand", "commitment",
+           "SEED_BYTES", "self_mask_key"]
 
 NONCE = b"adaptfl-secagg+\0"  # 16 bytes; every key masks once (fresh keys every round)
 RAW = serialization.Encoding.Raw
+
+
+SEED_BYTES = 15  # PKCS#7 pads 15 bytes to one 16-byte Shamir block
+
+
+def expand(seed: bytes, purpose: bytes) -> bytes:
+    """A 32-byte key from a secret seed, one per purpose (HKDF-SHA256)."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(seed)
+
+
+def commitment(seed: bytes) -> bytes:
+    """What the server checks a rebuilt seed against (a spoiled share cannot pass)."""
+    digest = hashes.Hash(hashes.SHA256())
+    digest.update(b"adaptfl-secagg+/" + seed)
+    return digest.finalize()
 
 
 class KeyPair:
@@ -47,6 +65,10 @@ class KeyPair:
         self.private = self._key.private_bytes(RAW, serialization.PrivateFormat.Raw,
                                                serialization.NoEncryption())
         self.public = self._key.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> KeyPair:
+        return cls(expand(seed, b"adaptfl-secagg+/mask-key"))
 
     def agree(self, public: bytes) -> bytes:
         """The 32-byte key this pair shares with `public` (urlsafe base64, as Fernet takes it)."""
@@ -74,3 +96,7 @@ def mask(key: bytes, length: int, bits: int) -> np.ndarray:
     if bits < 64:
         out &= np.uint64((1 << bits) - 1)
     return out
+
+
+def self_mask_key(seed: bytes) -> bytes:
+    return expand(seed, b"adaptfl-secagg+/self-mask")

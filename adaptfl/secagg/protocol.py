@@ -5,8 +5,8 @@ round, each a `secagg` ConfigRecord naming its stage:
                   random ring (s - 1 of them: the k-regular graph); node -> server: two fresh
                   public keys (one encrypts shares, one derives masks)
     share-keys    server -> node: its live neighbours' public keys; node -> server: its self-mask
-                  seed b and its mask key, each Shamir-shared t-of-s, one share of each encrypted
-                  for each neighbour
+                  seed b and its mask key's seed, each Shamir-shared t-of-s, one share of each
+                  encrypted for each neighbour, and a commitment to b
     masked-input  server -> node: the round's training instruction and the shares sent to it;
                   node -> server: y = q + PRG(b) + Σ_j ±PRG(K_ij) mod 2^m (fixedpoint.py's q),
                   masked with exactly the neighbours whose shares it received
@@ -33,6 +33,7 @@ SHARES, THRESHOLD, NEIGHBOURS = "shares", "threshold", "neighbours"
 PK_ENC, PK_MASK = "pk-enc", "pk-mask"
 BOUND, BITS, NOISE_STD, LAYOUT, SEED = "bound", "bits", "noise-std", "layout", "seed"
 ACTIVE, DEAD = "active", "dead"
+COMMIT = "commit-b"  # share-keys reply: SHA-256 of the self-mask seed, checked after rebuilding
 MASKED_ARRAY = "y"
 
 

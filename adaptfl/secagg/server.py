@@ -134,13 +134,15 @@ class SecAggServer:
             **{f"{p.PK_MASK}:{j}": keys[j][1] for j in neighbours[n] & alive}}) for n in sorted(alive)},
             p.SHARE_KEYS)
         sealed: dict[int, dict[int, bytes]] = {}  # sender -> receiver -> ciphertext
+        commits: dict[int, bytes] = {}  # sender -> SHA-256 of its self-mask seed
         for node, content in replies.items():
             rec = content.config_records.get(wire.SECAGG, ConfigRecord())
-            expected = {p.key_of(j) for j in neighbours[node] & alive}
+            expected = {p.key_of(j) for j in neighbours[node] & alive} | {p.COMMIT}
             if set(rec) != expected or not all(isinstance(v, bytes) for v in rec.values()):
-                self._drop(node, "share-keys: not one encrypted share per live neighbour")
+                self._drop(node, "share-keys: not one encrypted share per live neighbour and a commitment")
                 continue
-            sealed[node] = {int(k): bytes(v) for k, v in rec.items()}  # type: ignore[arg-type]
+            commits[node] = bytes(rec[p.COMMIT])  # type: ignore[arg-type]
+            sealed[node] = {int(k): bytes(v) for k, v in rec.items() if k != p.COMMIT}  # type: ignore[arg-type]
         alive = self._prune(set(sealed), neighbours, p.SHARE_KEYS)
         shared = set(alive)  # U2: nodes whose shares went out; their masks are in their peers' y
         # 3. masked input, with the training instruction
@@ -187,15 +189,17 @@ class SecAggServer:
         for node in sorted(live):
             total += masked[node]
         for node in sorted(live):  # remove each live node's self mask
-            p.add_mask(total, self._rebuild(b_shares[node], node, "self-mask seed"), -1, self.bits)
+            seed = self._rebuild(b_shares[node], node, "self-mask seed")
+            if crypto.commitment(seed) != commits[node]:  # a spoiled share: refuse, never a wrong sum
+                raise SecureRefused(f"secagg+: node {node}'s self-mask seed does not match its commitment")
+            p.add_mask(total, crypto.self_mask_key(seed), -1, self.bits)
         for node in sorted(dead):  # and the masks live peers shared with a node that vanished
             peers = neighbours[node] & live
             if not peers:
                 continue
-            try:
-                secret = crypto.KeyPair(self._rebuild(s_shares[node], node, "mask key"))
-            except ValueError:
-                raise SecureRefused(f"secagg+: node {node}'s mask key rebuilds to no key") from None
+            secret = crypto.KeyPair.from_seed(self._rebuild(s_shares[node], node, "mask key"))
+            if secret.public != keys[node][1]:  # its public key is the mask seed's commitment
+                raise SecureRefused(f"secagg+: node {node}'s mask key does not match its public key")
             for peer in sorted(peers):
                 p.add_mask(total, secret.agree(keys[peer][1]), -p.pair_sign(peer, node), self.bits)
         self.out.total, self.out.live = fixedpoint.from_ring(total, self.bits), sorted(live)
@@ -216,12 +220,8 @@ class SecAggServer:
         if len(shares) < self.threshold:
             raise SecureRefused(f"secagg+: node {node}'s {what} has {len(shares)} of the "
                                 f"{self.threshold} shares it needs; the round is not unmasked")
-        try:
-            secret = crypto.combine_shares(shares[:self.threshold])
-            # a spare share set must rebuild the same secret: a corrupted share refuses the round
-            if len(shares) > self.threshold and crypto.combine_shares(shares[-self.threshold:]) != secret:
-                raise ValueError("shares disagree")
-            return secret
+        try:  # checked by the caller against the node's commitment
+            return crypto.combine_shares(shares[:self.threshold])
         except ValueError:
             raise SecureRefused(f"secagg+: node {node}'s {what} does not rebuild from its shares") from None
 

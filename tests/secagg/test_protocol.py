@@ -261,3 +261,21 @@ def _scaled(reply: Message, sign: int) -> Message:
         arrays = reply.content.array_records[name].to_torch_state_dict()
         reply.content[name] = ArrayRecord({k: -t if name == "delta" else t * 0 for k, t in arrays.items()})
     return reply
+
+
+@pytest.mark.parametrize("kind", ["b", "s"])
+def test_a_spoiled_share_refuses_the_round_never_a_wrong_sum(kind: str) -> None:
+    """Node 1 answers the unmask with one share's bytes flipped: the rebuilt self-mask seed
+    fails its commitment (b), or the rebuilt mask key is not the node's public key (s)."""
+    def tamper(stage: str, node: int, reply: Message) -> Message:
+        rec = reply.content.config_records.get(wire.SECAGG)
+        if stage == p.UNMASK and node == 1:
+            for key, value in list(rec.items()):
+                if key.startswith(kind + ":") and key != f"{kind}:1":
+                    rec[key] = value[:10] + bytes([value[10] ^ 0xFF]) + value[11:]
+        return reply
+
+    fail = {3: p.MASKED_INPUT} if kind == "s" else None  # a dead node: its mask key is rebuilt
+    out, state, why, _ = run_round(fail=fail, tamper=tamper)
+    assert out is None and state.total is None
+    assert "does not match its" in why or "does not rebuild" in why, why
