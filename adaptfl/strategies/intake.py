@@ -43,6 +43,10 @@ from adaptfl.strategies.validation import (
 log = logging.getLogger("adaptfl.strategies.base")  # the strategy's logger, as before the split
 
 
+# the records max-contribution-ratio bounds: the clients' moves (v, Θ, gradients are states
+# and estimates, bounded by the screen and their domains)
+CLIPPED_RECORDS = (wire.DELTA, wire.DELTA_C)
+
 class ReplyIntake:
     """The reply checks of `AdaptiveStrategy`, on its round state (set there)."""
 
@@ -209,10 +213,17 @@ class ReplyIntake:
         return kept
 
     def _clip(self, replies: list[DecodedReply]) -> None:
-        """Each kept reply's weighted Δ contribution at most max-contribution-ratio × the round's
-        median (screen.clip_contributions); off under dp, whose clipping bounds every reply."""
+        """Each kept reply's weighted contribution at most max-contribution-ratio × the round's
+        median, per record that moves a mean the clients steer: Δ, and SCAFFOLD's Δc, which a
+        flipped client sends too (screen.clip_contributions); off under dp, whose clipping bounds
+        every reply."""
         ratio = 0.0 if self.cfg.privacy.on else self.cfg.federation.max_contribution_ratio
-        self.report.clipped = clip_contributions(replies, self._claims(replies), ratio, wire.DELTA)
+        weights = self._claims(replies)
+        clipped: set[int] = set()
+        for record in CLIPPED_RECORDS:
+            if replies and all(record in r.arrays for r in replies):
+                clipped |= clip_contributions(replies, weights, ratio, record)
+        self.report.clipped = len(clipped)
 
     def _latency(self, node: int, reply: Message) -> float:
         """Seconds from the instruction's creation to the reply's (the hosts' clocks may differ

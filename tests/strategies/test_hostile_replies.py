@@ -327,3 +327,28 @@ def test_an_upload_of_1e30_is_outside_its_bounded_domain(algorithm, record) -> N
     _round(strategy, {HOSTILE: _set_first(_honest(strategy, HOSTILE), record, sign * 1e30)})
     assert "overflows float32 when squared" in strategy.report.rejected[str(HOSTILE)]
     assert strategy.state.server_round == 0
+
+
+def test_the_contribution_bound_clips_scaffolds_delta_c_as_well_as_its_delta() -> None:
+    """A flipped SCAFFOLD client sends Δc as well as Δ: max-contribution-ratio bounds each (the
+    capped flip left scaffold 0.145 under its clean run at ratio 1 while only Δ was clipped,
+    docs/robustness.md). Δc × 5 from one of five identical replies is scaled back to the median
+    contribution, which here is the honest value: the state is the clean round's."""
+    bounded = {**UNSCREENED, "max_contribution_ratio": 1.0}
+    clipped, clean, unclipped = (_strategy("scaffold", **bounded), _strategy("scaffold", **bounded),
+                                 _strategy("scaffold", **UNSCREENED))
+    honest = {n: _honest(clipped, n, same=True) for n in range(1, 6)}
+
+    def inflated(strategy: AdaptiveStrategy) -> dict:
+        reply = _honest(strategy, HOSTILE, same=True)
+        reply["arrays"][wire.DELTA_C] = {k: 5 * t for k, t in reply["arrays"][wire.DELTA_C].items()}
+        return reply
+
+    _round(clipped, {**{n: honest[n] for n in range(1, 5)}, HOSTILE: inflated(clipped)})
+    _round(clean, honest)
+    _round(unclipped, {**{n: honest[n] for n in range(1, 5)}, HOSTILE: inflated(unclipped)})
+    assert clipped.report.clipped == 1
+    c_clipped, c_clean, c_unclipped = (s.state.extras[wire.SCAFFOLD_C] for s in (clipped, clean, unclipped))
+    for name, t in c_clean.items():
+        assert torch.allclose(c_clipped[name], t, rtol=1e-6, atol=0), name
+    assert any(not torch.allclose(c_unclipped[n], t) for n, t in c_clean.items())  # what it bounds
