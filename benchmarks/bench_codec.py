@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.codec.codec import Codec, spec_bytes
 from adaptfl.codec.feedback import encode_reply
 from adaptfl.codec.settings import Compression
+from adaptfl.core import wire
 from adaptfl.local_update import LocalUpdate
 from adaptfl.strategies.validation import decode_content
 from adaptfl.workloads import build_model

@@ -20,7 +20,7 @@ import time
 import torch
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.core.contract import ModelSpec
 from adaptfl.local_update import LocalUpdate
 from adaptfl.workloads import build_task_model, load_task
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from adaptfl.algorithms.params import lookup
+from adaptfl.core.params import lookup
 from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.theta import light_spec, theta_spec
 from adaptfl.workloads import build_model

@@ -110,10 +110,10 @@ for value in ${user_configs[@]+"${user_configs[@]}"}; do check_args+=(--run-conf
 # One line naming the key and what is allowed (Flower itself says "Invalid run configuration"),
 # then the ServerApp's own preflight (load the task, build the model, one client step), so a
 # missing data file or a model that does not fit is one line in seconds, before any Flower
-# process or run folder exists. Exit 2: refused; 1: the check itself crashed (server_app/exit_codes.py).
+# process or run folder exists. Exit 2: refused; 1: the check itself crashed (core/exit_codes.py).
 start=$SECONDS  # "done in N s" counts from here: the check, the SuperLink and the run
 say "checking the run config, the task and the model (the ServerApp's preflight)"
-merged=$(python -m adaptfl.algorithms.check_overrides ${check_args[@]+"${check_args[@]}"} \
+merged=$(python -m adaptfl.server_app.check_overrides ${check_args[@]+"${check_args[@]}"} \
            --preflight --get algorithm --get run-name --get results-dir) || exit $?
 mapfile -t got <<<"$merged"  # one value a line; $(...) dropped the trailing empty ones
 algorithm=${got[0]} run_name=${got[1]:-} results_dir=${got[2]:-}

@@ -7,8 +7,8 @@
     local_state      fresh or persistent inner state    (components/local_state.py)
     sharing          FedPAC / FedMIX-P Θ                (components/sharing.py)
     terms            client terms with server parts     (components/prox.py, hafedho.py, …)
-    server_opt       the rule on the mean Δ             (strategies/server_opt/)
-    aggregator       how replies are combined           (strategies/aggregators/)
+    server_opt       the rule on the mean Δ             (server_rules/server_opt/)
+    aggregator       how replies are combined           (server_rules/aggregators/)
 
 The run config fills it: `preconditioner=`, `trust=`, `v-sync=`, `server-opt=`, `aggregator=`,
 `local-state=` switch a component, `term=` the client term(s); every other key sets a field of the component
@@ -24,11 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.contract import Contract, ModelSpec
-from adaptfl.algorithms.domain import bounded
-from adaptfl.algorithms.params import PRESET, Component, component, fields_of, param, registry
-from adaptfl.algorithms.stage import Stage
+from adaptfl.core import wire
+from adaptfl.core.contract import Contract, ModelSpec
+from adaptfl.core.domain import bounded
+from adaptfl.core.params import PRESET, Component, component, fields_of, param, registry
+from adaptfl.core.stage import Stage
 
 # slot of the Algorithm -> (component kind, the run-config key that switches it; "" = fixed)
 SLOTS = {

@@ -34,14 +34,14 @@ from adaptfl.local_update.rules.muon import Muon
 from adaptfl.local_update.rules.sgd import SGD
 from adaptfl.local_update.rules.soap import SOAP
 from adaptfl.local_update.rules.sophia import Sophia
-from adaptfl.strategies.aggregators.mean import Mean
-from adaptfl.strategies.server_opt.adagrad import ServerAdagrad
-from adaptfl.strategies.server_opt.adam import ServerAdam
-from adaptfl.strategies.server_opt.adamom import Adamom
-from adaptfl.strategies.server_opt.avgm import AvgM
-from adaptfl.strategies.server_opt.nesterov import Nesterov
-from adaptfl.strategies.server_opt.none import Average
-from adaptfl.strategies.server_opt.yogi import ServerYogi
+from adaptfl.server_rules.aggregators.mean import Mean
+from adaptfl.server_rules.server_opt.adagrad import ServerAdagrad
+from adaptfl.server_rules.server_opt.adam import ServerAdam
+from adaptfl.server_rules.server_opt.adamom import Adamom
+from adaptfl.server_rules.server_opt.avgm import AvgM
+from adaptfl.server_rules.server_opt.nesterov import Nesterov
+from adaptfl.server_rules.server_opt.none import Average
+from adaptfl.server_rules.server_opt.yogi import ServerYogi
 
 
 def _algorithm(name: str, paper: str, preconditioner: object, **parts: object) -> Algorithm:

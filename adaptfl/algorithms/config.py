@@ -26,7 +26,6 @@ from typing import Any
 
 from adaptfl.algorithms.algorithm import SLOTS, TERM_SWITCH, Algorithm, Selection, term_choices
 from adaptfl.algorithms.catalog import get_algorithm
-from adaptfl.algorithms.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
 from adaptfl.algorithms.settings import (
     SETTINGS,
     Data,
@@ -38,9 +37,10 @@ from adaptfl.algorithms.settings import (
     Runtime,
     check_llm_keys,
 )
-from adaptfl.algorithms.stage import RoundInfo
 from adaptfl.codec.settings import CompressionBase, check_shared
-from adaptfl.secagg.settings import SecAggBase
+from adaptfl.core.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
+from adaptfl.core.secagg_settings import SecAggBase
+from adaptfl.core.stage import RoundInfo
 
 # Fields a title leaves out: numerical details, not what tells runs apart.
 _QUIET = {"eps", "beta2", "muon-adam-eps", "muon-adam-beta1", "muon-adam-beta2", "max-precond-dim",

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from adaptfl.algorithms.algorithm import SLOTS, Algorithm
-from adaptfl.algorithms.params import Component, fields_of, lookup
 from adaptfl.algorithms.settings import Data, LanguageModel, Privacy, Runtime
-from adaptfl.algorithms.stage import RoundInfo, Stage
 from adaptfl.codec.settings import Compression, CompressionBase
-from adaptfl.privacy.settings import SERVER_ONLY
+from adaptfl.core.params import Component, fields_of, lookup
+from adaptfl.core.privacy_settings import SERVER_ONLY
+from adaptfl.core.stage import RoundInfo, Stage
 
 CLIENT_STATE_DIR = "output.client-state-dir"
 CLIENT_STATE_MEMORY = "output.client-state-memory"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from adaptfl.algorithms.params import Component, component, param
+from adaptfl.core.params import Component, component, param
 
 PARTITIONINGS = ("dirichlet", "iid", "pathological", "natural-id")
 _OUTPUTS = "start() returns Flower's Result; write your outputs from it"
@@ -205,8 +205,8 @@ class LanguageModel(Component):
 
 
 from adaptfl.codec.settings import Compression  # noqa: E402 - declared in its own package
-from adaptfl.privacy.settings import Privacy  # noqa: E402 - declared in its own package
-from adaptfl.secagg.settings import SecAgg  # noqa: E402 - declared in its own package
+from adaptfl.core.privacy_settings import Privacy  # noqa: E402 - declared in its own package
+from adaptfl.core.secagg_settings import SecAgg  # noqa: E402 - declared in its own package
 
 SETTINGS = (Federation, LocalTraining, Data, Output, Runtime, LanguageModel, Privacy, Compression, SecAgg)
 # llm keys and what they need to matter: the adapters an hf: model, the rest an sft: task

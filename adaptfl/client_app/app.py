@@ -20,14 +20,14 @@ from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.recipe import SECURE, llm_from_recipe, privacy_from_recipe, settings_from_recipe
 from adaptfl.algorithms.settings import Data
-from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.device import peak_memory_mb, reset_peak_memory, select_device
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
+from adaptfl.core import wire
+from adaptfl.core.stage import ClientData
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import client as secagg_client
 from adaptfl.workloads import build_task_model, load_task, partition_indices

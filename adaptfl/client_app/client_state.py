@@ -41,8 +41,8 @@ from typing import cast
 import torch
 from flwr.app import ArrayRecord, Context
 
-from adaptfl.algorithms import wire
 from adaptfl.client_app.state_owner import Owner, bind, unbind
+from adaptfl.core import wire
 
 log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]

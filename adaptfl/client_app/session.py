@@ -32,9 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.algorithm import Algorithm
-from adaptfl.algorithms.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.algorithms.recipe import (
     CLIENT_STATE_DIR,
     CLIENT_STATE_MEMORY,
@@ -45,10 +43,12 @@ from adaptfl.algorithms.recipe import (
     privacy_from_recipe,
     round_from_recipe,
 )
-from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
 from adaptfl.codec.feedback import encode_reply
 from adaptfl.codec.values import MalformedEncoding
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec, frozen_digest, load_federated
+from adaptfl.core.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.privacy.client import check_floor
@@ -95,7 +95,7 @@ def check_records(content: RecordDict, algorithm: Algorithm) -> None:
 
 
 def check_frozen(model: torch.nn.Module, recipe: Any) -> None:
-    """This node's frozen parameters must be the server's (algorithms/contract.py)."""
+    """This node's frozen parameters must be the server's (core/contract.py)."""
     expected = str(recipe.get(FROZEN_DIGEST, ""))
     if expected and frozen_digest(model) != expected:
         raise ContractError("this node's frozen parameters differ from the server's (another "

@@ -25,7 +25,7 @@ import torch
 
 from adaptfl.codec.values import KINDS, MalformedEncoding, dequantize, parts_spec, quantize
 
-ArraySpec = dict[str, tuple[tuple[int, ...], torch.dtype]]  # as algorithms/contract.py's
+ArraySpec = dict[str, tuple[tuple[int, ...], torch.dtype]]  # as core/contract.py's
 Tensors = dict[str, torch.Tensor]
 _GRAMMAR = re.compile(r"(?:top(?P<top>\d+(?:\.\d+)?)%(?::(?P<kept>[a-z0-9]+))?|(?P<dense>[a-z0-9]+))"
                       r"(?P<ef>\+ef)?")

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.codec.settings import CompressionBase
+from adaptfl.core import wire
 
 RESIDUAL = "wire-residual"  # the client-state name
 Tensors = dict[str, torch.Tensor]

@@ -3,7 +3,7 @@
     codec            the codec of every shared record, both directions (codec.py's grammar);
                      fp32, the default, sends today's bytes exactly
     codec-<record>   one record's own codec over `codec` ("": codec's); one key per record of
-                     algorithms/wire.py (SHARED_DOWN, SHARED_UP), e.g. codec-delta='top1%:fp4+ef',
+                     core/wire.py (SHARED_DOWN, SHARED_UP), e.g. codec-delta='top1%:fp4+ef',
                      codec-v='int8', codec-delta-g='nf4'
     codec-rounding   nearest, or stochastic (unbiased; seeded by the run seed, the round, the
                      sender and the record, so a run replays)
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.domain import Domain
-from adaptfl.algorithms.params import Component, component, param
 from adaptfl.codec.codec import FP32, Codec
+from adaptfl.core import wire
+from adaptfl.core.domain import Domain
+from adaptfl.core.params import Component, component, param
 
 
 def record_key(record: str) -> str:

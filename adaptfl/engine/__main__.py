@@ -1,6 +1,6 @@
 """`python -m adaptfl.engine --num-nodes 10 algorithm=fedadamw local-steps=20`: a run without Flower.
 
-Exit codes (server_app/exit_codes.py): 0 done, 2 refused before round 1 (`config error: …`),
+Exit codes (core/exit_codes.py): 0 done, 2 refused before round 1 (`config error: …`),
 3 aborted after it started, 1 anything else. torch and Flower are imported only after the
 arguments are parsed, so `--help` answers at once.
 """
@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from adaptfl.server_app.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
+from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
 
 PROG = "python -m adaptfl.engine"
 
@@ -49,7 +49,7 @@ def resolved_config(cfg: Any, given: dict[str, object]) -> str:
     """`key = value  # source` per key the run reads (TOML values, so a line can be copied into
     a --run-config file); keys this algorithm does not read are left out."""
     from adaptfl.algorithms.config import declared_keys
-    from adaptfl.algorithms.params import PRESET
+    from adaptfl.core.params import PRESET
 
     declared = declared_keys()
     lines = [f"# algorithm {cfg.algorithm.name!r}: {cfg.algorithm.describe()}"]

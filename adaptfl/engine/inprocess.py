@@ -18,9 +18,9 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.core import wire
 from adaptfl.engine.contain import ClientExited, ClientTimedOut, contained
 from adaptfl.privacy.release import detail_level
 from adaptfl.server_app.loop import run_federated

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from adaptfl.algorithms.params import Component, fields_of, lookup
+from adaptfl.core.params import Component, fields_of, lookup
 from adaptfl.local_update.rules import Preconditioner
 
 

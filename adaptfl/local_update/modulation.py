@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms.params import Component, component, param
+from adaptfl.core.params import Component, component, param
 from adaptfl.local_update.fused_act import act_step_
 from adaptfl.local_update.trust import phi_
 from adaptfl.local_update.workspace import Workspace

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 import torch
 
-from adaptfl.algorithms.params import fields_of, lookup
+from adaptfl.core.params import fields_of, lookup
 from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.diagnostics import Diagnostics
 from adaptfl.local_update.groups import as_groups, build_component

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms.params import fields_of, lookup
+from adaptfl.core.params import fields_of, lookup
 
 Tensors = dict[str, torch.Tensor]
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from adaptfl.algorithms.domain import FINITE, NONNEG, Domain
+from adaptfl.core.domain import FINITE, NONNEG, Domain
 from adaptfl.local_update.rules import Preconditioner
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]

@@ -5,7 +5,7 @@ Each released round is one event (z, n, N): noise multiplier z, n nodes sampled 
 The bound applied (`dp-accounting`):
 
     without-replacement  the strategy samples exactly n = round(fraction-train·N) of the N
-                         nodes, uniformly without replacement (strategies/sampling.py): the
+                         nodes, uniformly without replacement (algorithms/sampling.py): the
                          sampled Gaussian of Wang, Balle & Kasiviswanathan (AISTATS 2019, Thm 27)
                          under replace-one neighbours, where one client's records move the sum
                          by 2·C, so the event's noise multiplier is z/2

@@ -17,11 +17,11 @@
 from __future__ import annotations
 
 from adaptfl.algorithms.algorithm import Algorithm
+from adaptfl.algorithms.sampling import sample_size
 from adaptfl.algorithms.settings import Federation
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.accountant import planned_epsilon
 from adaptfl.privacy.mechanism import records_noise_multiplier
-from adaptfl.privacy.settings import Privacy
-from adaptfl.strategies.sampling import sample_size
 
 
 def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:

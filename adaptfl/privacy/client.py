@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from adaptfl.privacy.settings import Privacy
+from adaptfl.core.privacy_settings import Privacy
 
 MIN_NOISE = "dp-min-noise-multiplier"
 MAX_CLIP = "dp-max-clip-norm"

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from adaptfl.core.privacy_settings import ACCOUNTING, Privacy
 from adaptfl.privacy.accountant import Event, epsilon
-from adaptfl.privacy.settings import ACCOUNTING, Privacy
 
 KEYS = ("z", "n", "N", "delta", "accounting", "run", "run-key", "round")
 

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.contract import Contract
-from adaptfl.algorithms.domain import FINITE, Domain
-from adaptfl.privacy.settings import Privacy
-from adaptfl.strategies.aggregate import weighted_mean
-from adaptfl.strategies.aggregators import Combine, Items, Tensors, flat
-from adaptfl.strategies.aggregators.clip import clipped
+from adaptfl.core import wire
+from adaptfl.core.contract import Contract
+from adaptfl.core.domain import FINITE, Domain
+from adaptfl.core.privacy_settings import Privacy
+from adaptfl.server_rules.aggregate import weighted_mean
+from adaptfl.server_rules.aggregators import Combine, Items, Tensors, flat
+from adaptfl.server_rules.aggregators.clip import clipped
 
 NORMS = "dp-clip-norm"  # the combine's memory slot (server state "aggregator/dp-clip-norm")
 ALIASES = {wire.THETA: wire.THETA_LOCAL}  # the record a stage combines under another name

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adaptfl.server_app.durable import fsync_dir
+from adaptfl.core.durable import fsync_dir
 
 CONFIDENTIAL_FILE = "server-confidential.jsonl"
 

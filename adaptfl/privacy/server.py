@@ -14,16 +14,19 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
-from adaptfl.algorithms.contract import Contract
 from adaptfl.algorithms.settings import Federation
+from adaptfl.core.contract import Contract
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy import ledger
 from adaptfl.privacy.accountant import LEDGER, epsilon, ledger_of, ledger_record, planned_epsilon
 from adaptfl.privacy.mechanism import GaussianMean, records_noise_multiplier, round_seed, shared_records
-from adaptfl.privacy.settings import Privacy
-from adaptfl.strategies.state import ServerState
+
+if TYPE_CHECKING:  # strategies import privacy; the state is only read here
+    from adaptfl.strategies.state import ServerState
 
 
 class BudgetReached(PrivacyBudgetExhausted):

@@ -20,7 +20,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from adaptfl.algorithms.domain import Domain
+from adaptfl.core.domain import Domain
 from adaptfl.privacy.mechanism import metric_domains, shared_records, start_bound
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint

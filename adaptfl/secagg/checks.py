@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adaptfl.algorithms import wire
-from adaptfl.secagg.settings import clip_key
+from adaptfl.core import wire
+from adaptfl.core.secagg_settings import clip_key
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.config import RunConfig

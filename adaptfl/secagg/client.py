@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
+from adaptfl.core import wire
 from adaptfl.secagg import crypto, fixedpoint, noise
 from adaptfl.secagg import protocol as p
 

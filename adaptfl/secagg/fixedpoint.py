@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaptfl.algorithms.contract import Contract, ModelSpec
+from adaptfl.core.contract import Contract, ModelSpec
 from adaptfl.privacy.mechanism import shared_records
 
 METRIC = "value"  # the one array of an averaged metric's record

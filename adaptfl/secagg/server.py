@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from adaptfl.algorithms import wire
+from adaptfl.core import wire
 from adaptfl.secagg import crypto, fixedpoint
 from adaptfl.secagg import protocol as p
 

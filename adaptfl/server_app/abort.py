@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from adaptfl.server_app.exit_codes import ABORTED_EXIT_CODE
+from adaptfl.core.exit_codes import ABORTED_EXIT_CODE
 
-EXIT_CODE = ABORTED_EXIT_CODE  # `python -m adaptfl.engine`: every code in server_app/exit_codes.py
+EXIT_CODE = ABORTED_EXIT_CODE  # `python -m adaptfl.engine`: every code in core/exit_codes.py
 
 
 class RunAborted(RuntimeError):

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core.durable import write_atomic
 from adaptfl.privacy.release import CONFIDENTIAL_FILE
-from adaptfl.server_app.durable import write_atomic
 from adaptfl.strategies.state import ServerState
 
 log = logging.getLogger(__name__)

@@ -20,13 +20,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_parameters, load_federated
-from adaptfl.algorithms.stage import ClientData
+from adaptfl.algorithms.sampling import NotEnoughNodes
 from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.train import run_local_steps
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec, federated_state, frozen_parameters, load_federated
+from adaptfl.core.stage import ClientData
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, detail_level
 from adaptfl.privacy.server import BudgetReached
@@ -47,7 +48,6 @@ from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
 from adaptfl.server_app.run_checks import check_frozen, check_model, check_nodes, check_settings
 from adaptfl.strategies.base import AdaptiveStrategy
-from adaptfl.strategies.sampling import NotEnoughNodes
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
 

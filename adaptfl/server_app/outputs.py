@@ -16,8 +16,8 @@ from urllib.request import url2pathname
 import torch
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core.durable import append_durable, write_atomic
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, append_confidential, released, write_confidential
-from adaptfl.server_app.durable import append_durable, write_atomic
 from adaptfl.server_app.mlflow_log import MlflowRun, mlflow_client_class
 from adaptfl.server_app.plots import plot_run
 from adaptfl.server_app.tensorboard import open_writer, write_row

@@ -28,15 +28,15 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.algorithms.sampling import hostile_count, nodes_needed, sample_size
 from adaptfl.client_app.device import select_device
 from adaptfl.client_app.train import autocast_dtype
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
 from adaptfl.privacy.checks import check_planned_target
 from adaptfl.privacy.mechanism import records_noise_multiplier
 from adaptfl.privacy.server import count_stddev
-from adaptfl.strategies.sampling import hostile_count, nodes_needed, sample_size
 from adaptfl.workloads import Task, partition_indices
 
 

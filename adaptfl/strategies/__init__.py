@@ -1,26 +1,26 @@
 """Flower strategies, one per file; `AdaptiveStrategy(config)` serves every other algorithm of
-the catalog. Server optimizers are in server_opt/, aggregators in aggregators/.
+the catalog. Server optimizers and aggregators are below them, in adaptfl/server_rules/."""
 
-Imported lazily: the component registry imports server_opt/ and aggregators/ while the run
-config is being built, before the strategies (which need the run config) can be.
-"""
+from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.diloco import DiLoCo
+from adaptfl.strategies.diloco_act import DiLoCoACT
+from adaptfl.strategies.fedact import FedACT
+from adaptfl.strategies.fedadamom import FedAdamom
+from adaptfl.strategies.fedadamw import FedAdamW
+from adaptfl.strategies.fedavg import FedAvg
+from adaptfl.strategies.feddyn import FedDyn
+from adaptfl.strategies.fedmixp import FedMIXP
+from adaptfl.strategies.fedpac import FedPAC
+from adaptfl.strategies.fedprox import FedProx
+from adaptfl.strategies.hafedho import HaFedHo
+from adaptfl.strategies.mimelite import MimeLite
+from adaptfl.strategies.moon import Moon
+from adaptfl.strategies.muloco import MuLoCo
+from adaptfl.strategies.scaffold import Scaffold
+from adaptfl.strategies.state import RoundReport
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "AdaptiveStrategy": "base", "RoundReport": "state", "DiLoCo": "diloco", "DiLoCoACT": "diloco_act",
-    "MuLoCo": "muloco", "FedACT": "fedact", "FedAdamW": "fedadamw",
-    "FedAdamom": "fedadamom", "FedAvg": "fedavg", "FedDyn": "feddyn", "FedMIXP": "fedmixp",
-    "FedPAC": "fedpac", "FedProx": "fedprox", "HaFedHo": "hafedho", "MimeLite": "mimelite",
-    "Moon": "moon", "Scaffold": "scaffold",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'adaptfl.strategies' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"adaptfl.strategies.{_EXPORTS[name]}"), name)
+__all__ = [
+    "AdaptiveStrategy", "DiLoCo", "DiLoCoACT", "FedACT", "FedAdamW", "FedAdamom", "FedAvg",
+    "FedDyn", "FedMIXP", "FedPAC", "FedProx", "HaFedHo", "MimeLite", "Moon", "MuLoCo",
+    "RoundReport", "Scaffold",
+]

@@ -28,23 +28,23 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig, declared_keys
-from adaptfl.algorithms.contract import Contract, ModelSpec
-from adaptfl.algorithms.params import fields_of
 from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
+from adaptfl.algorithms.sampling import hostile_count, sample_size, secret_sample, wait_for_nodes
 from adaptfl.algorithms.settings import SETTINGS
-from adaptfl.algorithms.stage import Aggregation
 from adaptfl.codec.codec import spec_bytes
 from adaptfl.codec.settings import check_domains
+from adaptfl.core import wire
+from adaptfl.core.contract import Contract, ModelSpec
+from adaptfl.core.params import fields_of
+from adaptfl.core.stage import Aggregation
 from adaptfl.privacy import server as dp
 from adaptfl.privacy.release import detail_level, released
-from adaptfl.strategies.aggregate import cap_shares, direction_consistency
-from adaptfl.strategies.aggregators import AggregationRefused, Combine, memory_of
+from adaptfl.server_rules.aggregate import cap_shares, direction_consistency
+from adaptfl.server_rules.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.ownership import Ownership
-from adaptfl.strategies.sampling import hostile_count, sample_size, secret_sample, wait_for_nodes
 from adaptfl.strategies.screen import REFERENCE, reference_record
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply

@@ -3,7 +3,7 @@
 nesterov=True, lr=0.7) on the pseudo-gradient p = -mean Δ.
 
     client  x_i <- x;  H steps of AdamW from its own kept state (algorithms/components/local_state.py)
-    server  m = 0.9·m - mean Δ_i;  x <- x - 0.7·(0.9·m - mean Δ_i)   (strategies/server_opt/nesterov.py)"""
+    server  m = 0.9·m - mean Δ_i;  x <- x - 0.7·(0.9·m - mean Δ_i)   (server_rules/server_opt/nesterov.py)"""
 
 from __future__ import annotations
 

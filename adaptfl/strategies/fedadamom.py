@@ -1,5 +1,5 @@
 """FedAdamom (seed 004): plain local SGD; server-side adaptive momentum with a per-coordinate
-β1 = clip(1 - v/v̄, 0, 1-ε) (strategies/server_opt/adamom.py)."""
+β1 = clip(1 - v/v̄, 0, 1-ε) (server_rules/server_opt/adamom.py)."""
 
 from __future__ import annotations
 

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 
 from flwr.app import Message, MessageType
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ArraySpec, Contract, ModelSpec
 from adaptfl.algorithms.settings import parse_partition_map
 from adaptfl.codec.codec import spec_bytes
+from adaptfl.core import wire
+from adaptfl.core.contract import ArraySpec, Contract, ModelSpec
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
 from adaptfl.strategies.ownership import Ownership, bind_by_claims, bind_by_map

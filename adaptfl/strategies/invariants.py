@@ -13,10 +13,10 @@ can neither end the run with a non-finite model nor poison every client's next r
 from __future__ import annotations
 
 from adaptfl.algorithms.algorithm import Algorithm
-from adaptfl.algorithms.contract import Contract
-from adaptfl.algorithms.domain import FINITE, Domain
-from adaptfl.strategies.aggregators import SLOT_PREFIX as AGGREGATOR_PREFIX
-from adaptfl.strategies.server_opt import SLOT_PREFIX as SERVER_OPT_PREFIX
+from adaptfl.core.contract import Contract
+from adaptfl.core.domain import FINITE, Domain
+from adaptfl.server_rules.aggregators import SLOT_PREFIX as AGGREGATOR_PREFIX
+from adaptfl.server_rules.server_opt import SLOT_PREFIX as SERVER_OPT_PREFIX
 from adaptfl.strategies.state import ServerState
 
 POSITIVE = Domain("positive", nonneg=True)

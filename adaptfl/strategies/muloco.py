@@ -1,6 +1,6 @@
 """Thérien et al. 2025 (MuLoCo): DiLoCo with Muon as the kept inner optimizer (Muon on the hidden
 matrices, AdamW on the rest, both states kept per worker), outer Nesterov momentum on p = -mean
-Δ (strategies/server_opt/nesterov.py)."""
+Δ (server_rules/server_opt/nesterov.py)."""
 
 from __future__ import annotations
 

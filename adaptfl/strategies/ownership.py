@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from adaptfl.algorithms import wire
+from adaptfl.core import wire
 
 PID = wire.PARTITION_ID
 

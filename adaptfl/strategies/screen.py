@@ -42,8 +42,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.strategies.aggregators import flat
+from adaptfl.core import wire
+from adaptfl.server_rules.aggregators import flat
 from adaptfl.strategies.validation import DecodedReply
 
 REFERENCE = "screen/reference"  # server-state extras: record -> [median size, replies it came from]

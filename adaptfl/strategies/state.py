@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from adaptfl.algorithms import wire
+from adaptfl.core import wire
 from adaptfl.strategies.ownership import Ownership
 
 Tensors = dict[str, torch.Tensor]

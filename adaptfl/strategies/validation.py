@@ -2,7 +2,7 @@
 
 A reply passes only if it carries exactly the expected records, every array has the expected
 name, shape and dtype and finite values within its record's declared domain (v ≥ 0, Θ's SOAP
-statistics PSD, Δ squarable under the rules that square it: algorithms/domain.py), the metrics
+statistics PSD, Δ squarable under the rules that square it: core/domain.py), the metrics
 are finite numbers with a positive example count, a non-negative int partition id (and the
 algorithm's required keys, within their domains), and the whole reply is within the size bound.
 Otherwise the reason is returned and the caller drops the reply. Across the round's replies the
@@ -20,11 +20,11 @@ from typing import TypeGuard, cast
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.contract import ArraySpec
-from adaptfl.algorithms.domain import Domain
 from adaptfl.codec.codec import Codec
 from adaptfl.codec.values import MalformedEncoding
+from adaptfl.core import wire
+from adaptfl.core.contract import ArraySpec
+from adaptfl.core.domain import Domain
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@
 A relative path is read under the run's data dir, as tasks are. Offline: nothing is downloaded.
 The run config's llm keys (algorithms/settings.py) set the adapters: `lora-rank`, `lora-alpha`,
 `lora-dropout`, `lora-targets`, `gradient-checkpointing`. The base is frozen
-(`requires_grad=False`), so only the adapters are federated (algorithms/contract.py).
+(`requires_grad=False`), so only the adapters are federated (core/contract.py).
 
 A process loads the base once: the first model it builds is kept, and every later one is a copy
 that SHARES the frozen base tensors (only the adapters are new), so a client never holds a second

@@ -1,4 +1,4 @@
-"""`python -m adaptfl.algorithms.check_overrides`: Flower's parsing, one-line errors naming the key."""
+"""`python -m adaptfl.server_app.check_overrides`: Flower's parsing, one-line errors naming the key."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptfl.algorithms.check_overrides import main, merged_config
+from adaptfl.server_app.check_overrides import main, merged_config
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

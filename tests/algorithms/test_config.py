@@ -16,7 +16,7 @@ from adaptfl.algorithms.config import (
     key_table,
     pyproject_block,
 )
-from adaptfl.algorithms.params import PRESET
+from adaptfl.core.params import PRESET
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.modulation import ACT, Cautious
 from adaptfl.local_update.rules.sgd import SGD

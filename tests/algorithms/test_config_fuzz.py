@@ -18,7 +18,7 @@ import pytest
 from adaptfl.algorithms.algorithm import SLOTS, term_choices
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig, declared_keys
-from adaptfl.algorithms.params import PRESET, registry
+from adaptfl.core.params import PRESET, registry
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.loop import build_run, run_federated

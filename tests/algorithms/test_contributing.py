@@ -19,14 +19,14 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import params, wire
 from adaptfl.algorithms.config import RunConfig, key_table
-from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.core import params, wire
+from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy, FedACT
 from tests.support.flower_processes import PROJECT
 
-MODULE = "adaptfl.strategies.server_opt.rmsprop"
+MODULE = "adaptfl.server_rules.server_opt.rmsprop"
 
 
 def readme_block(first_line: str) -> str:
@@ -40,13 +40,13 @@ def readme_block(first_line: str) -> str:
 
 @pytest.fixture
 def rmsprop_file(tmp_path: Path) -> Iterator[ModuleType]:
-    """The page's file, as strategies/server_opt/rmsprop.py would be, found by the registry's own
+    """The page's file, as server_rules/server_opt/rmsprop.py would be, found by the registry's own
     discovery; unregistered afterwards."""
-    import adaptfl.strategies.server_opt as package
+    import adaptfl.server_rules.server_opt as package
 
     folder = tmp_path / "server_opt"
     folder.mkdir()
-    (folder / "rmsprop.py").write_text(readme_block("# strategies/server_opt/rmsprop.py"))
+    (folder / "rmsprop.py").write_text(readme_block("# server_rules/server_opt/rmsprop.py"))
     package.__path__.append(str(folder))
     params._discovered = False  # discover again, as a fresh process would
     try:
@@ -123,8 +123,8 @@ TERM_FILE = '''
 from dataclasses import dataclass
 
 import torch
-from adaptfl.algorithms.params import component, param
-from adaptfl.algorithms.stage import ClientPart, ClientRound, Stage
+from adaptfl.core.params import component, param
+from adaptfl.core.stage import ClientPart, ClientRound, Stage
 
 
 @component("term", "anchor")

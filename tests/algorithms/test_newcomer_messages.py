@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaptfl.algorithms.check_overrides import main as check_overrides
 from adaptfl.engine.__main__ import main as engine_main
+from adaptfl.server_app.check_overrides import main as check_overrides
 
 
 def test_num_nodes_zero_is_named_as_the_flag(capsys) -> None:  # noqa: ANN001

@@ -11,10 +11,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.client_app.client_state import ClientStateStore, StateSource
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run
 from adaptfl.strategies.state import ServerState

@@ -13,9 +13,9 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.client_app.client_state import ClientStateStore, StateSource
+from adaptfl.core import wire
 from tests.client_app.test_client_state import after_round_1
 
 LOG = "adaptfl.client_app.client_state"

@@ -8,11 +8,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import compression_from_recipe
 from adaptfl.client_app import session as client_session
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run
 from adaptfl.strategies.state import ServerState

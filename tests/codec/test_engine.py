@@ -12,12 +12,12 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app import client_state
 from adaptfl.client_app import session as client_session
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.codec.feedback import RESIDUAL
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.privacy.mechanism import GaussianMean
 from adaptfl.server_app.loop import build_run, run_federated

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.codec.feedback import RESIDUAL, encode_reply, residual_key
 from adaptfl.codec.settings import Compression
+from adaptfl.core import wire
 
 F64 = torch.float64
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.algorithms.recipe import compression_from_recipe, to_recipe
 from adaptfl.codec.codec import Codec
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
 from adaptfl.strategies import AdaptiveStrategy
 
 F32 = torch.float32

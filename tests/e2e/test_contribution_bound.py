@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.settings import Federation
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.core import wire
 from tests.e2e.test_hostile_e2e import Rewrite, _accuracy, hostile
 from tests.e2e.test_hostile_e2e import _config as _hostile_config
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
 from tests.support.run_outputs import metric_rows

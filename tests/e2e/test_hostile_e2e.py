@@ -16,9 +16,9 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.loop import run_federated

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import run_federated

@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import run_inprocess
 from adaptfl.local_update import native
 from tests.conftest import needs_fashion_mnist

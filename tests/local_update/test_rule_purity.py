@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from adaptfl.algorithms import params as registry
+from adaptfl.core import params as registry
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 from adaptfl.local_update.shell import LocalUpdate
 

@@ -9,10 +9,10 @@ import pytest
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import to_recipe
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.privacy import ledger
 from adaptfl.privacy.accountant import epsilon
-from adaptfl.privacy.settings import Privacy
 from adaptfl.server_app.loop import run_federated
 from tests.conftest import needs_fashion_mnist
 from tests.support.run_outputs import die_before_checkpoint, metric_rows

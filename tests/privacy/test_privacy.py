@@ -12,16 +12,16 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.check_overrides import main as check_overrides
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core import wire
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.privacy import mechanism
 from adaptfl.privacy.accountant import epsilon, noise_for
 from adaptfl.privacy.mechanism import GaussianMean, privatize, round_seed, shared_records
-from adaptfl.privacy.settings import Privacy
+from adaptfl.server_app.check_overrides import main as check_overrides
 from adaptfl.server_app.loop import run_federated
-from adaptfl.strategies.aggregators import Combine
+from adaptfl.server_rules.aggregators import Combine
 from tests.conftest import needs_fashion_mnist
 from tests.strategies.test_hostile_replies import (
     GRID,
@@ -377,7 +377,7 @@ def test_the_results_section_is_rendered_from_the_table_and_spliced_once() -> No
 def test_under_dp_claims_are_capped_by_max_weight_share_only_not_the_round_median() -> None:
     """The median cap (max-weight-ratio) lets one client's claim move the others' weights, which
     the noise's share bound does not cover: under dp only the water-filled share cap applies."""
-    from adaptfl.strategies.aggregate import cap_shares
+    from adaptfl.server_rules.aggregate import cap_shares
 
     claims = [10, 10, 10, 10, 30]  # median cap at 2x: 30 -> 20 (share 1/3); share cap: 3/7 -> 0.4
     strategy = _strategy("fedavg", dp="central", weighting="examples", max_weight_share=0.4,

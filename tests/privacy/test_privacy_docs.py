@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.accountant import planned_epsilon
 from adaptfl.privacy.server import target_error
-from adaptfl.privacy.settings import Privacy
 from tests.support.flower_processes import PROJECT
 
 

@@ -6,8 +6,6 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[2] / "adaptfl"
 
 
@@ -49,8 +47,5 @@ def cycles(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
     return {(a, b) for a in edges for b in reach(a) if a < b and a in reach(b)}
 
 
-@pytest.mark.xfail(strict=True, reason="known cycles: algorithms (params, domain, catalog) <-> local_update/"
-                   "privacy / strategies / server_app; privacy <-> strategies. Needs the declarations "
-                   "moved into a leaf (issue 30 part 6); drop this mark when they are.")
 def test_no_cycles_between_subpackages() -> None:
     assert cycles(subpackage_graph()) == set()

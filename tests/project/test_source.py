@@ -40,7 +40,7 @@ def test_readme_commands_run_from_any_folder(tmp_path: Path, place: str) -> None
     if place == "parent":  # the clone itself, not a namespace package made of it
         assert Path(found.stdout.strip()).resolve() == PROJECT.resolve(), found.stdout
 
-    checked = run([sys.executable, "-m", "adaptfl.algorithms.check_overrides", "--run-config", "tau=0"],
+    checked = run([sys.executable, "-m", "adaptfl.server_app.check_overrides", "--run-config", "tau=0"],
                   cwd, env)
     assert checked.returncode == 2, checked.stderr[-2000:]
     assert checked.stderr.startswith("config error: ") and "tau" in checked.stderr, checked.stderr

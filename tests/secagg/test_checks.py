@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import SECURE
 from adaptfl.client_app.app import handle
+from adaptfl.core import wire
+from adaptfl.core.secagg_settings import SecAgg, clip_key
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.secagg.settings import SecAgg, clip_key
 from adaptfl.strategies.fedavg import FedAvg
 
 OK = dict(secagg="secagg+", weighting="uniform", screen_ratio=0)

@@ -14,7 +14,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 
-from adaptfl.algorithms import wire
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.secagg import client as secagg_client
 from adaptfl.secagg import fixedpoint

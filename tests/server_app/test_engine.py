@@ -8,9 +8,9 @@ import json
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse as handle_train
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update import native
 from adaptfl.server_app.loop import run_federated
@@ -97,7 +97,7 @@ def test_engine_cli_errors_are_one_line(tmp_path) -> None:
                            ([f"results-dir={tmp_path}", "task=nope"], "config error: unknown task 'nope'")):
         done = subprocess.run([sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2", *args],
                               capture_output=True, text=True, timeout=120)
-        # exit 2: refused before round 1, as scripts/main_job.sh (server_app/exit_codes.py)
+        # exit 2: refused before round 1, as scripts/main_job.sh (core/exit_codes.py)
         assert done.returncode == 2 and done.stderr.strip().startswith(expected), done.stderr
         assert done.stderr.strip().count("\n") == 0, done.stderr
 

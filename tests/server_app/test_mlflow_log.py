@@ -80,7 +80,7 @@ def test_off_by_default_writes_no_store(tiny_data, tmp_path) -> None:
 
 def test_without_the_extra_it_is_refused_in_one_line_before_anything_is_written(
         tiny_data, tmp_path, monkeypatch) -> None:
-    from adaptfl.algorithms.check_overrides import preflight
+    from adaptfl.server_app.check_overrides import preflight
 
     monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
     monkeypatch.setitem(sys.modules, "mlflow.tracking", None)

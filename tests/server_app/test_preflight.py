@@ -2,7 +2,7 @@
 (server_app/loop.py: build_run) through `check_overrides --preflight`, so a missing data file, a
 missing label column, a `module:function` that does not import or a model of the wrong output
 width is one line and exit 2, with no Flower process and no `.flwr/runs/<id>/` folder;
-`python -m adaptfl.engine` exits 2 for the same input (server_app/exit_codes.py). No test here
+`python -m adaptfl.engine` exits 2 for the same input (core/exit_codes.py). No test here
 starts Flower (where one would, the check it tests has failed)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptfl.algorithms.check_overrides import main as check_overrides
-from adaptfl.server_app.exit_codes import REFUSED_EXIT_CODE
+from adaptfl.core.exit_codes import REFUSED_EXIT_CODE
+from adaptfl.server_app.check_overrides import main as check_overrides
 from tests.support.flower_processes import PROJECT
 
 SCRIPT = PROJECT / "scripts" / "main_job.sh"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from adaptfl.algorithms import wire
+from adaptfl.core import wire
 from adaptfl.strategies.validation import NPY_HEADER, expected_bytes, reply_bound
 from tests.strategies.test_hostile_replies import GRID, HOSTILE, SPEC, _honest, _message, _strategy
 

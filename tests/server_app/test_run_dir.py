@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core import durable
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.server_app import checkpoint, durable, loop, outputs
+from adaptfl.server_app import checkpoint, loop, outputs
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import build_run, restore_or_start, run_federated
 from adaptfl.server_app.outputs import RunOutputs

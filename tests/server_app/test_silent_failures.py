@@ -13,14 +13,15 @@ import time
 import pytest
 import torch
 
-from adaptfl.algorithms import wire
+from adaptfl.algorithms import sampling
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.settings import Federation
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import EXIT_CODE, RunAborted, SkipGuard
 from adaptfl.server_app.loop import run_federated
-from adaptfl.strategies import base, sampling
+from adaptfl.strategies import base
 from tests.support.flower_processes import PROJECT
 from tests.support.run_outputs import metric_rows
 

@@ -13,15 +13,15 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.feddyn import FedDyn
 from adaptfl.algorithms.components.moon import contrastive_loss
 from adaptfl.algorithms.components.prox import Prox
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
-from adaptfl.algorithms.stage import ClientData, ClientRound
 from adaptfl.client_app.client_state import ClientStateStore
 from adaptfl.client_app.session import ClientSession
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
+from adaptfl.core.stage import ClientData, ClientRound
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
 

@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
-from adaptfl.algorithms.stage import ClientData
 from adaptfl.client_app.client_state import StateSource
 from adaptfl.client_app.session import ClientSession
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
+from adaptfl.core.stage import ClientData
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.persist import export_local_state, import_local_state
 from adaptfl.local_update.shell import LocalUpdate

@@ -8,10 +8,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.sharing import full_theta
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update.rules.soap import SOAP
 from adaptfl.local_update.theta import compress, drift, expand, light_spec, theta_spec

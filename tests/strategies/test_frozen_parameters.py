@@ -19,12 +19,12 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-from adaptfl.algorithms import contract, wire
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec, federated_state, frozen_digest, frozen_parameters
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.codec.codec import spec_bytes
+from adaptfl.core import contract, wire
+from adaptfl.core.contract import ModelSpec, federated_state, frozen_digest, frozen_parameters
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
 from tests.support.run_outputs import metric_rows

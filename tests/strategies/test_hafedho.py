@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.hafedho import RECTIFIED_LOSS, rectification
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
-from adaptfl.algorithms.stage import ClientData, ClientPart, ClientRound, PartOutput
 from adaptfl.client_app.client_state import ClientStateStore, StateSource
 from adaptfl.client_app.session import build_optimizer
 from adaptfl.codec.codec import array_bytes
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
+from adaptfl.core.stage import ClientData, ClientPart, ClientRound, PartOutput
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import HaFedHo
 from adaptfl.workloads import ImageData

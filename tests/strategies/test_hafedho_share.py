@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.client_app.session import ClientSession
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.base import AdaptiveStrategy
 from tests.support.user_package import write_user_package

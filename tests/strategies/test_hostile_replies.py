@@ -9,10 +9,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
-from adaptfl.algorithms.domain import PSD
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
+from adaptfl.core.domain import PSD
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
 from adaptfl.strategies.invariants import check_state

@@ -10,7 +10,7 @@ import torch
 
 from adaptfl.algorithms.components.mimelite import full_gradient, sample_rows
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.stage import ClientData, ClientRound
+from adaptfl.core.stage import ClientData, ClientRound
 
 N, CHUNK = 100, 16
 X = torch.randn(N, 3, generator=torch.Generator().manual_seed(0))

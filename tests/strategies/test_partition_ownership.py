@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core import wire
 from adaptfl.server_app.checkpoint import CONFIG_FILE, check_same_job
 from adaptfl.strategies.ownership import Ownership, bind_by_claims, bind_by_map
 from adaptfl.strategies.state import ServerState

@@ -20,8 +20,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.catalog import catalog
+from adaptfl.core import wire
 from adaptfl.strategies.invariants import check_state
 from tests.strategies.test_hostile_replies import GRID, HOSTILE, _honest, _message, _strategy
 

@@ -9,17 +9,17 @@ import math
 import pytest
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
-from adaptfl.algorithms.domain import FINITE, MOMENT, NONNEG, PSD, SQUARABLE, SQUARE_BOUND
-from adaptfl.strategies.aggregate import cap_shares
-from adaptfl.strategies.aggregators import AggregationRefused, Combine
-from adaptfl.strategies.aggregators.clip import Clip
-from adaptfl.strategies.aggregators.krum import Krum
-from adaptfl.strategies.aggregators.mean import Mean
-from adaptfl.strategies.aggregators.median import Median
-from adaptfl.strategies.aggregators.trimmed_mean import TrimmedMean
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
+from adaptfl.core.domain import FINITE, MOMENT, NONNEG, PSD, SQUARABLE, SQUARE_BOUND
+from adaptfl.server_rules.aggregate import cap_shares
+from adaptfl.server_rules.aggregators import AggregationRefused, Combine
+from adaptfl.server_rules.aggregators.clip import Clip
+from adaptfl.server_rules.aggregators.krum import Krum
+from adaptfl.server_rules.aggregators.mean import Mean
+from adaptfl.server_rules.aggregators.median import Median
+from adaptfl.server_rules.aggregators.trimmed_mean import TrimmedMean
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.state import ServerState
 

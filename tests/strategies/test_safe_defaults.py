@@ -11,11 +11,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.sampling import hostile_count
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
-from adaptfl.strategies.sampling import hostile_count
 from adaptfl.strategies.screen import (
     cap_to_median,
     capped_factors,

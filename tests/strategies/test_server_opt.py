@@ -8,12 +8,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_rules.server_opt.adamom import Adamom
 from adaptfl.strategies import AdaptiveStrategy
-from adaptfl.strategies.server_opt.adamom import Adamom
 
 F32 = torch.float32
 SPEC = ModelSpec({"w": ((2, 2), F32), "b": ((3,), F32)}, ("w", "b"))
@@ -152,8 +152,8 @@ def test_nesterov_matches_torch_sgd_nesterov_through_the_strategy() -> None:
 
 def test_nesterov_differs_from_heavy_ball() -> None:
     """The look-ahead term matters: from the second step on, Nesterov ≠ FedAvgM's x - η·m."""
-    from adaptfl.strategies.server_opt.avgm import AvgM
-    from adaptfl.strategies.server_opt.nesterov import Nesterov
+    from adaptfl.server_rules.server_opt.avgm import AvgM
+    from adaptfl.server_rules.server_opt.nesterov import Nesterov
 
     x, d = {"w": torch.tensor([1.0])}, {"w": torch.tensor([0.5])}
     nx, nm = Nesterov(eta=1.0, server_momentum=0.5).rule(x, d, {}, 1)

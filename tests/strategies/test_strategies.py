@@ -7,10 +7,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.contract import ModelSpec
 from adaptfl.codec.codec import array_bytes
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy, FedACT, FedAvg
 from adaptfl.strategies.screen import REFERENCE

@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from adaptfl.workloads import ImageData, build_task_model, load_task

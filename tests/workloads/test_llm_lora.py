@@ -19,9 +19,9 @@ import math
 import pytest
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.codec.codec import spec_bytes
+from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
 from adaptfl.workloads import load_task, partition_indices
@@ -301,7 +301,7 @@ def test_engine_cli_refuses_llm_bad_input_with_exit_2(args, message, tiny_llama,
     overrides = [a for a in base if a.partition("=")[0] not in changed] + args
     done = subprocess.run([sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2",
                            *overrides], capture_output=True, text=True, timeout=300)
-    # exit 2: refused before round 1 (server_app/exit_codes.py); 0 or 1 if the check were gone
+    # exit 2: refused before round 1 (core/exit_codes.py); 0 or 1 if the check were gone
     assert done.returncode == 2, done.stderr[-3000:]
     line = done.stderr.strip()
     assert line.startswith("config error: ") and message in line, done.stderr[-3000:]

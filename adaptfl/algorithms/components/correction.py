@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.contract import Record
-from adaptfl.algorithms.params import component, fields_of, param
-from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage
+from adaptfl.core import wire
+from adaptfl.core.contract import Record
+from adaptfl.core.params import component, fields_of, param
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage
 
 UNIT = (0.0, 1.0)
 

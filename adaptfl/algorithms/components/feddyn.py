@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.params import component, param
-from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+from adaptfl.core import wire
+from adaptfl.core.params import component, param
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
 STATE = "feddyn"
 H = "feddyn-h"  # server state slot of h (never sent)

@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.scaffold import add_to_grads_
-from adaptfl.algorithms.contract import Metric, ModelSpec, Record, scalar_shape
-from adaptfl.algorithms.domain import FINITE, NONNEG
-from adaptfl.algorithms.params import component, param
-from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+from adaptfl.core import wire
+from adaptfl.core.contract import Metric, ModelSpec, Record, scalar_shape
+from adaptfl.core.domain import FINITE, NONNEG
+from adaptfl.core.params import component, param
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
 STATE = "hafedho"
 RECTIFIED_LOSS = "rectified-loss"  # reply metric: mean φ_i(w_k) = f_i + μ(f + hᵀ(w - w_t))

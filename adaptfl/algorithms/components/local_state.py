@@ -30,9 +30,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.params import component
-from adaptfl.algorithms.stage import ClientPart, ClientRound, PartOutput, Stage
+from adaptfl.core import wire
+from adaptfl.core.params import component
+from adaptfl.core.stage import ClientPart, ClientRound, PartOutput, Stage
 from adaptfl.local_update.persist import export_local_state, import_local_state
 
 log = logging.getLogger(__name__)

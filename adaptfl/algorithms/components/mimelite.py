@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.components.correction import Correction
-from adaptfl.algorithms.contract import ModelSpec, Record
-from adaptfl.algorithms.params import component, param
-from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec, Record
+from adaptfl.core.params import component, param
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput
 
 MOMENTUM = wire.MIME_M  # the record and the server state slot of m
 

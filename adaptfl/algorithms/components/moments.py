@@ -11,11 +11,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.contract import Record
-from adaptfl.algorithms.domain import MOMENT
-from adaptfl.algorithms.params import component
-from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+from adaptfl.core import wire
+from adaptfl.core.contract import Record
+from adaptfl.core.domain import MOMENT
+from adaptfl.core.params import component
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
 
 def _shape(block: bool):  # noqa: ANN202 - a Record shape

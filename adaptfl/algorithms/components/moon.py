@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.params import component, param
-from adaptfl.algorithms.stage import ClientPart, ClientRound, PartOutput, Stage
+from adaptfl.core import wire
+from adaptfl.core.params import component, param
+from adaptfl.core.stage import ClientPart, ClientRound, PartOutput, Stage
 
 STATE = "moon"
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptfl.algorithms.params import component, param
-from adaptfl.algorithms.stage import ClientPart, ClientRound, Stage
+from adaptfl.core.params import component, param
+from adaptfl.core.stage import ClientPart, ClientRound, Stage
 
 
 @component("term", "prox")

@@ -3,7 +3,7 @@
     client: y <- y - lr·(∇f_i(y) - c_i + c)                 every local step
             c_i⁺ = c_i - c + (x - y) / (K·lr)               after the K steps
             upload Δy = y - x and Δc_i = c_i⁺ - c_i
-    server: x <- x + η_g·mean Δy_i   (η_g and any server rule: strategies/server_opt/)
+    server: x <- x + η_g·mean Δy_i   (η_g and any server rule: server_rules/server_opt/)
             c <- c + (|S|/N)·mean Δc_i                      (N = connected clients)
 
 c goes down with the model (zero until the server has one); c_i is durable client state (zero
@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.contract import Record
-from adaptfl.algorithms.params import component
-from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+from adaptfl.core import wire
+from adaptfl.core.contract import Record
+from adaptfl.core.params import component
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
 STATE = "scaffold"
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.contract import ArraySpec, ModelSpec, Record
-from adaptfl.algorithms.domain import Domain
-from adaptfl.algorithms.params import component, param
-from adaptfl.algorithms.stage import Aggregation, ClientPart, ClientRound, PartOutput, RoundInfo, Stage
+from adaptfl.core import wire
+from adaptfl.core.contract import ArraySpec, ModelSpec, Record
+from adaptfl.core.domain import Domain
+from adaptfl.core.params import component, param
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, RoundInfo, Stage
 from adaptfl.local_update.theta import compress, drift, expand, light_domain, light_spec, theta_spec
 
 if TYPE_CHECKING:

@@ -28,8 +28,8 @@ from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
 
-from adaptfl.algorithms.domain import FINITE, Domain
-from adaptfl.algorithms.params import Component
+from adaptfl.core.domain import FINITE, Domain
+from adaptfl.core.params import Component
 
 Shape = tuple[int, ...]
 
@@ -131,7 +131,7 @@ class Preconditioner(Component):
 def group_values(rule: Preconditioner) -> dict[str, Any]:
     """The rule's hyperparameters as torch param-group entries: torch's name where torch has one
     (`betas`, `momentum`: `torch_names`), else the field's (snake_case, as torch names them)."""
-    from adaptfl.algorithms.params import fields_of
+    from adaptfl.core.params import fields_of
 
     values: dict[str, Any] = {"preconditioner": rule.name}
     held = {f: key for key, fields in rule.torch_names.items() for f in fields}
@@ -155,7 +155,7 @@ def fields_from_group(cls: type[Preconditioner], group: dict[str, Any]) -> dict[
             raise ValueError(f"param group {key}={group[key]!r}: expected "
                              f"{'(' + ', '.join(fields) + ')' if len(fields) > 1 else fields[0]}")
         out.update(zip(fields, values, strict=True))
-    from adaptfl.algorithms.params import fields_of
+    from adaptfl.core.params import fields_of
 
     for f in fields_of(cls):  # torch's name wins: it is the entry a scheduler writes
         if f.name in group and f.name not in out:
@@ -168,7 +168,7 @@ def zeros_like_slots(rule: Preconditioner, p: torch.Tensor) -> dict[str, torch.T
 
 
 def field_default(cls: type[Preconditioner], name: str) -> Any:
-    from adaptfl.algorithms.params import fields_of
+    from adaptfl.core.params import fields_of
 
     return next(f.default for f in fields_of(cls) if f.name == name)
 
@@ -176,7 +176,7 @@ def field_default(cls: type[Preconditioner], name: str) -> Any:
 def torch_keywords(preconditioner: str | Preconditioner, hyper: dict[str, Any]) -> dict[str, Any]:
     """`hyper` (LocalUpdate's keywords) with torch's names turned into the rule's fields in place:
     `betas=(b1, b2)` for the Adam family, `momentum=` for Muon."""
-    from adaptfl.algorithms.params import lookup
+    from adaptfl.core.params import lookup
 
     # the "preconditioner" registry holds Preconditioner subclasses only
     cls = cast(type[Preconditioner], lookup("preconditioner", preconditioner)) \

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms.params import component, param
+from adaptfl.core.params import component, param
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
 BIAS_MODES = ("paper", "single-counter", "local", "off")

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms.params import component, param
+from adaptfl.core.params import component, param
 from adaptfl.local_update.routing import ROUTINGS, route_muon
 from adaptfl.local_update.rules import Direction, Preconditioner, Step, group_values
 from adaptfl.local_update.rules.adam import AdamW

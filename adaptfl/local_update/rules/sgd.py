@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms.params import component
+from adaptfl.core.params import component
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
 

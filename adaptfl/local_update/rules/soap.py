@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms.domain import PSD, Domain
-from adaptfl.algorithms.params import component, param
+from adaptfl.core.domain import PSD, Domain
+from adaptfl.core.params import component, param
 from adaptfl.local_update.rules import Direction, Preconditioner, Shape, Step
 
 Factors = list[torch.Tensor | None]

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from adaptfl.algorithms.domain import NONNEG, Domain
-from adaptfl.algorithms.params import component, param
+from adaptfl.core.domain import NONNEG, Domain
+from adaptfl.core.params import component, param
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 
 

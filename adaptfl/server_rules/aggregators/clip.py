@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.params import component, param
-from adaptfl.strategies.aggregate import weighted_mean
-from adaptfl.strategies.aggregators import Aggregator, Combine, Items, Tensors, flat
-from adaptfl.strategies.aggregators.median import coordinate_median
+from adaptfl.core import wire
+from adaptfl.core.params import component, param
+from adaptfl.server_rules.aggregate import weighted_mean
+from adaptfl.server_rules.aggregators import Aggregator, Combine, Items, Tensors, flat
+from adaptfl.server_rules.aggregators.median import coordinate_median
 
 NORMS = "clip-norm"  # memory slot: {record: tensor([C])}
 

@@ -5,7 +5,7 @@ bad value fails only inside the ServerApp, after Ray has started. This parses th
 flwr's own parser (as `flwr run` does), fuses them with the app's defaults in pyproject.toml (as
 the SuperLink does) and validates the result the way the ServerApp will.
 
-    python -m adaptfl.algorithms.check_overrides --run-config "tau=0.3 rho=0.2" [--get KEY ...]
+    python -m adaptfl.server_app.check_overrides --run-config "tau=0.3 rho=0.2" [--get KEY ...]
 
 With `--preflight` it also runs what the ServerApp runs before round 1 (`build_run`: load the
 task, build the model, one step of the client pipeline on a few rows, its reply checked; then
@@ -34,7 +34,7 @@ import click
 from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
 
 from adaptfl import source as where
-from adaptfl.server_app.exit_codes import REFUSED_EXIT_CODE
+from adaptfl.core.exit_codes import REFUSED_EXIT_CODE
 
 # The Flower app whose defaults the overrides go over: adaptfl's own in a source checkout (or an
 # unpacked FAB), else the folder you run it in (your own app, as `flwr run .` would take).
@@ -118,7 +118,7 @@ def _adaptfl_keys() -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adaptfl.algorithms.check_overrides",
+    parser = argparse.ArgumentParser(prog="python -m adaptfl.server_app.check_overrides",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-config", "-c", action="append", default=[],
                         help="the text given to `flwr run --run-config` (repeatable)")

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.params import Component, component, param
+from adaptfl.core import wire
+from adaptfl.core.params import Component, component, param
 
 LOOP = "adaptfl's round loop runs the protocol's four exchanges (server_app/loop.py)"
 

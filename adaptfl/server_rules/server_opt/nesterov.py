@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptfl.algorithms.params import component, param
-from adaptfl.strategies.server_opt import ServerOpt, Tensors, zeros_like
+from adaptfl.core.params import component, param
+from adaptfl.server_rules.server_opt import ServerOpt, Tensors, zeros_like
 
 
 @component("server_opt", "nesterov")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptfl.algorithms.params import component
-from adaptfl.strategies.server_opt import Tensors, zeros_like
-from adaptfl.strategies.server_opt.adam import ServerAdam, first_moment
+from adaptfl.core.params import component
+from adaptfl.server_rules.server_opt import Tensors, zeros_like
+from adaptfl.server_rules.server_opt.adam import ServerAdam, first_moment
 
 
 @component("server_opt", "yogi")

@@ -189,12 +189,12 @@ _REGISTRY: dict[str, dict[str, type[Component]]] = {}
 # new preconditioner, term, server optimizer or aggregator is one new file in one of them.
 COMPONENT_PACKAGES = (
     "adaptfl.algorithms.settings",
-    "adaptfl.privacy.settings",
+    "adaptfl.core.privacy_settings",
     "adaptfl.local_update.rules",
     "adaptfl.local_update.modulation",
     "adaptfl.algorithms.components",
-    "adaptfl.strategies.server_opt",
-    "adaptfl.strategies.aggregators",
+    "adaptfl.server_rules.server_opt",
+    "adaptfl.server_rules.aggregators",
 )
 _discovered = False
 

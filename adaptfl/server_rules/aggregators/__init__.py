@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from adaptfl.algorithms.domain import FINITE, Domain
-from adaptfl.algorithms.params import Component
+from adaptfl.core.domain import FINITE, Domain
+from adaptfl.core.params import Component
 
 if TYPE_CHECKING:
     from adaptfl.privacy.mechanism import GaussianMean

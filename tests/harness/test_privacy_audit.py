@@ -1,4 +1,4 @@
-"""The one-run audit (privacy/audit.py, issue 31 §9): the main theorem's bound against hand-computed
+"""The one-run audit (harness/privacy_audit.py, issue 31 §9): the main theorem's bound against hand-computed
 values, and on a tiny run the empirical ε stays below the accountant's with the noise on, while
 with (almost) no noise it is far above it: the audit can fail."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.harness.privacy_audit import Canaries, main, run_audit
 from adaptfl.privacy import mechanism, server
-from adaptfl.privacy.audit import Canaries, main, run_audit
 from adaptfl.privacy.audit_bound import binomial_tail, epsilon_lower_bound, p_value
 from tests.conftest import needs_fashion_mnist
 from tests.support.run_outputs import metric_rows

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptfl.algorithms.params import component
-from adaptfl.strategies.aggregators import (
+from adaptfl.core.params import component
+from adaptfl.server_rules.aggregators import (
     AggregationRefused,
     Aggregator,
     Combine,

@@ -1,7 +1,7 @@
 """Every record name and metric key that crosses the wire, in one place.
 
 Kebab-case, as Flower does. A reader who sees `"delta-g"` in a message finds here what it is;
-which algorithm sends which record is declared by its components (algorithms/contract.py).
+which algorithm sends which record is declared by its components (core/contract.py).
 """
 
 # --- Records in a TRAIN instruction (server -> client) ---

@@ -1,5 +1,5 @@
 """Exit codes of adaptfl's command lines, one per kind of outcome, the same for every program
-(`python -m adaptfl.engine`, `scripts/main_job.sh`, `python -m adaptfl.algorithms.check_overrides`):
+(`python -m adaptfl.engine`, `scripts/main_job.sh`, `python -m adaptfl.server_app.check_overrides`):
 
     0  the run completed (or the check passed)
     1  anything else failed: a crash, a Flower run that failed after it started

@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adaptfl.algorithms.params import component, param
-from adaptfl.strategies.aggregators import (
+from adaptfl.core.params import component, param
+from adaptfl.server_rules.aggregators import (
     Aggregator,
     Combine,
     Items,

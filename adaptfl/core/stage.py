@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from adaptfl.algorithms.contract import Metric, ModelSpec, Record
-from adaptfl.algorithms.params import Component
+from adaptfl.core.contract import Metric, ModelSpec, Record
+from adaptfl.core.params import Component
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.algorithm import Algorithm
@@ -77,7 +77,7 @@ class ClientRound:
 
     @property
     def params(self) -> dict[str, torch.nn.Parameter]:
-        """The trainable parameters (frozen ones take no part: algorithms/contract.py)."""
+        """The trainable parameters (frozen ones take no part: core/contract.py)."""
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
 
@@ -120,7 +120,7 @@ class Aggregation:
     model: Tensors  # the new model (after the server optimizer); a stage may adjust it (FedDyn)
     num_nodes: int  # connected nodes at sampling (SCAFFOLD, FedDyn scale by |S|/N)
     # The aggregator's combine of one value per reply (the weighted mean by default; median,
-    # trimmed mean, Krum, clipping: strategies/aggregators/), named by the record it combines
+    # trimmed mean, Krum, clipping: server_rules/aggregators/), named by the record it combines
     # so robust rules keep per-record state and project onto the record's domain.
     mean: Callable[[Sequence[Mapping[str, torch.Tensor]], str], Tensors]
     new_extras: dict[str, Tensors] = field(default_factory=dict)

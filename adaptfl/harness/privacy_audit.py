@@ -1,5 +1,5 @@
 """An empirical privacy audit in one training run (Steinke, Nasr & Jagielski, NeurIPS 2023):
-`python -m adaptfl.privacy.audit [--canaries 1000] [run-config key=value ...]`.
+`python -m adaptfl.harness.privacy_audit [--canaries 1000] [run-config key=value ...]`.
 
     canaries   m random directions u_i (independent unit vectors over Δ's floating arrays,
                from `--audit-seed`), each included with probability ½ (S_i, from the same
@@ -45,15 +45,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adaptfl.algorithms import wire
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core import wire
 from adaptfl.privacy import server
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import epsilon_lower_bound
 from adaptfl.privacy.mechanism import ALIASES, GaussianMean, round_seed, shared_records
-from adaptfl.strategies.aggregators import Combine, Items, Tensors
+from adaptfl.server_rules.aggregators import Combine, Items, Tensors
 
-PROG = "python -m adaptfl.privacy.audit"
+PROG = "python -m adaptfl.harness.privacy_audit"
 DEFAULTS = {"dp": "central", "weighting": "uniform"}  # under the overrides given
 
 
@@ -142,7 +142,7 @@ class CanaryMean(GaussianMean):
 def canaries_in(canaries: Canaries) -> Iterator[None]:
     """For the run inside: each round's DP mean is a CanaryMean whose noise counts the slots
     (the strategy calls `privacy.server.round_combine` through the module, so this reaches it;
-    tests/privacy/test_audit.py checks the noise std is z·C/(n + m))."""
+    tests/harness/test_privacy_audit.py checks the noise std is z·C/(n + m))."""
     original = server.round_combine
 
     def combine(privacy, fed, contract, replies, sampled, server_round):  # noqa: ANN001, ANN202

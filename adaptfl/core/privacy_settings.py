@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from adaptfl.algorithms.params import Component, component, param
+from adaptfl.core.params import Component, component, param
 
 MODES = ("none", "central", "client")
 ON_TARGET = ("refuse", "stop")

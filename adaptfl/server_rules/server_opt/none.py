@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptfl.algorithms.params import component, param
-from adaptfl.strategies.server_opt import ServerOpt, Tensors
+from adaptfl.core.params import component, param
+from adaptfl.server_rules.server_opt import ServerOpt, Tensors
 
 
 @component("server_opt", "none")

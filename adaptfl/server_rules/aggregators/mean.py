@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adaptfl.algorithms.params import component
-from adaptfl.strategies.aggregate import weighted_mean
-from adaptfl.strategies.aggregators import Aggregator, Combine, Items, Tensors
+from adaptfl.core.params import component
+from adaptfl.server_rules.aggregate import weighted_mean
+from adaptfl.server_rules.aggregators import Aggregator, Combine, Items, Tensors
 
 
 @component("aggregator", "mean")

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.domain import FINITE, Domain
+from adaptfl.core import wire
+from adaptfl.core.domain import FINITE, Domain
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.algorithm import Algorithm
@@ -160,7 +160,7 @@ DomainOf = Callable[["Algorithm", str], Domain]
 
 @dataclass(frozen=True)
 class Record:
-    """One ArrayRecord on the wire, with the values its arrays may hold (algorithms/domain.py):
+    """One ArrayRecord on the wire, with the values its arrays may hold (core/domain.py):
     checked on every reply that carries it and on the server state that is sent as it."""
 
     name: str

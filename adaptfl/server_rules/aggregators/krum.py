@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptfl.algorithms import wire
-from adaptfl.algorithms.params import component, param
-from adaptfl.strategies.aggregate import weighted_mean
-from adaptfl.strategies.aggregators import (
+from adaptfl.core import wire
+from adaptfl.core.params import component, param
+from adaptfl.server_rules.aggregate import weighted_mean
+from adaptfl.server_rules.aggregators import (
     Aggregator,
     Combine,
     Items,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from adaptfl.algorithms.domain import NONNEG, SQUARABLE
-from adaptfl.algorithms.params import component, param
-from adaptfl.strategies.server_opt import ServerOpt, Tensors, zeros_like
+from adaptfl.core.domain import NONNEG, SQUARABLE
+from adaptfl.core.params import component, param
+from adaptfl.server_rules.server_opt import ServerOpt, Tensors, zeros_like
 
 UNIT = (0.0, 1.0)
 

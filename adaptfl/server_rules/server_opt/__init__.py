@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from adaptfl.algorithms.domain import FINITE, Domain
-from adaptfl.algorithms.params import Component
+from adaptfl.core.domain import FINITE, Domain
+from adaptfl.core.params import Component
 
 Tensors = dict[str, torch.Tensor]
 SLOT_PREFIX = "server-opt/"  # server-state key of a moment slot: "server-opt/m", "server-opt/v"
