@@ -57,13 +57,16 @@ def fashion_mnist(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _one_round(algorithm: str, data: str, out: str, device: str) -> tuple[dict, dict]:
     """mlp (D = 50,890: above the small-D sort, so the band / radix selections run), 2 clients
-    x 3 local steps, PosRatio/TopMass on every step; (final model, round-1 metrics)."""
+    x 3 local steps, PosRatio/TopMass on every step; (final model, round-1 metrics). fp32
+    forward passes on both devices: `precision='auto'` would autocast CUDA's to bf16, which
+    no fp32 tolerance can compare with the CPU's (the first GPU run showed 10-90% of the
+    coordinates moved)."""
     extra = {"muon_routing": "all-2d"} if algorithm.endswith("muon") else \
         {"max_precond_dim": 100} if algorithm.endswith("soap") else {}
     cfg = RunConfig.of(algorithm=algorithm, num_server_rounds=1, local_steps=3, batch_size=16,
                        model="mlp", data_dir=data, results_dir=out, run_name="r",
                        client_state_dir=f"{out}/state", partitioning="iid", diagnostics_every=1,
-                       device=device, **extra)
+                       device=device, precision="fp32", **extra)
     run_dir = run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
     (row,) = metric_rows(run_dir)
     assert row["replies-accepted"] == 2, row["rejected"]
@@ -84,12 +87,27 @@ def test_accelerator_branches_on_cpu_give_the_cpu_round_bit_for_bit(
         assert row[key] == their_row[key], key
 
 
+def _device_exact(algorithm: str) -> bool:
+    """Whether a round's local steps are fp32 arithmetic that only rounds otherwise on CUDA.
+    Not so, by design, for three rules (the first GPU run, 2026-12-04: 250 to 50,684 of 50,890
+    coordinates moved): Muon's NS5 runs in bf16 (as torch.optim.Muon), whose matmuls accumulate
+    otherwise on CUDA; SOAP's eigenbasis is arbitrary where its statistics are degenerate (three
+    steps: rank <= 3 x batch), and Adam in that basis turns float noise there into unit steps;
+    Sophia's Hessian estimate samples labels from the device's own generator."""
+    rule = catalog()[algorithm].preconditioner.name
+    return rule not in ("soap", "sophia") and not algorithm.endswith("muon")  # all-2d routing
+
+
 @needs_cuda
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_one_round_on_cuda_equals_the_cpu_round(algorithm: str, fashion_mnist: str, tmp_path) -> None:
     data = fashion_mnist
     cpu, cpu_row = _one_round(algorithm, data, str(tmp_path / "cpu"), "cpu")
     gpu, gpu_row = _one_round(algorithm, data, str(tmp_path / "cuda"), "cuda")
+    if not _device_exact(algorithm):  # the losses only: the same descent, another rounding
+        for key in ("train-loss", "test-loss"):
+            assert math.isclose(cpu_row[key], gpu_row[key], rel_tol=2e-2), key
+        return
     moved = total = 0
     for name, tensor in cpu.items():
         other = gpu[name].cpu()
@@ -124,8 +142,28 @@ def test_the_fused_kernel_takes_a_device_step_count_and_a_negative_lr(
                                             addend=addend.to(device))
         results[device] = (d * scale).cpu(), m.cpu(), v.cpu()
     (u_ref, m_ref, v_ref), (u, m, v) = results["cpu"], results["cuda"]
+    # a few ulps of the terms summed, not of the result: the fused kernel's lerp
+    # m + (1-β)(g-m) rounds otherwise than β·m + (1-β)·g, and m cancels to near 0 where g
+    # changes sign (the first GPU run: relative errors far above 8 ulps on such entries)
+    m_terms = torch.zeros(n, dtype=torch.float64)
+    for g in grads:
+        m_terms = 0.9 * m_terms + 0.1 * g.double().abs()
     eps32 = torch.finfo(torch.float32).eps  # a few ulps: CUDA's sqrt/div round on their own
-    assert torch.allclose(m, m_ref, rtol=8 * eps32, atol=0)
-    assert torch.allclose(v, v_ref, rtol=8 * eps32, atol=0)
+    # and the CUDA kernel forms 1-β (and β^k) in float32, the eager pass in double: 1-0.999f is
+    # 1.3e-5 off 0.001, far above 8 ulps of v (the first GPU run failed v's check on it)
+    r1, r2 = _coefficient_rounding(0.9), _coefficient_rounding(0.999)
+    assert float(((m - m_ref).abs().double() / m_terms.clamp(min=1e-30)).max()) < 8 * eps32 + r1
+    assert torch.allclose(v, v_ref, rtol=8 * eps32 + r2, atol=0)  # v's terms are all >= 0
+    # u: those, and the bias corrections 1-β^n of the last step from float32 β
+    bias = _coefficient_rounding(0.9, n_m) + _coefficient_rounding(0.999, n_v) / 2
     terms = addend.abs() + (u_ref - addend).abs()
-    assert float(((u - u_ref).abs() / terms.clamp(min=1e-30)).max()) < 16 * eps32
+    assert float(((u - u_ref).abs() / terms.clamp(min=1e-30)).max()) < 16 * eps32 + r1 + r2 / 2 + bias
+
+
+def _coefficient_rounding(beta: float, power: int = 1) -> float:
+    """Relative error of 1-β^power when β is rounded to float32 first, as torch's fused CUDA
+    kernel takes its betas (0 where the power is 0: no bias correction)."""
+    if power == 0:
+        return 0.0
+    exact, rounded = 1 - beta**power, 1 - float(torch.tensor(beta, dtype=torch.float32)) ** power
+    return abs(rounded - exact) / exact
