@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from flwr.app import ArrayRecord, Message  # noqa: E402
 
-from adaptfl.algorithms import wire  # noqa: E402
+from adaptfl.core import wire  # noqa: E402
 from adaptfl.client_app.app import train_or_refuse  # noqa: E402
 from adaptfl.engine.inprocess import InProcessGrid  # noqa: E402
 from adaptfl.server_app.abort import RunAborted  # noqa: E402
