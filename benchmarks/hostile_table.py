@@ -17,8 +17,8 @@ sys.path.insert(0, str(ROOT))
 
 from flwr.app import ArrayRecord, Message  # noqa: E402
 
-from adaptfl.core import wire  # noqa: E402
 from adaptfl.client_app.app import train_or_refuse  # noqa: E402
+from adaptfl.core import wire  # noqa: E402
 from adaptfl.engine.inprocess import InProcessGrid  # noqa: E402
 from adaptfl.server_app.abort import RunAborted  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402

@@ -1,3 +1,3 @@
-"""What a run computes: hyperparameters declared once (params.py), the components with a part on
+"""What a run computes: its settings (settings.py), the components with a part on
 each side of the wire (components/), named algorithms (catalog.py), the typed run config
-(config.py), the recipe and the wire contract (recipe.py, contract.py, wire.py)."""
+(config.py), the recipe (recipe.py); the declarations they build on are in adaptfl/core/."""

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from adaptfl.algorithms.components.local_state import Fresh
 from adaptfl.core import wire
 from adaptfl.core.contract import Contract, ModelSpec
 from adaptfl.core.domain import bounded
@@ -91,8 +92,6 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         if self.local_state is None:
-            from adaptfl.algorithms.components.local_state import Fresh
-
             object.__setattr__(self, "local_state", Fresh())
 
     def stages(self) -> tuple[Stage, ...]:

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaptfl.algorithms.algorithm import SLOTS, TERM_SWITCH, Algorithm, Selection, term_choices
-from adaptfl.algorithms.catalog import get_algorithm
+from adaptfl.algorithms.catalog import catalog, get_algorithm
+from adaptfl.algorithms.privacy_checks import check_privacy
+from adaptfl.algorithms.secagg_checks import check_secagg
 from adaptfl.algorithms.settings import (
     SETTINGS,
     Data,
@@ -109,12 +111,8 @@ class RunConfig:
                              f"{'them' if len(unused) > 1 else 'it'}")
         check_llm_keys(settings[LanguageModel], settings[Data])  # type: ignore[arg-type]
         config = cls(selection, algorithm, *(settings[s] for s in SETTINGS))  # type: ignore[arg-type]
-        from adaptfl.privacy.checks import check_privacy
-
         check_privacy(config.privacy, algorithm, config.federation)
         check_shared(config.compression, algorithm.shared_records(), algorithm.name)
-        from adaptfl.secagg.checks import check_secagg
-
         check_secagg(config)
         return config
 
@@ -235,8 +233,6 @@ def _doc(key: str, info: FieldInfo) -> str:
 def algorithm_table() -> str:
     """The algorithm table of docs/algorithms.md: every named algorithm, its paper, its components and what
     crosses the wire (the model `arrays` goes down and Δ `delta` comes back in every round)."""
-    from adaptfl.algorithms.catalog import catalog
-
     rows = ["| `algorithm=` | paper | components | also down / also up |", "|---|---|---|---|"]
     for name, a in catalog().items():
         parts = [f"{slot.replace('_', '-')} `{c.name}`" for slot, c in

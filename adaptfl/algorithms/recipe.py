@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from adaptfl.algorithms.algorithm import SLOTS, Algorithm
+from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.settings import Data, LanguageModel, Privacy, Runtime
 from adaptfl.codec.settings import Compression, CompressionBase
 from adaptfl.core.params import Component, fields_of, lookup
@@ -71,8 +72,6 @@ def _build(kind: str, name: str, record: Mapping[str, Any], prefix: str) -> Comp
 
 def algorithm_from_recipe(record: Mapping[str, Any]) -> Algorithm:
     """The algorithm exactly as the server built it (every check runs again here)."""
-    from adaptfl.algorithms.catalog import catalog
-
     name = str(record["algorithm"])
     # Any: the slots' components, each of its own kind (Algorithm types them Any too)
     parts: dict[str, Any] = {slot: _build(kind, str(record[slot]), record, slot)

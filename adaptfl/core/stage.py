@@ -157,7 +157,7 @@ class Stage(Component):
     def released_bare(self) -> str:
         """What this stage broadcasts that is computed from the replies outside the shared
         records (so dp would neither clip nor noise it); '' for nothing. dp refuses a stage
-        that names something (privacy/checks.py)."""
+        that names something (algorithms/privacy_checks.py)."""
         return ""
 
     def payload(self, extras: Mapping[str, Tensors], spec: ModelSpec, algorithm: Algorithm

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adaptfl.local_update.devices import cpu_path
 from adaptfl.local_update.native_source import SOURCE
 
 ENABLED = os.environ.get("ADAPTFL_NATIVE", "1") != "0"  # the tests switch it per test
@@ -151,8 +152,6 @@ def library() -> Library | None:
 
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the loops can run on these tensors: contiguous float32 on the CPU's branch."""
-    from adaptfl.local_update.devices import cpu_path
-
     return library() is not None and all(
         t.dtype == torch.float32 and t.is_contiguous() and cpu_path(t) for t in tensors)
 

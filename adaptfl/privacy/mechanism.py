@@ -123,7 +123,7 @@ def records_noise_multiplier(privacy: Privacy, k: int, count_stddev: float) -> f
 @dataclass
 class GaussianMean:
     """The combine of every shared record under dp (in place of the aggregator; only the mean
-    composes with DP: see privacy/checks.py)."""
+    composes with DP: see algorithms/privacy_checks.py)."""
 
     privacy: Privacy
     k: int  # records a client shares

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
-from adaptfl.algorithms.settings import Federation
 from adaptfl.core.contract import Contract
 from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy import ledger
 from adaptfl.privacy.accountant import LEDGER, epsilon, ledger_of, ledger_record, planned_epsilon
 from adaptfl.privacy.mechanism import GaussianMean, records_noise_multiplier, round_seed, shared_records
 
-if TYPE_CHECKING:  # strategies import privacy; the state is only read here
+if TYPE_CHECKING:  # strategies and algorithms import privacy; these are only read here
+    from adaptfl.algorithms.settings import Federation
     from adaptfl.strategies.state import ServerState
 
 

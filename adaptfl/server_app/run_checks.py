@@ -29,12 +29,12 @@ import torch
 from torch import nn
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.privacy_checks import check_planned_target
 from adaptfl.algorithms.sampling import hostile_count, nodes_needed, sample_size
 from adaptfl.client_app.device import select_device
 from adaptfl.client_app.train import autocast_dtype
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
-from adaptfl.privacy.checks import check_planned_target
 from adaptfl.privacy.mechanism import records_noise_multiplier
 from adaptfl.privacy.server import count_stddev
 from adaptfl.workloads import Task, partition_indices

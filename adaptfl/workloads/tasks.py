@@ -9,9 +9,10 @@ SFT for a pretrained causal LM is `sft:…` with `model='hf:…'` (workloads/ins
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 from torch import nn
+
+from adaptfl.algorithms.settings import LanguageModel
 
 from .cifar import load_cifar
 from .fashion_mnist import default_cache_dir, load_fashion_mnist
@@ -66,7 +67,7 @@ def as_task(train: ImageData | TextData, test: ImageData | TextData, name: str) 
 
 
 @lru_cache(maxsize=4)
-def load_task(task: str, data_dir: str = "", model: str = "", llm: Any = None) -> Task:
+def load_task(task: str, data_dir: str = "", model: str = "", llm: LanguageModel | None = None) -> Task:
     """The task named in a run config (cached: a client process loads it once). `model` and
     `llm` (algorithms.settings.LanguageModel) are read by sft: tasks only: the model's tokenizer
     and the max-length and prompt-template keys."""
@@ -87,13 +88,12 @@ def load_task(task: str, data_dir: str = "", model: str = "", llm: Any = None) -
     return as_task(*_builtin(task, data_dir), task)
 
 
-def _default_llm() -> Any:
-    from adaptfl.algorithms.settings import LanguageModel
-
+def _default_llm() -> LanguageModel:
     return LanguageModel()
 
 
-def build_task_model(name: str, task: Task, llm: Any = None, data_dir: str = "") -> nn.Module:
+def build_task_model(name: str, task: Task, llm: LanguageModel | None = None,
+                     data_dir: str = "") -> nn.Module:
     """A fresh model sized for the task: built-in image models by channels and side, language
     models by vocabulary, your own `package.module:function(task)`, a pretrained causal LM with
     LoRA adapters `hf:<folder|file.gguf|package>` (workloads/causal_lm.py; `llm` sets them)."""

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, NamedTuple, cast
 import torch
 
 from adaptfl.core.domain import FINITE, Domain
-from adaptfl.core.params import Component
+from adaptfl.core.params import Component, fields_of, lookup
 
 Shape = tuple[int, ...]
 
@@ -131,8 +131,6 @@ class Preconditioner(Component):
 def group_values(rule: Preconditioner) -> dict[str, Any]:
     """The rule's hyperparameters as torch param-group entries: torch's name where torch has one
     (`betas`, `momentum`: `torch_names`), else the field's (snake_case, as torch names them)."""
-    from adaptfl.core.params import fields_of
-
     values: dict[str, Any] = {"preconditioner": rule.name}
     held = {f: key for key, fields in rule.torch_names.items() for f in fields}
     for f in fields_of(type(rule)):
@@ -155,8 +153,6 @@ def fields_from_group(cls: type[Preconditioner], group: dict[str, Any]) -> dict[
             raise ValueError(f"param group {key}={group[key]!r}: expected "
                              f"{'(' + ', '.join(fields) + ')' if len(fields) > 1 else fields[0]}")
         out.update(zip(fields, values, strict=True))
-    from adaptfl.core.params import fields_of
-
     for f in fields_of(cls):  # torch's name wins: it is the entry a scheduler writes
         if f.name in group and f.name not in out:
             out[f.name] = group[f.name]
@@ -168,16 +164,12 @@ def zeros_like_slots(rule: Preconditioner, p: torch.Tensor) -> dict[str, torch.T
 
 
 def field_default(cls: type[Preconditioner], name: str) -> Any:
-    from adaptfl.core.params import fields_of
-
     return next(f.default for f in fields_of(cls) if f.name == name)
 
 
 def torch_keywords(preconditioner: str | Preconditioner, hyper: dict[str, Any]) -> dict[str, Any]:
     """`hyper` (LocalUpdate's keywords) with torch's names turned into the rule's fields in place:
     `betas=(b1, b2)` for the Adam family, `momentum=` for Muon."""
-    from adaptfl.core.params import lookup
-
     # the "preconditioner" registry holds Preconditioner subclasses only
     cls = cast(type[Preconditioner], lookup("preconditioner", preconditioner)) \
         if isinstance(preconditioner, str) else type(preconditioner)

@@ -22,6 +22,7 @@ from adaptfl.algorithms.settings import Federation
 from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.accountant import planned_epsilon
 from adaptfl.privacy.mechanism import records_noise_multiplier
+from adaptfl.privacy.server import target_error
 
 
 def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:
@@ -65,6 +66,4 @@ def check_planned_target(privacy: Privacy, fed: Federation, population: int) -> 
     planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, rounds,
                               privacy.dp_delta, privacy.dp_accounting)
     if planned > privacy.dp_target_epsilon:
-        from adaptfl.privacy.server import target_error
-
         raise ValueError(target_error(privacy, planned, rounds, n, population))
