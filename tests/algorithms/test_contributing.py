@@ -108,8 +108,8 @@ def test_its_moments_live_in_the_strategy_state(rmsprop_file: ModuleType) -> Non
 
 def test_the_test_the_section_shows_passes(rmsprop_file: ModuleType) -> None:
     namespace: dict = {}
-    exec(compile(readme_block("# tests/test_server_opt_rmsprop.py"), "test_server_opt_rmsprop.py",
-                 "exec"), namespace)
+    block = readme_block("# tests/server_rules/test_server_opt_rmsprop.py")
+    exec(compile(block, "test_server_opt_rmsprop.py", "exec"), namespace)
     tests = [f for name, f in namespace.items() if name.startswith("test_")]
     assert tests
     for test in tests:

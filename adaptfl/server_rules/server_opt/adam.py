@@ -5,7 +5,7 @@
     x = x + η_r · m / (sqrt(v) + τ),   η_r = η·sqrt(1-β2^(r+1)) / (1-β1^(r+1))
 
 The bias-corrected η_r on `r+1` (r = server round) is Flower's `FedAdam` convention, kept so the
-same replies give the same model as Flower's strategy (tests/strategies/test_server_opt.py).
+same replies give the same model as Flower's strategy (tests/server_rules/test_server_opt.py).
 """
 
 from __future__ import annotations
