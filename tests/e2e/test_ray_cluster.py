@@ -67,8 +67,11 @@ def test_main_job_on_a_two_node_ray_cluster_uses_both_and_survives_losing_one(tm
     assert all(r["replies-accepted"] + r["replies-rejected"] + r["replies-missing"] == 8 for r in rows)
     reasons = [why for r in rows[1:] for why in r["rejected"].values()]
     # Which Ray error a lost call gets depends on when the head notices (ActorDiedError, or
-    # ObjectReconstructionFailedError once the node misses its heartbeats): any of Ray's own.
-    assert reasons and all("ray.exceptions." in why or "actor" in why.lower() for why in reasons), reasons
+    # ObjectReconstructionFailedError once the node misses its heartbeats): any of Ray's own. A
+    # call the head has not failed by round-timeout is counted missing instead, and where the head
+    # noticed before round 2 was sent, nothing is lost (once under CI's load: no error reply at
+    # all); which of the three happens is Ray's timing, so each is accepted, none unrecorded.
+    assert all("ray.exceptions." in why or "actor" in why.lower() for why in reasons), reasons
     last = {c["ray-node"] for c in rows[-1].get("clients", {}).values()}
     assert len(last) == 1 and last < first, rows[-1]
     assert job.returncode in (0, 1), out[-3000:]
