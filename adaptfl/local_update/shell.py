@@ -29,8 +29,10 @@ from typing import Any, cast
 import torch
 
 from adaptfl.core.params import fields_of, lookup
+from adaptfl.local_update import fused_directions
 from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.diagnostics import Diagnostics
+from adaptfl.local_update.fused_directions import Fusion
 from adaptfl.local_update.groups import as_groups, build_component
 from adaptfl.local_update.modulation import Trust
 from adaptfl.local_update.rules import (
@@ -266,14 +268,14 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         # itself (lr/L = 1 unless this group runs at its own lr, as Muon's AdamW half does).
         fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
         mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
-        step = Step(k, self.step_offset + k, self.mix_lambda, self.bs, out=out, mix=mix,
-                    addend=self._scaled_direction(st["global_direction"]) if fuse else None,
-                    defer=self.trust.takes_pending)
+        fusion = Fusion(out, mix, self._scaled_direction(st["global_direction"]) if fuse else None,
+                        defer=self.trust.takes_pending)
         if in_place:
-            step.grads = grads
-            step.views = {"out": self._views_of(gi, "out", out, active),
-                          **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
-        d = rule.direction(g, st, step)
+            fusion.grads = grads
+            fusion.views = {"out": self._views_of(gi, "out", out, active),
+                            **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
+        d = fused_directions.direction(rule, g, st, Step(k, self.step_offset + k, self.mix_lambda,
+                                                         self.bs), fusion)
         _check_fresh(rule, d.d, st, g)
         return Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
                      st.get("global_direction"), flat=True, corrected=d.corrected,
@@ -300,7 +302,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             _check_fresh(rule, direction[0], self.state[p], g)
         return [Block([p], d, g, lr * scale, decay, rule.decay_after,
                        self.state[p].get("global_direction"))
-                for p, g, (d, scale, *_) in zip(active, grads, directions, strict=True)]
+                for p, g, (d, scale) in zip(active, grads, directions, strict=True)]
 
     def _grads_stay(self, rule: Preconditioner, wd: float, g: torch.Tensor,
                     grads: list[torch.Tensor]) -> bool:
@@ -309,7 +311,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         copies them into g only where it reads g (`Block.fill_g`: the scores, the
         diagnostics); FedACT's native step reads them in place. One group only."""
         return len(self.param_groups) == 1 and not (rule.coupled_decay and wd) \
-            and rule.splits(g) and all(t.is_contiguous() and t.dtype == g.dtype for t in grads)
+            and fused_directions.reads_in_place(rule, g) \
+            and all(t.is_contiguous() and t.dtype == g.dtype for t in grads)
 
     def _views_of(self, gi: int, name: str, flat: torch.Tensor, params: list[torch.Tensor]
                   ) -> list[torch.Tensor]:

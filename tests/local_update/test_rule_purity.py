@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from adaptfl.core import params as registry
+from adaptfl.local_update import fused_directions
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 from adaptfl.local_update.shell import LocalUpdate
 
@@ -131,3 +132,52 @@ def test_every_path_of_the_chain_agrees(heavy_ball, rule, cfg):
     for bucket in (False, True):
         for got, want in zip(_train(1, bucket, preconditioner=rule, **cfg), reference, strict=True):
             torch.testing.assert_close(got, want)
+
+
+def _rule_and_state(name: str, n: int = 1000) -> tuple[Preconditioner, dict[str, Any]]:
+    rule = registry.lookup("preconditioner", name)()
+    gen = torch.Generator().manual_seed(1)
+    state = {slot: torch.rand(n, generator=gen) for slot in rule.slots}  # v >= 0
+    return rule, state
+
+
+@pytest.mark.parametrize("name", sorted(fused_directions.FUSED_NAMES))
+@pytest.mark.parametrize("correct", [False, True], ids=["plain", "corrected"])
+def test_each_fused_pass_equals_its_rules_own_direction(name: str, correct: bool) -> None:
+    """The fast pass of a listed rule (fused_directions.py) computes what the rule's pure
+    `direction` does, the correction folded in: u = addend + mix·scale·d, state alike."""
+    rule, state = _rule_and_state(name)
+    gen = torch.Generator().manual_seed(2)
+    g, addend = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    step = Step(3, 10)
+    own_state = {k: v.clone() for k, v in state.items()}
+    d, scale = rule.direction(g, own_state, step)
+    fusion = fused_directions.Fusion(torch.empty(1000), 0.7, addend if correct else None)
+    fused = fused_directions.direction(rule, g, state, step, fusion)
+    assert fused.corrected == correct and fused.d is fusion.out
+    want = addend + 0.7 * scale * d if correct else scale * d
+    torch.testing.assert_close(fused.d * (1.0 if correct else fused.scale), want)
+    for slot in state:
+        torch.testing.assert_close(state[slot], own_state[slot])
+
+
+def test_a_subclass_of_a_fused_rule_runs_its_own_direction(registered) -> None:
+    """Listed by exact class: a rule derived from AdamW that changes `direction` keeps its own
+    (inheriting AdamW's fast pass would compute AdamW's direction instead)."""
+    from adaptfl.local_update.rules.adam import AdamW
+
+    @dataclass(frozen=True)
+    class DoubledAdamW(AdamW):
+        def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
+            d, scale = super().direction(g, st, step)
+            return Direction(2.0 * d, scale)
+
+    registered(DoubledAdamW, "doubled-adamw")
+    rule, state = _rule_and_state("adamw")
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    plain = fused_directions.direction(rule, g, {k: v.clone() for k, v in state.items()}, Step(1, 1),
+                                       fused_directions.Fusion(torch.empty(1000)))
+    doubled = fused_directions.direction(DoubledAdamW(), g, state, Step(1, 1),
+                                         fused_directions.Fusion(torch.empty(1000)))
+    assert not doubled.corrected and doubled.d is not None and plain.d is not None
+    torch.testing.assert_close(doubled.d * doubled.scale, 2.0 * plain.d * plain.scale)

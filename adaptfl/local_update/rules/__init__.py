@@ -6,18 +6,17 @@ also its run-config keys) with pure per-tensor math behind one interface:
     slots                     state tensors shaped like the parameter, zero at the start
     init(p)                   any other state (SOAP's Kronecker factors)
     direction(g, st, step)    Direction(d, scale): d and the factor its lr is multiplied by;
-                              updates st. d must be a fresh tensor (or step.out), never a
-                              tensor of st nor g: the chain scales it in place, and refuses
-                              a direction that aliases them. A rule may fuse the
-                              correction into its last pass:
-                              given step.addend it returns u = addend + step.mix·scale·d,
-                              flagged `corrected` (AdamW and SGD do: two passes fewer)
+                              updates st. d must be a fresh tensor, never a tensor of st nor
+                              g: the chain scales it in place, and refuses a direction that
+                              aliases them
     theta_shapes(name, shape) what of st is shared with the server (FedPAC Θ, FedMIX-P P)
 
 `elementwise` rules (sgd, adam, adamw, sophia) are run by the shell on one flat vector per param
 group, so FedACT's global top-k is a single selection; the others per tensor. Everything after
 the direction — mixing, correction, trust modulation, the step — is written once, in
-`local_update/shell.py`.
+`local_update/shell.py`. The rules know nothing of the fast paths: where AdamW's and SGD's
+directions are written into the chain's buffers, read the gradients in place or carry the
+correction in their last pass is `local_update/fused_directions.py`, by the rule's exact class.
 """
 
 from __future__ import annotations
@@ -42,23 +41,11 @@ class Step:
     t: int  # the global step: (r-1)·K + k
     lam: float = 1.0  # FedMIX-P's λ_r: weight of the client's own state against the reference
     bs: int = 1  # examples (tokens for language models) in the batch: Sophia's bs
-    out: torch.Tensor | None = None  # a buffer the direction may be written to
-    mix: float = 1.0  # weight of the local direction when the rule fuses the correction: 1-ρ
-    addend: torch.Tensor | None = None  # ρ·Δ_G to fuse in (None: the shell corrects)
-    # the gradients where backward left them, g not filled (only for a rule that `splits`),
-    # and per-tensor views of `out` and of the state slots ("out", "exp_avg", ...)
-    grads: list[torch.Tensor] | None = None
-    views: dict[str, list[torch.Tensor]] | None = None
-    defer: bool = False  # the rule may leave its last pass to the trust step (`Direction.pending`)
 
 
 class Direction(NamedTuple):
     d: torch.Tensor | None  # None: no move of the rule's own this step (SOAP's first)
     scale: float = 1.0  # the rule's lr factor (SOAP's bias-corrected size, Muon's shape scale)
-    corrected: bool = False  # d is already u = addend + mix·scale·d
-    # d not written yet: the pass that writes it, run on first read of d (`Block.d`) unless the
-    # trust step runs it as part of its own first pass (FedACT's native loops, fused_act.py)
-    pending: Any = None
 
 
 class Preconditioner(Component):
@@ -100,11 +87,6 @@ class Preconditioner(Component):
 
     def init(self, p: torch.Tensor) -> dict[str, Any]:
         return {}
-
-    def splits(self, g: torch.Tensor) -> bool:
-        """Whether `direction` can read the gradients per tensor (step.grads, step.views) instead
-        of the flat g, on tensors like g."""
-        return False
 
     def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         raise NotImplementedError

@@ -129,18 +129,11 @@ class AdamW(Preconditioner):
     default_weight_decay = 0.01
     slots = ("exp_avg", "exp_avg_sq")
 
-    def splits(self, g: torch.Tensor) -> bool:
-        return fuses(g)
-
     def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
         n_m, n_v = bias_steps(self.bias_correction, step.k, step.t)
-        split = None if step.grads is None or step.views is None else (
-            step.views["out"], step.grads, step.views["exp_avg"], step.views["exp_avg_sq"])
-        d, scale, pending = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1,
-                                            self.beta2, self.eps, n_m, n_v, out=step.out,
-                                            mix=step.mix, addend=step.addend, split=split,
-                                            defer=step.defer)
-        return Direction(d, scale, corrected=step.addend is not None, pending=pending)
+        d, scale, _ = adam_direction_(st["exp_avg"], st["exp_avg_sq"], g, self.beta1, self.beta2,
+                                      self.eps, n_m, n_v)
+        return Direction(d, scale)
 
 
 @component("preconditioner", "adam")

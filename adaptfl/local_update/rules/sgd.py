@@ -21,7 +21,5 @@ class SGD(Preconditioner):
     default_weight_decay = 1e-3
 
     def direction(self, g: torch.Tensor, st: dict[str, Any], step: Step) -> Direction:
-        if step.addend is not None:  # u = ρ·Δ_G + (1-ρ)·g in one pass
-            return Direction(torch.add(step.addend, g, alpha=step.mix, out=step.out), 1.0, True)
         # A copy: the chain scales u in place and still needs g for the trust scores.
-        return Direction(g.clone() if step.out is None else step.out.copy_(g))
+        return Direction(g.clone())
