@@ -116,6 +116,7 @@ def config(model: str, rounds: int, data: Path, results: Path, secagg: bool, ste
                         diagnostics_every=0, partitioning="iid", data_dir=str(data),
                         results_dir=str(results), run_name="secagg" if secagg else "plain",
                         overwrite=True, fraction_train=1.0, weighting="uniform", screen_ratio=0,
+                        max_contribution_ratio=0,
                         client_state_dir=str(results / "state"), **extra)
 
 

@@ -55,6 +55,7 @@ def main() -> None:
             for name, extra in VARIANTS.items():
                 cfg = RunConfig.of(algorithm=algorithm, model="mlp", num_server_rounds=args.rounds,
                                    local_steps=20, batch_size=32, weighting="uniform", screen_ratio=0,
+                                   max_contribution_ratio=0,
                                    results_dir=tmp, run_name=f"{algorithm}-{len(extra)}-{hash(name)}",
                                    num_threads=1, **extra)
                 accuracy, model = final(run_federated(InProcessGrid(args.nodes, cfg.to_flower()), cfg))

@@ -31,18 +31,21 @@ def check_secagg(cfg: RunConfig) -> None:
         (cfg.algorithm.aggregator.name != "mean", f"aggregator={cfg.algorithm.aggregator.name!r}",
          "aggregator='mean'"),
         (fed.weighting != "uniform", f"weighting={fed.weighting!r}", "weighting='uniform'"),
-        # under dp the screen is off already (strategies/intake.py): dp's clipping bounds a reply
+        # under dp the screen and the contribution bound are off already (strategies/intake.py):
+        # dp's clipping bounds a reply
         (fed.screen_ratio > 0 and not cfg.privacy.on, f"screen-ratio={fed.screen_ratio:g}", "screen-ratio=0"),
         (fed.max_weight_share < 1, f"max-weight-share={fed.max_weight_share:g}", "max-weight-share=1"),
-        (fed.max_contribution_ratio > 0, f"max-contribution-ratio={fed.max_contribution_ratio:g}",
-         "max-contribution-ratio=0"),
+        (fed.max_contribution_ratio > 0 and not cfg.privacy.on,
+         f"max-contribution-ratio={fed.max_contribution_ratio:g}", "max-contribution-ratio=0"),
         (fed.hostile_fraction > 0, f"hostile-fraction={fed.hostile_fraction:g}", "hostile-fraction=0"),
         (cfg.privacy.dp == "central", "dp='central'", "dp='client' (each node noises its share)"),
     ]
-    for refused, setting, instead in needs_one_reply:
-        if refused:
-            raise ValueError(f"secagg='secagg+' with {setting}: it reads each reply alone, and the "
-                             f"server holds only their sum; use {instead}")
+    refused = [(setting, instead) for hit, setting, instead in needs_one_reply if hit]
+    if refused:  # all of them in the one line: the defaults' screens are two of them
+        settings, instead = ", ".join(s for s, _ in refused), " ".join(i for _, i in refused)
+        verb = "they read" if len(refused) > 1 else "it reads"
+        raise ValueError(f"secagg='secagg+' with {settings}: {verb} each reply alone, and the server "
+                         f"holds only their sum; use {instead}")
     lossy = [r for r in wire.SHARED_UP if not cfg.compression.of(r).lossless]
     if lossy:
         raise ValueError(f"secagg='secagg+' with the lossy codec {str(cfg.compression.of(lossy[0]))!r} "

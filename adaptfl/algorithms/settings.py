@@ -52,11 +52,10 @@ class Federation(Component):
                                 "other replies' (a lone reply: of the last earlier round's; its "
                                 "capped weight × norm if its claim was capped); 0: off",
                                 within=(0.0, None))
-    max_contribution_ratio: float = param(0.0, "clip each reply's weighted contribution (its weight "
-                                          "over the round's median weight × its Δ norm) to this many "
-                                          "times the round's median contribution, and its weight to "
-                                          "this many times the median weight (centered clipping; 0: off, "
-                                          "the default: docs/robustness.md, 'Contribution bound')",
+    max_contribution_ratio: float = param(2.0, "clip each reply's weighted deviation from the round's "
+                                          "coordinate-wise median (its weight over the median weight × "
+                                          "the distance of its Δ, and Δc) to this many times the round's "
+                                          "median one (docs/robustness.md, 'Contribution bound'); 0: off",
                                           within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds", within=(1, None),
@@ -80,6 +79,9 @@ class Federation(Component):
             # below 2, honest replies a little above the round's median would be dropped
             raise ValueError(f"invalid screen-ratio={self.screen_ratio!r}: it would drop honest replies "
                              f"near the round's median; use >= {MIN_SCREEN_RATIO:g}, or 0 (off)")
+        if 0.0 < self.max_contribution_ratio < 1.0:
+            raise ValueError(f"invalid max-contribution-ratio={self.max_contribution_ratio!r}: below 1 it "
+                             "clips the round's median reply itself; use >= 1, or 0 (off)")
 
 
 def parse_partition_map(text: str) -> dict[int, int]:

@@ -20,11 +20,11 @@ from adaptfl.core import wire
 from adaptfl.core.contract import ArraySpec, Contract, ModelSpec
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
+from adaptfl.strategies.contribution import clip_contributions
 from adaptfl.strategies.ownership import Ownership, bind_by_claims, bind_by_map
 from adaptfl.strategies.screen import (
     cap_to_median,
     capped_factors,
-    clip_contributions,
     next_reference,
     reference_of,
     round_reference,
@@ -213,10 +213,10 @@ class ReplyIntake:
         return kept
 
     def _clip(self, replies: list[DecodedReply]) -> None:
-        """Each kept reply's weighted contribution at most max-contribution-ratio × the round's
-        median, per record that moves a mean the clients steer: Δ, and SCAFFOLD's Δc, which a
-        flipped client sends too (screen.clip_contributions); off under dp, whose clipping bounds
-        every reply."""
+        """Each kept reply's weighted deviation from the round's coordinate-wise median at most
+        max-contribution-ratio × the round's median one, per record that moves a mean the clients
+        steer: Δ, and SCAFFOLD's Δc, which a flipped client sends too (contribution.py); off
+        under dp, whose clipping bounds every reply."""
         ratio = 0.0 if self.cfg.privacy.on else self.cfg.federation.max_contribution_ratio
         weights = self._claims(replies)
         clipped: set[int] = set()
@@ -240,8 +240,6 @@ class ReplyIntake:
         # under dp the median cap is off: through the median one client's claim would move the
         # others' weights, outside the share bound the noise is sized for (privacy/mechanism.py)
         ratio = 0.0 if self.cfg.privacy.on else fed.max_weight_ratio
-        if ratio > 0.0 and fed.max_contribution_ratio > 0.0:  # a weight bounded as its contribution
-            ratio = min(ratio, fed.max_contribution_ratio)
         return cap_to_median(claimed, ratio) if capped else claimed
 
     def _reject(self, node: str, why: str) -> None:

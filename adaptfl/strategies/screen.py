@@ -166,28 +166,3 @@ def cap_to_median(weights: Sequence[float], ratio: float) -> list[float]:
         return list(weights)
     bound = ratio * statistics.median(weights)
     return [min(w, bound) for w in weights]
-
-
-def clip_contributions(replies: Sequence[DecodedReply], weights: Sequence[float], ratio: float,
-                       record: str) -> set[int]:
-    """Bound what one reply pulls on the round's weighted mean (issue 32): its contribution
-    c_i = (w_i / median w) · ||t_i|| of `record` is scaled, in place, to at most ratio · median c
-    (centered clipping around the current model, Karimireddy et al. 2021). Per part screens let
-    9× the median's examples with a Δ × -9 through (81× a median client); this does not. Returns
-    the indices of the replies clipped; ratio 0 or fewer than two replies: off."""
-    if ratio <= 0.0 or len(replies) < 2:
-        return set()
-    typical = statistics.median(weights)
-    if typical <= 0.0:
-        return set()
-    norms = [float(flat(r.arrays[record]).norm()) for r in replies]
-    contributions = [w / typical * n for w, n in zip(weights, norms, strict=True)]
-    bound = ratio * statistics.median(contributions)
-    clipped: set[int] = set()
-    for i, (reply, c) in enumerate(zip(replies, contributions, strict=True)):
-        if c > bound and math.isfinite(c) and c > 0.0:
-            scale = bound / c
-            reply.arrays[record] = {k: t * scale if t.is_floating_point() else t
-                                    for k, t in reply.arrays[record].items()}
-            clipped.add(i)
-    return clipped

@@ -14,7 +14,7 @@ from adaptfl.core.secagg_settings import SecAgg, clip_key
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.fedavg import FedAvg
 
-OK = dict(secagg="secagg+", weighting="uniform", screen_ratio=0)
+OK = dict(secagg="secagg+", weighting="uniform", screen_ratio=0, max_contribution_ratio=0)
 
 
 @pytest.mark.parametrize(("setting", "says"), [
@@ -33,10 +33,20 @@ def test_what_needs_one_reply_alone_is_refused_in_one_line(setting: dict, says: 
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
+def test_the_default_screens_are_named_together_in_the_one_line() -> None:
+    """Both default screens read each reply alone: one refusal names both, and what to use."""
+    with pytest.raises(ValueError, match="secagg") as err:
+        RunConfig.of(secagg="secagg+", weighting="uniform")
+    line = str(err.value)
+    assert "screen-ratio=10, max-contribution-ratio=2: they read" in line, line
+    assert "use screen-ratio=0 max-contribution-ratio=0" in line and "\n" not in line, line
+
+
 def test_what_composes_is_accepted() -> None:
     RunConfig.of(**OK, algorithm="fedact", server_opt="adam")
     RunConfig.of(**OK, algorithm="scaffold", codec_c="int8")  # broadcast codecs
-    RunConfig.of(**{**OK, "screen_ratio": 10}, dp="client", num_server_rounds=2)  # dp: screen off
+    RunConfig.of(**{**OK, "screen_ratio": 10, "max_contribution_ratio": 3}, dp="client",
+                 num_server_rounds=2)  # dp: both off
 
 
 @pytest.mark.parametrize(("values", "says"), [

@@ -1,0 +1,89 @@
+"""The contribution bound (strategies/contribution.py) against hand-computed tensors: the center
+is the coordinate-wise median, a reply's weighted deviation from it is clipped to ratio × the
+round's median one, weights count, nothing moves when nothing is above the bound."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from adaptfl.core import wire
+from adaptfl.strategies import contribution
+from adaptfl.strategies.contribution import center, clip_contributions
+from adaptfl.strategies.validation import DecodedReply
+
+
+def _replies(*deltas: list[float]) -> list[DecodedReply]:
+    return [DecodedReply({wire.DELTA: {"w": torch.tensor(d), "steps": torch.tensor(3)}}, {}, 0)
+            for d in deltas]
+
+
+def test_the_center_is_the_coordinate_wise_median_and_its_slices_do_not_change_it(monkeypatch) -> None:
+    arrays = [torch.tensor([1.0, 9.0, -2.0]), torch.tensor([5.0, 0.0, 4.0]), torch.tensor([3.0, 7.0, 8.0])]
+    assert torch.equal(center(arrays), torch.tensor([3.0, 7.0, 4.0]))
+    assert torch.equal(center(arrays[:2]), torch.tensor([3.0, 4.5, 1.0]))  # even: the middle two's mean
+    big = [torch.randn(7, 11, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    whole = center(big)
+    monkeypatch.setattr(contribution, "CHUNK", 4)  # 77 coordinates in 20 slices
+    assert torch.equal(center(big), whole) and whole.shape == (7, 11)
+
+
+def test_a_reply_far_from_the_median_is_pulled_back_to_ratio_times_the_median_deviation() -> None:
+    # center (0, 0); deviations 1, 1, 1, 2, 20 -> median 1, bound 3: the last scaled to 3, same direction
+    replies = _replies([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -2.0], [12.0, 16.0])
+    clipped = clip_contributions(replies, [1.0] * 5, 3.0, wire.DELTA)
+    assert clipped == {4}
+    assert torch.allclose(replies[4].arrays[wire.DELTA]["w"], torch.tensor([1.8, 2.4]))
+    assert torch.equal(replies[3].arrays[wire.DELTA]["w"], torch.tensor([0.0, -2.0]))  # 2 < 3: kept
+    assert torch.equal(replies[4].arrays[wire.DELTA]["steps"], torch.tensor(3))  # integers untouched
+
+
+def test_the_deviation_is_measured_from_the_median_not_from_zero() -> None:
+    """Around zero a flipped reply of the honest norm passes every bound; around the median it
+    is as far as twice the honest step and is pulled back towards the others."""
+    replies = _replies([10.0, 0.0], [10.0, 1.0], [10.0, -1.0], [10.5, 0.0], [-10.0, 0.0])
+    assert clip_contributions(replies, [1.0] * 5, 3.0, wire.DELTA) == {4}
+    # center (10, 0); deviations 0, 1, 1, 0.5, 20 -> median 1: the flip ends at distance 3 from it
+    assert torch.allclose(replies[4].arrays[wire.DELTA]["w"], torch.tensor([7.0, 0.0]))
+
+
+def test_a_weight_counts_in_the_deviation() -> None:
+    """The same deviation of 2 passes at the median weight and is clipped at 10× it (20 > 3)."""
+    same = ([0.0, 1.0], [1.0, 0.0], [0.0, -1.0], [-1.0, 0.0], [0.0, 2.0])
+    light, heavy = _replies(*same), _replies(*same)
+    assert clip_contributions(light, [1.0] * 5, 3.0, wire.DELTA) == set()
+    assert clip_contributions(heavy, [1.0, 1.0, 1.0, 1.0, 10.0], 3.0, wire.DELTA) == {4}
+    assert torch.allclose(heavy[4].arrays[wire.DELTA]["w"], torch.tensor([0.0, 0.3]))  # 10 · 0.3 = 3
+
+
+@pytest.mark.parametrize("ratio,count", [(0.0, 5), (3.0, 2)])
+def test_off_at_ratio_0_and_below_three_replies(ratio: float, count: int) -> None:
+    replies = _replies(*([0.0, 0.0],) * (count - 1), [100.0, 0.0])
+    before = [r.arrays[wire.DELTA]["w"] for r in replies]
+    assert clip_contributions(replies, [1.0] * count, ratio, wire.DELTA) == set()
+    assert all(r.arrays[wire.DELTA]["w"] is b for r, b in zip(replies, before, strict=True))
+
+
+def test_a_round_with_nothing_above_the_bound_keeps_the_same_tensors() -> None:
+    replies = _replies([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -2.5])
+    before = [r.arrays[wire.DELTA]["w"] for r in replies]
+    assert clip_contributions(replies, [1.0] * 4, 3.0, wire.DELTA) == set()
+    assert all(r.arrays[wire.DELTA]["w"] is b for r, b in zip(replies, before, strict=True))
+
+
+def test_the_clipped_mean_moves_at_most_ratio_times_a_median_replys_term() -> None:
+    """The per-round bound docs/robustness.md states: with equal weights, one reply of n moves
+    the mean, from the mean of the others drawn to the center, by at most ratio × the median
+    deviation / n."""
+    gen = torch.Generator().manual_seed(0)
+    honest = [torch.randn(50, generator=gen) + 3.0 for _ in range(4)]
+    for attack in (-9.0 * honest[0], 1e6 * torch.ones(50), honest[0] * 0):
+        replies = _replies(*(h.tolist() for h in honest), attack.tolist())
+        middle = center([r.arrays[wire.DELTA]["w"] for r in replies])
+        deviations = sorted(float((r.arrays[wire.DELTA]["w"] - middle).norm()) for r in replies)
+        clip_contributions(replies, [1.0] * 5, 3.0, wire.DELTA)
+        term = (replies[4].arrays[wire.DELTA]["w"] - middle).norm() / 5
+        assert float(term) <= 3.0 * deviations[2] / 5 * (1 + 1e-6)
+        assert math.isfinite(float(term))
