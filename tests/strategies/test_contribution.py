@@ -87,3 +87,12 @@ def test_the_clipped_mean_moves_at_most_ratio_times_a_median_replys_term() -> No
         term = (replies[4].arrays[wire.DELTA]["w"] - middle).norm() / 5
         assert float(term) <= 3.0 * deviations[2] / 5 * (1 + 1e-6)
         assert math.isfinite(float(term))
+
+
+def test_a_ratio_below_1_is_refused_in_one_line_and_0_turns_it_off() -> None:
+    from adaptfl.algorithms.config import RunConfig
+
+    with pytest.raises(ValueError, match="max-contribution-ratio=0.5: below 1 it clips the round's median"):
+        RunConfig.of(max_contribution_ratio=0.5)
+    assert RunConfig.of(max_contribution_ratio=0).federation.max_contribution_ratio == 0.0
+    assert RunConfig.of().federation.max_contribution_ratio == 2.0  # the default robustness.md measures
