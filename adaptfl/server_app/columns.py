@@ -45,8 +45,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "replies-screened": ("both", "replies dropped by the screen (screen-ratio: a shared record's "
                          "norm against the round's median or the screen reference)"),
     "replies-missing": ("both", "sampled nodes that sent nothing within round-timeout (under `missing`)"),
-    "replies-clipped": ("both", "replies whose weighted contribution was clipped "
-                        "(max-contribution-ratio); absent when none"),
+    "replies-clipped": ("both", "replies pulled back to the contribution bound (max-contribution-"
+                        "ratio: their weighted deviation from the round's coordinate-wise median); "
+                        "absent when none"),
     "weights-capped": ("both", "replies whose num-examples claim was capped (max-weight-ratio, "
                        "max-weight-share); absent when none"),
     "screen-ratio-max": ("both", "the largest norm ratio to the median among the replies kept"),

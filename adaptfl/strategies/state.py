@@ -91,7 +91,7 @@ class RoundReport:
     fp32_bytes: int = 0
     screened: int = 0  # replies dropped for a norm beyond screen-ratio × the others' median
     screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
-    clipped: int = 0  # replies whose weighted Δ contribution was clipped (max-contribution-ratio)
+    clipped: int = 0  # replies pulled back to the contribution bound (max-contribution-ratio)
     latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
     noise_factor: float = 1.0  # what SecAgg+'s fixed point leaves of dp's z (secagg/aggregate.py)
     metrics: dict[str, float] = field(default_factory=dict)

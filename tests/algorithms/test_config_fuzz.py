@@ -35,6 +35,8 @@ NOT_DRAWN = {"results-dir", "run-name", "resume", "resume-from", "client-state-d
 SMALL = {"local-steps": (1, 3), "batch-size": (1, 16), "hessian-interval": (1, 3),
          "precondition-frequency": (1, 3), "diagnostics-every": (0, 2), "seed": (-1, 50),
          "classes-per-client": (0, 12)}
+# ratios whose useful values start above 1 (below it both are refused: settings.py; tested there)
+RATIOS = {"screen-ratio": (0.0, 20.0), "max-contribution-ratio": (0.0, 5.0)}
 
 
 def _value(info: Any, rng: random.Random) -> Any:
@@ -46,6 +48,8 @@ def _value(info: Any, rng: random.Random) -> Any:
     if info.key in SMALL:
         lo, hi = SMALL[info.key]
         return rng.randint(lo, hi)
+    if info.key in RATIOS:
+        return rng.uniform(*RATIOS[info.key])
     if p.choices is not None:
         return rng.choice([*p.choices, "bogus"] if roll < 0.15 else list(p.choices))
     if info.type is bool:
