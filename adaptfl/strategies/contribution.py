@@ -32,17 +32,19 @@ import torch
 from adaptfl.server_rules.aggregators.median import coordinate_median
 from adaptfl.strategies.validation import DecodedReply
 
-# coordinates per slice of the median: n × CHUNK floats beside the replies, not n × the model
-CHUNK = 1 << 20
+# values per slice of the median (n replies × its coordinates): about 16 MB of float32 beside
+# the replies, whatever the model and the number of replies, instead of n × the model
+SLICE = 1 << 22
 
 
 def center(arrays: Sequence[torch.Tensor]) -> torch.Tensor:
     """The coordinate-wise median of equally shaped arrays (the mean of the two middle values
-    for an even count), computed in slices of CHUNK coordinates."""
+    for an even count), computed in slices of SLICE values."""
     flats = [a.reshape(-1) for a in arrays]
     out = torch.empty_like(flats[0])
-    for start in range(0, out.numel(), CHUNK):
-        out[start:start + CHUNK] = coordinate_median(torch.stack([f[start:start + CHUNK] for f in flats]))
+    step = max(1, SLICE // len(flats))
+    for start in range(0, out.numel(), step):
+        out[start:start + step] = coordinate_median(torch.stack([f[start:start + step] for f in flats]))
     return out.view_as(arrays[0])
 
 

@@ -26,7 +26,7 @@ def test_the_center_is_the_coordinate_wise_median_and_its_slices_do_not_change_i
     assert torch.equal(center(arrays[:2]), torch.tensor([3.0, 4.5, 1.0]))  # even: the middle two's mean
     big = [torch.randn(7, 11, generator=torch.Generator().manual_seed(i)) for i in range(5)]
     whole = center(big)
-    monkeypatch.setattr(contribution, "CHUNK", 4)  # 77 coordinates in 20 slices
+    monkeypatch.setattr(contribution, "SLICE", 20)  # 4 coordinates of the 5 arrays a slice: 20 slices
     assert torch.equal(center(big), whole) and whole.shape == (7, 11)
 
 
