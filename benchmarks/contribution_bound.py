@@ -10,7 +10,8 @@ images, 5 nodes, 8 rounds of 10 local steps, seed 1), the other defaults as they
 - honest cost: clean runs under 'dirichlet' (α 0.3) and 'pathological' partitioning, final
   accuracy and the replies clipped / weights capped per round (mean over the rounds).
 
-About 6 min on 2 cores (one torch thread). `--algorithms`, `--ratios`, `--tables` to run a part."""
+About 6 min on 2 cores (one torch thread). `--algorithms`, `--ratios`, `--tables` to run a part,
+`--seed` another seed."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def run(cfg, handler) -> tuple[float, float, float]:  # noqa: ANN001
     return rows[-1]["test-accuracy"], clipped, capped
 
 
-def attacked(data: dict, work: pathlib.Path, algorithms: list[str], ratios: list[float]) -> None:
+def attacked(data: dict, work: pathlib.Path, algorithms: list[str], ratios: list[float],
+             seed: int = 1) -> None:
     heads = [f"{name}, ratio {r:g}" for name in ATTACKS for r in ratios]
     print("| algorithm | " + " | ".join(f"clean, ratio {r:g}" for r in ratios) + " | "
           + " | ".join(heads) + " | worst attacked − clean (ratio " + ", ".join(f"{r:g}" for r in ratios)
@@ -66,9 +68,9 @@ def attacked(data: dict, work: pathlib.Path, algorithms: list[str], ratios: list
     print("|---|" + "---|" * (len(ratios) + len(heads) + 1))
     for algorithm in algorithms:
         out = work / "iid" / algorithm
-        clean = [run(_config(data, out, algorithm, rounds=8, max_contribution_ratio=r),
+        clean = [run(_config(data, out, algorithm, rounds=8, seed=seed, max_contribution_ratio=r),
                      train_or_refuse)[0] for r in ratios]
-        hit = {(name, r): run(_config(data, out, algorithm, rounds=8, max_contribution_ratio=r),
+        hit = {(name, r): run(_config(data, out, algorithm, rounds=8, seed=seed, max_contribution_ratio=r),
                               hostile(attack))[0]
                for name, attack in ATTACKS.items() for r in ratios}
         worst = [min(hit[name, r] for name in ATTACKS) - clean[0] for r in ratios]
@@ -77,14 +79,15 @@ def attacked(data: dict, work: pathlib.Path, algorithms: list[str], ratios: list
               + ", ".join(f"{w:+.3f}" for w in worst) + " |", flush=True)
 
 
-def honest(data: dict, work: pathlib.Path, algorithms: list[str], ratios: list[float]) -> None:
+def honest(data: dict, work: pathlib.Path, algorithms: list[str], ratios: list[float],
+           seed: int = 1) -> None:
     print("| algorithm | partitioning | " + " | ".join(f"ratio {r:g}" for r in ratios)
           + " | Δ accuracy vs ratio 0 | clipped / round | weights capped / round |")
     print("|---|---|" + "---|" * (len(ratios) + 3))
     for algorithm in algorithms:
         for partitioning in ("dirichlet", "pathological"):
             out = work / partitioning / algorithm
-            cells = [run(_config(data, out, algorithm, rounds=8, partitioning=partitioning,
+            cells = [run(_config(data, out, algorithm, rounds=8, seed=seed, partitioning=partitioning,
                                  max_contribution_ratio=r), train_or_refuse) for r in ratios]
             base = cells[0][0]
             diff = ", ".join(f"{c[0] - base:+.3f}" for c in cells[1:])
@@ -99,6 +102,8 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
     parser.add_argument("--ratios", nargs="+", type=float, default=RATIOS,
                         help="max-contribution-ratio values; the first is the baseline")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the runs' seed (partition, model, batches); robustness.md: 1, 2, 3")
     parser.add_argument("--tables", nargs="+", default=["attacked", "honest"],
                         choices=["attacked", "honest"])
     args = parser.parse_args()
@@ -107,10 +112,10 @@ def main() -> None:
     work = pathlib.Path(tempfile.mkdtemp(prefix="contribution-bound-"))
     data = {"fashion-mnist": tiny_fashion_mnist(work / "fashion-mnist")}
     if "attacked" in args.tables:
-        attacked(data, work, args.algorithms, args.ratios)
+        attacked(data, work, args.algorithms, args.ratios, args.seed)
     if "honest" in args.tables:
         print()
-        honest(data, work, args.algorithms, args.ratios)
+        honest(data, work, args.algorithms, args.ratios, args.seed)
 
 
 if __name__ == "__main__":
