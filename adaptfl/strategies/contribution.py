@@ -59,7 +59,8 @@ def clip_contributions(replies: Sequence[DecodedReply], weights: Sequence[float]
                        record: str) -> set[int]:
     """Clip each reply's `record` (in place) to at most `ratio` × the round's median weighted
     deviation from the round's coordinate-wise median; the indices of the replies clipped.
-    ratio 0 or fewer than three replies (two are never above 2×): nothing."""
+    ratio 0 or fewer than three replies: nothing (two are equally far from their mean, so a
+    liar cannot be told from the other reply there)."""
     if ratio <= 0.0 or len(replies) < 3:
         return set()
     typical = statistics.median(weights)
