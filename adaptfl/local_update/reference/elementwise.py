@@ -103,7 +103,8 @@ def modulate(scores: torch.Tensor, chain: Chain) -> torch.Tensor | None:
         per_tensor = isinstance(trust, MGUP) or trust.trust_scope == "per-tensor"
         trusted = segment_top_k_mask(scores, trust.tau, chain.sizes if per_tensor else None,
                                      fast=chain.fast_selection)
-        return torch.where(trusted, scores.new_tensor(trust.trust_alpha), scores.new_tensor(trust.trust_gamma))
+        alpha, gamma = scores.new_tensor(trust.trust_alpha), scores.new_tensor(trust.trust_gamma)
+        return torch.where(trusted, alpha, gamma)
     if isinstance(trust, Cautious):  # 1[s > 0] rescaled by D / (nnz + 1), per client
         positive = scores > 0
         factor = scores.shape[1] / (positive.sum(dim=1, keepdim=True) + 1).to(torch.float64)
