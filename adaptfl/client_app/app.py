@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -30,7 +31,8 @@ from adaptfl.core import wire
 from adaptfl.core.stage import ClientData
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import client as secagg_client
-from adaptfl.workloads import build_task_model, load_task, partition_indices
+from adaptfl.workloads import Split, build_task_model, load_task, partition_indices
+from adaptfl.workloads.task import Loss
 
 log = logging.getLogger(__name__)
 app = ClientApp()
@@ -87,8 +89,24 @@ def first_time(context: Context, warning: str) -> bool:
     return True
 
 
-def handle_train(msg: Message, context: Context) -> Message:
-    """One round of local training as the message's recipe says."""
+@dataclass
+class LocalJob:
+    """One client's round, set up and not yet trained: what `run_local_steps` (one client) or
+    the cohort engine (engine/cohort.py: many at once) trains, and what the reply is made from."""
+
+    session: ClientSession
+    split: Split
+    loss: Loss
+    indices: torch.Tensor  # this client's rows of `split`
+    client_id: int
+    warn: bool  # say once that batch-size exceeds the rows
+    precision: str
+    private: bool  # dp is on: the loss line stays out of shared logs
+
+
+def prepare_train(msg: Message, context: Context) -> LocalJob:
+    """Everything of a round's local training but the K steps: the recipe read, this node's
+    data and the model loaded, the session (global weights, optimizer, stage parts) built."""
     recipe = msg.content.config_records.get(wire.RECIPE)
     if recipe is None:
         raise ValueError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
@@ -113,17 +131,33 @@ def handle_train(msg: Message, context: Context) -> Message:
     reset_peak_memory(device)
     session = ClientSession(msg, model, context=context, data=client_data, device=device)
     warn = session.info.batch_size > len(indices) and first_time(context, "batch-size")
-    run_local_steps(session, split, task.loss, indices, client_id, warn=warn,
-                    precision=runtime.precision)
+    return LocalJob(session, split, task.loss, indices, client_id, warn, runtime.precision,
+                    privacy_from_recipe(recipe)[0].on)
+
+
+def reply_train(job: LocalJob, peak_mb: float, cohort: tuple[int, str] | None = None) -> Message:
+    """The round's reply once its K steps ran (`cohort`: they ran stacked with others' in a
+    cohort of that size and gradient form, engine/cohort.py)."""
+    session = job.session
     # under dp a client's loss is not for a log the server's console may share (in-process)
-    log.log(detail_level(privacy_from_recipe(recipe)[0].on, logging.INFO),
-            "client %d round %d: loss %.4f on %s", client_id, session.info.server_round,
-            session.train_loss(), device)
-    metrics = {wire.PARTITION_ID: client_id, wire.PEAK_MEMORY: peak_memory_mb(device)}
-    ray = ray_node()  # not `node`: that is the node config above
+    log.log(detail_level(job.private, logging.INFO), "client %d round %d: loss %.4f on %s",
+            job.client_id, session.info.server_round, session.train_loss(), session.device)
+    metrics: dict[str, int | float] = {wire.PARTITION_ID: job.client_id, wire.PEAK_MEMORY: peak_mb}
+    ray = ray_node()
     if ray is not None:
         metrics[wire.RAY_NODE] = ray
-    return session.reply(num_examples=len(indices), metrics=metrics)
+    if cohort is not None:
+        metrics[wire.COHORT_SIZE] = cohort[0]
+    return session.reply(num_examples=len(job.indices), metrics=metrics,
+                         batched=None if cohort is None else cohort[1])
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    """One round of local training as the message's recipe says."""
+    job = prepare_train(msg, context)
+    run_local_steps(job.session, job.split, job.loss, job.indices, job.client_id, warn=job.warn,
+                    precision=job.precision)
+    return reply_train(job, peak_memory_mb(job.session.device))
 
 
 def handle(msg: Message, context: Context) -> Message:

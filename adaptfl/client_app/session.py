@@ -173,13 +173,17 @@ class ClientSession:
     def loss(self, x: torch.Tensor, logits: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
         """The batch loss plus the algorithm's loss terms (FedProx, HaFedHo, MOON); the plain
         loss is recorded for the reply's train-loss."""
-        self._lossed = True
-        self._losses.append(loss.detach())
+        self.record_loss(loss)
         total = loss
         for part in self.parts:
             extra = part.loss(x, logits)
             total = total if extra is None else total + extra
         return total
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """Keep the plain batch loss for the reply's train-loss (`loss` does it for you)."""
+        self._lossed = True
+        self._losses.append(loss.detach())
 
     def backward(self, loss: torch.Tensor, logits: torch.Tensor | None = None,
                  loss_fn: Any = None) -> None:
@@ -203,10 +207,16 @@ class ClientSession:
 
     def step(self) -> None:
         """The algorithm's gradient corrections (SCAFFOLD, FedDyn), then the optimizer step."""
+        self.optimizer.step(g_hat=self.correct_gradients())
+
+    def correct_gradients(self) -> dict[str, torch.Tensor] | None:
+        """The algorithm's gradient corrections on `p.grad`, in place; returns Sophia's ĝ of
+        this step (None when not due): what the optimizer step takes (the cohort engine steps
+        many clients' corrected gradients at once, engine/cohort.py)."""
         self._stepped = True
         for part in self.parts:
             part.correct_(self.params)
-        self.optimizer.step(g_hat=self._g_hat)
+        return self._g_hat
 
     # --- the reply ----------------------------------------------------------------------------
     def _check_hooks_used(self) -> None:
@@ -222,14 +232,17 @@ class ClientSession:
     def train_loss(self) -> float:
         return float(torch.stack(self._losses).mean()) if self._losses else float("nan")
 
-    def reply(self, num_examples: int, metrics: Mapping[str, int | float] | None = None) -> Message:
-        """Δ, the algorithm's records and the metrics, as a reply to the server's message."""
+    def reply(self, num_examples: int, metrics: Mapping[str, int | float] | None = None,
+              batched: str | None = None) -> Message:
+        """Δ, the algorithm's records and the metrics, as a reply to the server's message
+        (`batched`: the steps ran in a cohort of clients, with these gradients, engine/cohort.py)."""
         if not isinstance(self.msg, Message):
             raise TypeError("a session built from a RecordDict has nothing to reply to; use reply_content")
-        return Message(content=self.reply_content(num_examples, metrics), reply_to=self.msg)
+        return Message(content=self.reply_content(num_examples, metrics, batched=batched),
+                       reply_to=self.msg)
 
     def reply_content(self, num_examples: int, metrics: Mapping[str, int | float] | None = None,
-                      check_steps: bool = True) -> RecordDict:
+                      check_steps: bool = True, batched: str | None = None) -> RecordDict:
         """The reply's records: Δ, the algorithm's uploads and the metrics."""
         self._check_hooks_used()
         if check_steps and self.optimizer.steps != self.info.local_steps:  # Δ_G, c, … divide by K
@@ -246,7 +259,8 @@ class ClientSession:
         if self._losses:
             values[wire.TRAIN_LOSS] = train_loss
         values.update(self.optimizer.diagnostics())
-        values[wire.STEP_PATH] = step_path(self.device, native.steps_run() - self._native_steps)
+        values[wire.STEP_PATH] = wire.STEP_PATHS.index(f"cohort-{batched}") if batched else \
+            step_path(self.device, native.steps_run() - self._native_steps)
         for out in outputs:
             values.update(out.metrics)
         values.update(metrics or {})

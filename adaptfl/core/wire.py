@@ -44,7 +44,10 @@ CLIENT_STATE = "client-state"  # int, where durable client state came from: 0 no
 RAY_NODE = "ray-node"  # int, the first 12 hex digits of the Ray node id a simulated client ran on
 LOCAL_STATE_SOURCE = "local-state-source"  # int, where a kept inner optimizer state came from (same codes)
 STEP_PATH = "step-path"  # int code into STEP_PATHS: the local-step path this client's round took
-STEP_PATHS = ("eager", "native", "cuda")  # step-path codes 0, 1, 2; a metrics row holds the names
+# step-path codes 0..4 (a metrics row holds the names); cohort-*: many clients' steps at once, the
+# reference step batched over them, gradients by vmap or client by client (engine/cohort.py)
+STEP_PATHS = ("eager", "native", "cuda", "cohort-loop", "cohort-vmap")
+COHORT_SIZE = "cohort-size"  # int, how many clients this one's steps were stacked with (itself included)
 EF_RESIDUAL = "ef-residual-norm"  # float, ‖residual‖ the client's error feedback keeps after this reply
 TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as the client applied it
 

@@ -38,6 +38,14 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-nodes", type=int, default=10)
     parser.add_argument("--quiet", action="store_true", help="a progress bar only, no log lines")
+    parser.add_argument("--cohort", default="1", metavar="C",
+                        help="train the round's sampled clients C at a time as one vectorised "
+                             "computation (docs/scale.md); auto: as many as fit in half the free "
+                             "memory; 1 (the default): one after another")
+    parser.add_argument("--cohort-form", default="auto", choices=("auto", "vmap", "loop"),
+                        help="the cohort's gradients: vmap over the clients, or client by client "
+                             "(auto: vmap unless the model has buffers, convolutions on a CPU, or "
+                             "the algorithm adds loss terms or Sophia's Hessian refresh)")
     parser.add_argument("--print-config", action="store_true",
                         help="print every key the run reads, presets filled in, and where each "
                              "value came from (yours, the default, the algorithm's preset); run nothing")
@@ -67,6 +75,15 @@ def resolved_config(cfg: Any, given: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+def cohort_size(given: str) -> int | None:
+    """--cohort as given: a positive count, or None for auto."""
+    if given == "auto":
+        return None
+    if not given.isdigit() or int(given) < 1:
+        raise refuse(ValueError(f"--cohort {given}: give a count >= 1 or auto"))
+    return int(given)
+
+
 def refuse(err: BaseException) -> SystemExit:
     print(f"config error: {' '.join(str(err).split())}", file=sys.stderr)  # one line, always
     return SystemExit(REFUSED_EXIT_CODE)
@@ -74,8 +91,9 @@ def refuse(err: BaseException) -> SystemExit:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    if args.num_nodes < 1:  # named as typed, before the heavy imports (issue 33 §7)
+    if args.num_nodes < 1:  # named as typed, before the heavy imports
         raise refuse(ValueError(f"--num-nodes {args.num_nodes}: must be >= 1"))
+    cohort = cohort_size(args.cohort)
     level = logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     from adaptfl.algorithms.config import RunConfig  # heavy: torch, Flower
@@ -107,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         bar.set_postfix(accuracy=f"{row['test-accuracy']:.4f}", refresh=True)
 
     try:
-        out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round)
+        out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round, cohort=cohort,
+                                  form=args.cohort_form)
     except (ValueError, OSError, ImportError) as err:  # refused: task, model, a client's check
         bar.close()
         raise refuse(err) from None

@@ -37,14 +37,18 @@ class Diagnostics:
             return {}
         return {k: float(v) / self._diag_count for k, v in self._diag.items()}
 
+    def diagnostics_due(self) -> bool:
+        """Whether the step being taken (counted in `steps` already) records PosRatio/TopMass."""
+        return self.diagnostics_every > 0 and (
+            (self.steps - 1) % self.diagnostics_every == 0 or self._diag_pending)
+
     def _measure(self, blocks: list[Block], chain: bool) -> bool:
         """Record PosRatio/TopMass if this step is due (steps 1, 1+N, 1+2N, …: a short round
         still measures), over the blocks with a direction of their own: SOAP's first step has
         none, so it is measured on the next step instead, never reported as a fake 0. Returns
         whether the chain about to run should record its own scores (it has all blocks);
         otherwise they are formed here, in scratch buffers, and the step is left alone."""
-        due = self.diagnostics_every > 0 and (
-            (self.steps - 1) % self.diagnostics_every == 0 or self._diag_pending)
+        due = self.diagnostics_due()
         measured = [b for b in blocks if b.moves] if due else []
         self._diag_pending = due and not measured
         if not measured:
@@ -70,6 +74,11 @@ class Diagnostics:
                                  out=self.work.get("diag.dg", n, like)), alpha=self.rho)
         g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("diag.g", n, like))
         return g.mul_(u)
+
+    def record_scores(self, scores: torch.Tensor) -> None:
+        """Add one step's PosRatio and TopMass of the flat scores s = u ⊙ g (a step taken
+        elsewhere on this optimizer's behalf: the cohort engine's, engine/cohort.py)."""
+        self._record(scores)
 
     def _record(self, scores: torch.Tensor) -> None:
         values = {"pos-ratio": pos_ratio(scores, self.work), "top-mass": top_mass(scores, ws=self.work)}

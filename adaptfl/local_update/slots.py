@@ -174,6 +174,25 @@ class NamedSlots:
                     self.state[p][slot] = t.detach().to(p).clone()
 
     # --- flat buffers of an elementwise group ----------------------------------------------
+    def flat_slots(self, gi: int = 0) -> dict[str, torch.Tensor]:
+        """The elementwise group's live flat state buffers by slot (exp_avg, global_direction,
+        ref_hessian, …), each [D] in the group's parameter order: the same memory as
+        `state[p][slot]`, so writing them sets the state (the cohort engine's write-back)."""
+        if not self.rule(self.param_groups[gi]).elementwise:
+            raise ValueError(f"param group {gi} is not elementwise: its state is per tensor")
+        return self._flat[gi]
+
+    def adopt_flat_slots(self, rows: Mapping[str, torch.Tensor], gi: int = 0) -> None:
+        """Move the elementwise group's flat state into the given [D] tensors (rows of the
+        cohort engine's stacked state): values copied there, then `state[p][slot]` views them."""
+        params = self.param_groups[gi]["params"]
+        sizes = [p.numel() for p in params]
+        for slot, row in rows.items():
+            row.copy_(self._flat[gi][slot])
+            self._flat[gi][slot] = row
+            for p, view in zip(params, row.split(sizes), strict=True):
+                self.state[p][slot] = view.view_as(p)
+
     def _flat_grad(self, gi: int, params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The group's flat gradient buffer and its views shaped like the parameters (made once:
         one foreach copy fills it, cheaper than a cat of 150 reshaped tensors)."""

@@ -37,8 +37,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
                            "under `clients`"),
     "peak-memory-mb": ("both", "the largest client peak memory this round (CUDA max allocated, else "
                        "the process's peak RSS); per client under `clients`"),
-    "step-path": ("both", "the local-step paths the accepted replies took: native, eager, cuda, or "
-                  "e.g. eager+native where they differ"),
+    "step-path": ("both", "the local-step paths the accepted replies took: native, eager, cuda, "
+                  "cohort-vmap or cohort-loop (python -m adaptfl.engine --cohort: the clients' steps "
+                  "stacked, their gradients by vmap or client by client), or e.g. eager+native where "
+                  "they differ"),
+    "cohort-size": ("both", "python -m adaptfl.engine --cohort: the most clients whose steps ran "
+                    "stacked together this round; absent one client at a time"),
     "replies-sampled": ("both", "nodes sampled this round"),
     "replies-accepted": ("both", "replies that entered the aggregate"),
     "replies-rejected": ("both", "replies dropped, each with its reason under `rejected`"),

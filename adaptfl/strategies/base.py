@@ -327,14 +327,17 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:
         """Weighted means of the clients' numeric metrics over the replies that report each
-        (a metric no client reports is absent, never a fake 0); the peak memory is the largest."""
-        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE, wire.PEAK_MEMORY,
-                wire.STEP_PATH}  # codes and ids: no mean
+        (a metric no client reports is absent, never a fake 0); the peak memory and the cohort
+        size are the largest."""
+        largest = (wire.PEAK_MEMORY, wire.COHORT_SIZE)
+        skip = {wire.NUM_EXAMPLES, wire.PARTITION_ID, wire.CLIENT_STATE, wire.RAY_NODE,
+                wire.STEP_PATH, *largest}  # codes and ids: no mean
         keys = sorted({k for r in replies for k in r.metrics} - skip)
         out = {}
-        peaks = [float(r.metrics[wire.PEAK_MEMORY]) for r in replies if wire.PEAK_MEMORY in r.metrics]
-        if peaks:
-            out[wire.PEAK_MEMORY] = max(peaks)
+        for key in largest:
+            values = [float(r.metrics[key]) for r in replies if key in r.metrics]
+            if values:
+                out[key] = max(values)
         for key in keys:
             pairs = [(float(r.metrics[key]), w) for r, w in zip(replies, weights, strict=True)
                      if key in r.metrics]

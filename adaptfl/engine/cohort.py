@@ -1,0 +1,176 @@
+"""`python -m adaptfl.engine --cohort C`: the in-process engine training C sampled clients at a
+time as one vectorised computation (cohort_steps.py), instead of one after another.
+
+Only the transport of the round's training messages changes: each client is set up by its
+ClientApp's own code (`prepare_train`), steps in a cohort, and replies with the Message its
+ClientApp would send (`reply_train`), so the server side is untouched. Clients whose optimizer
+the batched reference does not cover (Muon's and SOAP's per-tensor rules, a user's own rule)
+train one at a time, and the run says so once; SecAgg+'s message stages always run one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from flwr.app import Error, Message, MessageType
+from flwr.common.constant import ErrorCode
+
+from adaptfl.algorithms.recipe import SECURE
+from adaptfl.client_app.app import LocalJob, prepare_train, reply_train, train_or_refuse
+from adaptfl.client_app.device import peak_memory_mb
+from adaptfl.client_app.train import run_local_steps
+from adaptfl.core import wire
+from adaptfl.engine.cohort_steps import FORMS, CohortDeclined, signature, train_cohort
+from adaptfl.engine.inprocess import ClientHandler, InProcessGrid
+
+log = logging.getLogger(__name__)
+MEMORY_SHARE = 0.5  # of the memory free when a round starts: what `--cohort auto` may stack
+
+
+def _steps_alone(message: Message, grid: InProcessGrid) -> bool:
+    """Whether the ClientApp would answer this message with anything but plain training (a
+    SecAgg+ stage, a refusal): those go through the handler, one at a time."""
+    content = message.content
+    if message.metadata.message_type != MessageType.TRAIN or wire.SECAGG in content.config_records:
+        return True
+    recipe = content.config_records.get(wire.RECIPE)
+    node = grid.contexts[message.metadata.dst_node_id].node_config
+    required = str(node.get(wire.NODE_SECAGG_REQUIRED, "")).lower() in ("1", "true", "yes")
+    return recipe is None or bool(recipe.get(SECURE, False)) or required
+
+
+def fitting_cohort(job: LocalJob, sampled: int) -> int:
+    """How many clients like `job` fit in MEMORY_SHARE of the free memory: per client its
+    parameters, start copy, gradients, stacked rows of x, g and every flat state slot, and a
+    batch's activations (estimated as 8 floats per input value)."""
+    opt = job.session.optimizer
+    params = [p for g in opt.param_groups for p in g["params"]]
+    d, elem = sum(p.numel() for p in params), params[0].element_size()
+    slots = sum(1 for v in opt.state[params[0]].values() if torch.is_tensor(v))
+    x, _ = job.split.batch(job.indices[:1])
+    per_client = elem * (d * (5 + 2 * slots) + 8 * x.numel() * job.session.info.batch_size)
+    device = job.session.device
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, min(sampled, int(MEMORY_SHARE * free // per_client)))
+
+
+class CohortGrid(InProcessGrid):
+    """`InProcessGrid` whose training messages run `cohort` clients at a time (None: as many as
+    fit, `fitting_cohort`), in `form` (cohort_steps.FORMS)."""
+
+    def __init__(self, num_nodes: int, run_config: dict[str, Any], cohort: int | None = None,
+                 form: str = "auto", handler: ClientHandler = train_or_refuse) -> None:
+        if cohort is not None and cohort < 1:
+            raise ValueError(f"--cohort {cohort}: must be >= 1 (or auto)")
+        if form not in FORMS:
+            raise ValueError(f"--cohort-form {form!r}: choose one of {FORMS}")
+        super().__init__(num_nodes, run_config, handler)
+        self.cohort, self.form = cohort, form
+        self._said: set[str] = set()
+
+    def _say(self, line: str) -> None:
+        if line not in self._said:
+            self._said.add(line)
+            log.info("%s", line)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        replies: dict[int, Message] = {}
+        alone = [i for i, m in enumerate(messages) if _steps_alone(m, self)]
+        for i, reply in zip(alone, self._one_by_one([messages[i] for i in alone], timeout), strict=True):
+            if reply is not None:
+                replies[i] = reply
+        todo = [i for i in range(len(messages)) if i not in alone]
+        while todo:
+            first = todo[0]
+            job = self._prepare(messages[first], replies, first)
+            if job is None:
+                todo = todo[1:]
+                continue
+            size = self.cohort or fitting_cohort(job, len(todo))
+            chunk, todo = todo[:size], todo[size:]
+            self._train_chunk(messages, chunk, {first: job}, replies, timeout)
+        return [replies[i] for i in sorted(replies)]
+
+    def _one_by_one(self, messages: Sequence[Message], timeout: float | None) -> list[Message | None]:
+        """The handler's replies, one message at a time (None: no reply, as Flower drops one)."""
+        out: list[Message | None] = []
+        for message in messages:
+            answered = list(super().send_and_receive([message], timeout=timeout))
+            out.append(answered[0] if answered else None)
+        return out
+
+    def _prepare(self, message: Message, replies: dict[int, Message], i: int) -> LocalJob | None:
+        """The client set up for its round; None with its error reply recorded, as the
+        ClientApp answers a round it cannot run."""
+        node = message.metadata.dst_node_id
+        try:
+            return prepare_train(message, self.contexts[node])
+        except ValueError as err:
+            log.error("round refused: %s", err)
+            replies[i] = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)),
+                                 reply_to=message)
+        except Exception as err:  # noqa: BLE001 - Flower turns a raising ClientApp into this
+            log.log(self.detail, "client on node %d raised: %s", node, err)
+            replies[i] = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                       reason=traceback.format_exc()), reply_to=message)
+        return None
+
+    def _train_chunk(self, messages: Sequence[Message], chunk: Sequence[int], ready: dict[int, LocalJob],
+                     replies: dict[int, Message], timeout: float | None) -> None:
+        started = time.perf_counter()
+        jobs: dict[int, LocalJob] = {}
+        for i in chunk:
+            job = ready.get(i) or self._prepare(messages[i], replies, i)
+            if job is not None:
+                jobs[i] = job
+        groups: dict[Any, list[int]] = {}
+        for i, job in jobs.items():
+            groups.setdefault(signature(job), []).append(i)
+        done: dict[int, Message | None] = {}
+        for key, members in groups.items():
+            if key is None:
+                done.update(self._alone(messages, members, jobs))
+                continue
+            try:
+                form = train_cohort([jobs[i] for i in members], self.form)
+            except CohortDeclined as why:  # before any reply: the clients' state is untouched
+                log.warning("cohort: %s; these %d clients train one at a time", why, len(members))
+                done.update(zip(members, self._one_by_one([messages[i] for i in members], timeout),
+                                strict=True))
+                continue
+            device = jobs[members[0]].session.device
+            peak = peak_memory_mb(device)
+            self._say(f"cohort: up to {len(members)} clients a step, {form} gradients, on {device}")
+            for i in members:
+                done[i] = reply_train(jobs[i], peak, cohort=(len(members), form))
+        took = time.perf_counter() - started
+        if timeout is not None and took > timeout:  # Flower drops a reply later than the timeout
+            log.log(self.detail, "cohort of %d took %.1f s > timeout %.1f s: no replies",
+                    len(chunk), took, timeout)
+            return
+        replies.update({i: r for i, r in done.items() if r is not None})
+
+    def _alone(self, messages: Sequence[Message], members: Sequence[int],
+               jobs: dict[int, LocalJob]) -> dict[int, Message | None]:
+        """Clients the batched reference does not cover: their own loop, as the ClientApp runs it."""
+        out: dict[int, Message | None] = {}
+        for i in members:
+            job = jobs[i]
+            self._say(f"cohort: {job.session.algorithm.name}'s local rule "
+                      f"{job.session.optimizer.rule(job.session.optimizer.param_groups[0]).name} "
+                      "has no batched step here: its clients train one at a time")
+            run_local_steps(job.session, job.split, job.loss, job.indices, job.client_id,
+                            warn=job.warn, precision=job.precision)
+            out[i] = reply_train(job, peak_memory_mb(job.session.device))
+        return out

@@ -1,0 +1,130 @@
+"""The cohort engine (`python -m adaptfl.engine --cohort C`) against the one-at-a-time engine:
+for the same seed, sampling and batches, the same final model (float64, to 1e-10), for every
+client-side composition of the catalog, with partial participation, durable client state, a
+resume in between, and both gradient forms; each client's random stream independent of C."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from adaptfl.algorithms.catalog import catalog
+from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine import __main__ as engine_cli
+from adaptfl.engine.cohort import CohortGrid
+from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app import outputs
+from adaptfl.server_app.loop import run_federated
+from tests.support.run_outputs import die_before_checkpoint, metric_rows
+
+TASK = "tests.support.float64_task"
+
+
+@pytest.fixture(autouse=True)
+def _no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plots are the same code in both engines and most of a tiny run's time."""
+    monkeypatch.setattr(outputs, "plot_run", lambda *args, **kwargs: None)
+
+
+def _config(algorithm: str, tmp_path, name: str, **kw: object) -> RunConfig:
+    extra: dict[str, object] = {"muon_routing": "all-2d"} if algorithm.endswith("muon") else \
+        {"max_precond_dim": 100} if algorithm.endswith("soap") else {}
+    settings: dict[str, object] = dict(
+        algorithm=algorithm, num_server_rounds=3, local_steps=4, batch_size=16, task=f"{TASK}:load",
+        model=f"{TASK}:build", data_dir=str(tmp_path), run_name=name, results_dir=str(tmp_path / "out"),
+        client_state_dir=str(tmp_path / f"state-{name}"), fraction_train=0.75)
+    return RunConfig.of(**{**settings, **extra, **kw})
+
+
+def _run(cfg: RunConfig, cohort: int | None, form: str = "auto"
+         ) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    grid = InProcessGrid(4, cfg.to_flower()) if cohort is None else \
+        CohortGrid(4, cfg.to_flower(), cohort, form)
+    out = run_federated(grid, cfg)
+    return torch.load(out / "model.pt", weights_only=True), metric_rows(out)
+
+
+def _assert_same_models(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def _client_side(name: str) -> tuple:
+    """What a client of the algorithm runs (the server optimizer and aggregator left out)."""
+    a = catalog()[name]
+    return (a.preconditioner, a.correction, a.trust, a.moments, a.sharing, a.terms, a.local_state)
+
+
+# one algorithm per client-side composition: FedAvgM, FedAdam, FedYogi, … run FedAvg's clients
+CLIENT_SIDES = sorted({_client_side(n): n for n in sorted(catalog(), reverse=True)}.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", CLIENT_SIDES)
+def test_every_algorithm_ends_on_the_one_at_a_time_model(algorithm: str, tmp_path) -> None:
+    alone, alone_rows = _run(_config(algorithm, tmp_path, "alone"), None)
+    together, rows = _run(_config(algorithm, tmp_path, "cohort"), 3)
+    _assert_same_models(alone, together)
+    assert [r["replies-accepted"] for r in rows] == [r["replies-accepted"] for r in alone_rows] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("algorithm,form,ran", [
+    ("fedact", "vmap", "vmap"), ("fedact", "loop", "loop"), ("scaffold", "auto", "vmap"),
+    ("fedprox", "auto", "loop")])  # FedProx adds a loss term: its gradients go client by client
+def test_the_forms_end_on_the_one_at_a_time_model(algorithm: str, form: str, ran: str, tmp_path) -> None:
+    alone, alone_rows = _run(_config(algorithm, tmp_path, "alone"), None)
+    together, rows = _run(_config(algorithm, tmp_path, "cohort"), 3, form)
+    _assert_same_models(alone, together)
+    assert {r["step-path"] for r in rows} == {f"cohort-{ran}"}
+    assert {r["cohort-size"] for r in rows} == {3}
+    for mine, theirs in zip(rows, alone_rows, strict=True):  # the clients' metrics too
+        for key in ("train-loss", "pos-ratio", "top-mass"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-9), key
+
+
+def test_a_client_stream_does_not_depend_on_the_cohort_size(tmp_path) -> None:
+    """Sophia draws GNB labels from each client's own RNG stream at every refresh: cohorts of 2
+    (3 sampled: a cohort of 2, then 1) and of 3 end on the one-at-a-time model."""
+    kw = {"hessian_interval": 2}
+    alone, _ = _run(_config("fedpac-sophia", tmp_path, "alone", **kw), None)
+    for size in (2, 3):
+        together, rows = _run(_config("fedpac-sophia", tmp_path, f"c{size}", **kw), size)
+        _assert_same_models(alone, together)
+        assert {r["step-path"] for r in rows} == {"cohort-loop"}
+
+
+def test_a_resumed_cohort_run_equals_an_uninterrupted_one_at_a_time(tmp_path, monkeypatch) -> None:
+    """SCAFFOLD's c_i is durable client state: killed before round 2's checkpoint, resumed."""
+    alone, _ = _run(_config("scaffold", tmp_path, "alone"), None)
+    cut = _config("scaffold", tmp_path, "cut")
+    with monkeypatch.context() as m:
+        die_before_checkpoint(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            _run(cut, 3)
+    resumed, rows = _run(cut.replace(resume=True), 3)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    _assert_same_models(alone, resumed)
+
+
+def test_a_rule_without_a_batched_step_trains_one_at_a_time_and_says_so(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
+    alone, _ = _run(_config("local-muon", tmp_path, "alone"), None)
+    together, rows = _run(_config("local-muon", tmp_path, "cohort"), 3)
+    assert torch.equal(torch.cat([t.reshape(-1) for t in alone.values()]),
+                       torch.cat([t.reshape(-1) for t in together.values()]))
+    assert "cohort-size" not in rows[-1]
+    said = [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()]
+    assert said == ["cohort: local-muon's local rule muon has no batched step here: its clients "
+                    "train one at a time"]
+
+
+@pytest.mark.parametrize("given,error", [("0", "--cohort 0: give a count >= 1 or auto"),
+                                         ("two", "--cohort two: give a count >= 1 or auto")])
+def test_a_bad_cohort_is_refused_in_one_line(given: str, error: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        engine_cli.main(["--cohort", given, "algorithm='fedavg'"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip() == f"config error: {error}"
