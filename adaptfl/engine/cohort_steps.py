@@ -251,15 +251,17 @@ def train_cohort(jobs: Sequence[LocalJob], form: str = "auto") -> str:
         hats = loop_gradients(jobs, rows, batches, rng, j) if vmapped is None else vmapped(batches, j)
         k = k0 + j + 1
         at = Step(k, opt.step_offset + k, opt.mix_lambda, opt.bs)
-        x, state, scores = elementwise_step(rule, rows.x, rows.g, rows.state, at, chain)
+        for job in jobs:  # each optimizer counts the step as its own `step` would
+            job.session.optimizer.steps += 1
+        due = [job.session.optimizer.diagnostics_due() for job in jobs]
+        x, state, scores = elementwise_step(rule, rows.x, rows.g, rows.state, at, chain, any(due))
         if hats is not None:
             state = refresh_hessian(rule, state, hats)
         rows.settle(x, state)
-        for i, job in enumerate(jobs):  # each optimizer counts the step as its own `step` would
+        for i, job in enumerate(jobs):
             own = job.session.optimizer
-            own.steps += 1
             for p in rows.params[i]:
                 own.state[p]["step"] = k
-            if own.diagnostics_due():
+            if due[i] and scores is not None:
                 own.record_scores(scores[i])
     return form

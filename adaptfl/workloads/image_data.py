@@ -17,6 +17,8 @@ class ImageData:
     as float32); :meth:`batch` converts only the rows a training step needs.
     """
 
+    deterministic_batches = True  # batch() is a pure function of its rows: preloads may be kept
+
     images: torch.Tensor  # uint8 [N, C, H, W]
     labels: torch.Tensor  # int64 [N]
     num_classes: int

@@ -66,6 +66,8 @@ def response_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class InstructionData:
     """One split: ids and mask [N, T], targets [N, T] (-100 off the response), labels [N]."""
 
+    deterministic_batches = True  # batch() is a pure function of its rows: preloads may be kept
+
     ids: torch.Tensor
     mask: torch.Tensor
     targets: torch.Tensor

@@ -16,6 +16,8 @@ import torch
 class TabularData:
     """One split: `features` float32 [N, F], `labels` int64 [N] in [0, num_classes)."""
 
+    deterministic_batches = True  # batch() is a pure function of its rows: preloads may be kept
+
     features: torch.Tensor
     labels: torch.Tensor
     num_classes: int

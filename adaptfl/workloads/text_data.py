@@ -53,6 +53,8 @@ class TextData:
     of the model's output, as for an image classifier.
     """
 
+    deterministic_batches = True  # batch() is a pure function of its rows: preloads may be kept
+
     tokens: torch.Tensor  # int16/int32 [N, seq_len + 1]
     labels: torch.Tensor  # int64 [N]: source id
     source_names: tuple[str, ...]

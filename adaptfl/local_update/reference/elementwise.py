@@ -92,7 +92,7 @@ def direction(rule: Preconditioner, g: torch.Tensor, state: State, at: Step) -> 
 def correct(d: torch.Tensor, ratio: float, rho: float, global_direction: torch.Tensor | None
             ) -> torch.Tensor:
     """u = (1-ρ)·(c/L)·d + ρ·Δ_G; before the server has a Δ_G, u = (1-ρ)·(c/L)·d."""
-    u = (1.0 - rho) * ratio * d
+    u = d if (1.0 - rho) * ratio == 1.0 else (1.0 - rho) * ratio * d
     return u if global_direction is None or rho == 0.0 else u + rho * global_direction
 
 
@@ -128,17 +128,19 @@ def move(x: torch.Tensor, u: torch.Tensor, phi: torch.Tensor | None, ref_lr: flo
 
 
 def elementwise_step(rule: Preconditioner, x: torch.Tensor, g: torch.Tensor, state: State,
-                     at: Step, chain: Chain) -> tuple[torch.Tensor, State, torch.Tensor]:
+                     at: Step, chain: Chain, scores: bool = True
+                     ) -> tuple[torch.Tensor, State, torch.Tensor | None]:
     """(x', state', s = u ⊙ g) of one local step of every client: direction, correction,
-    trust, step. `at.k`, `at.t`: the local and global step (the same for every client)."""
+    trust, step. `at.k`, `at.t`: the local and global step (the same for every client).
+    `scores`: return s even where no trust rule reads it (the diagnostics do); else None."""
     if rule.coupled_decay and chain.weight_decay:  # Adam's L2: g += wd·x before the rule
         g = g + chain.weight_decay * x
     d, scale, state = direction(rule, g, state, at)
     ratio = chain.lr * scale / chain.ref_lr if chain.ref_lr else 1.0
     u = correct(d, ratio, chain.rho, state.get("global_direction"))
-    scores = u * g
-    x = move(x, u, modulate(scores, chain), chain.ref_lr, decay_rate(rule, chain))
-    return x, state, scores
+    s = u * g if scores or chain.trust.active else None
+    x = move(x, u, None if s is None else modulate(s, chain), chain.ref_lr, decay_rate(rule, chain))
+    return x, state, s
 
 
 def supports(rule: Preconditioner, trust: Trust) -> bool:
