@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.cohort import run_cohort
 from adaptfl.engine.inprocess import run_inprocess
 from adaptfl.workloads import build_model, load_task, partition_indices, sample_batches
 
@@ -49,7 +50,7 @@ def engine_round(args: argparse.Namespace, cohort: int) -> float:
                            local_steps=args.steps, batch_size=args.batch, device=args.device,
                            results_dir=tmp, run_name="bench", client_state_dir=str(Path(tmp) / "s"),
                            fraction_train=args.clients / args.nodes, seed=1)
-        out = run_inprocess(cfg, args.nodes, cohort=cohort)
+        out = run_inprocess(cfg, args.nodes) if cohort == 1 else run_cohort(cfg, args.nodes, cohort)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(r["seconds"] - r["eval-seconds"] for r in rows if r["round"] >= 2)
 

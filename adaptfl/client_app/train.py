@@ -32,14 +32,14 @@ def round_seed(seed: int, server_round: int, partition_id: int) -> int:
     return int.from_bytes(digest[:7], "little")
 
 
-def _on_device(split: Split, indices: torch.Tensor, device: torch.device
+def preload_partition(split: Split, indices: torch.Tensor, device: torch.device
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The whole partition as the model reads it, on the device; None if too large. Kept for
     later rounds (least recently used first out, PRELOAD_CACHE_BYTES in all) where the split
     says its batches are a pure function of the rows."""
     keep = getattr(split, "deterministic_batches", False)
     key = (id(split), str(device), hashlib.sha1(indices.numpy().tobytes()).hexdigest()) if keep else None
-    if key in _preloaded:
+    if key is not None and key in _preloaded:
         _preloaded.move_to_end(key)
         kept, x, y = _preloaded[key]
         if kept is split:  # the very split (an id is reused only once the object is gone)
@@ -83,7 +83,7 @@ def run_local_steps(session: ClientSession, split: Split, loss_fn: Loss, indices
                     info.batch_size, len(indices))
     batches = sample_batches(len(indices), info.batch_size, steps or info.local_steps, generator)
     model.train()
-    preloaded = _on_device(split, indices, device)
+    preloaded = preload_partition(split, indices, device)
     if preloaded is not None:  # positions into the preloaded partition, all K at once
         positions = torch.stack(batches).to(device, non_blocking=True) if batches else None
     for k, batch in enumerate(batches):

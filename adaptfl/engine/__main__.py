@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     from adaptfl.client_app.threads import engine_threads
+    from adaptfl.engine.cohort import run_cohort
     from adaptfl.engine.inprocess import run_inprocess
     from adaptfl.privacy.release import CONFIDENTIAL_FILE
     from adaptfl.server_app.abort import RunAborted, fell_below_start
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         bar.set_postfix(accuracy=f"{row['test-accuracy']:.4f}", refresh=True)
 
     try:
-        out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round, cohort=cohort,
-                                  form=args.cohort_form)
+        out: Path = run_inprocess(cfg, args.num_nodes, on_round=on_round) if cohort == 1 else \
+            run_cohort(cfg, args.num_nodes, cohort, args.cohort_form, on_round=on_round)
     except (ValueError, OSError, ImportError) as err:  # refused: task, model, a client's check
         bar.close()
         raise refuse(err) from None

@@ -14,13 +14,15 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from flwr.app import Error, Message, MessageType
 from flwr.common.constant import ErrorCode
 
+from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import SECURE
 from adaptfl.client_app.app import LocalJob, prepare_train, reply_train, train_or_refuse
 from adaptfl.client_app.device import peak_memory_mb
@@ -28,6 +30,7 @@ from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
 from adaptfl.engine.cohort_steps import FORMS, CohortDeclined, signature, train_cohort
 from adaptfl.engine.inprocess import ClientHandler, InProcessGrid
+from adaptfl.server_app.loop import run_federated
 
 log = logging.getLogger(__name__)
 MEMORY_SHARE = 0.5  # of the memory free when a round starts: what `--cohort auto` may stack
@@ -174,3 +177,9 @@ class CohortGrid(InProcessGrid):
                             warn=job.warn, precision=job.precision)
             out[i] = reply_train(job, peak_memory_mb(job.session.device))
         return out
+
+
+def run_cohort(cfg: RunConfig, num_nodes: int, cohort: int | None, form: str = "auto",
+               on_round: Callable[[dict], None] | None = None) -> Path:
+    """`run_inprocess` with the clients trained `cohort` at a time (None: as many as fit)."""
+    return run_federated(CohortGrid(num_nodes, cfg.to_flower(), cohort, form), cfg, on_round=on_round)

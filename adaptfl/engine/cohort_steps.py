@@ -29,7 +29,7 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from adaptfl.client_app.app import LocalJob
-from adaptfl.client_app.train import _on_device, autocast_dtype, round_seed
+from adaptfl.client_app.train import autocast_dtype, preload_partition, round_seed
 from adaptfl.core.stage import ClientPart
 from adaptfl.local_update.reference import Chain, elementwise_step, refresh_hessian, supports
 from adaptfl.local_update.rules import Step
@@ -111,7 +111,7 @@ def draw_batches(jobs: Sequence[LocalJob]) -> tuple[Batches, list[torch.Tensor]]
             log.warning("batch-size=%d exceeds this client's %d examples: every step uses all of "
                         "them", info.batch_size, len(job.indices))
         pos = sample_batches(len(job.indices), info.batch_size, info.local_steps, generator)
-        pre = _on_device(job.split, job.indices, job.session.device)
+        pre = preload_partition(job.split, job.indices, job.session.device)
         positions.append([p.to(job.session.device) for p in pos] if pre is not None else pos)
         data.append(pre)
         job.session.model.train()

@@ -128,15 +128,7 @@ class InProcessGrid(Grid):
                                  reason=traceback.format_exc()), reply_to=msg)
 
 
-def run_inprocess(cfg: RunConfig, num_nodes: int, on_round: Callable[[dict], None] | None = None,
-                  cohort: int | None = 1, form: str = "auto") -> Path:
-    """One federated run with `num_nodes` clients in this process; returns its results dir.
-    `cohort`: clients trained at a time, stacked (engine/cohort.py; None: as many as fit);
-    1 runs them one after another through the ClientApp's handler."""
-    if cohort == 1:
-        grid: InProcessGrid = InProcessGrid(num_nodes, cfg.to_flower())
-    else:
-        from adaptfl.engine.cohort import CohortGrid  # torch.func: only when asked for
-
-        grid = CohortGrid(num_nodes, cfg.to_flower(), cohort, form)
-    return run_federated(grid, cfg, on_round=on_round)
+def run_inprocess(cfg: RunConfig, num_nodes: int, on_round: Callable[[dict], None] | None = None
+                  ) -> Path:
+    """One federated run with `num_nodes` clients in this process; returns its results dir."""
+    return run_federated(InProcessGrid(num_nodes, cfg.to_flower()), cfg, on_round=on_round)

@@ -49,7 +49,7 @@ def test_the_engine_cli_sets_the_shared_count_before_the_run(monkeypatch, tmp_pa
 
     seen: list[int] = []
 
-    def fake_run(cfg, num_nodes, on_round=None, cohort=1, form="auto") -> Path:  # noqa: ANN001 - run_inprocess's shape
+    def fake_run(cfg, num_nodes, on_round=None) -> Path:  # noqa: ANN001 - run_inprocess's shape
         seen.append(torch.get_num_threads())
         (tmp_path / "metrics.jsonl").write_text('{"round": 0, "test-accuracy": 0.1, "test-loss": 2.3}\n')
         return tmp_path

@@ -72,8 +72,10 @@ def sophia_direction(rule: Sophia, g: torch.Tensor, state: State, at: Step) -> D
     return d, 1.0, {**state, "exp_avg": m}
 
 
-def refresh_hessian(rule: Sophia, state: State, g_hat: torch.Tensor) -> State:
+def refresh_hessian(rule: Preconditioner, state: State, g_hat: torch.Tensor) -> State:
     """Sophia's h = β2·h + (1-β2)·ĝ², after the step that used h (ĝ: the GNB gradient)."""
+    if not isinstance(rule, Sophia):
+        raise TypeError(f"local rule {rule.name!r} refreshes nothing from a second gradient")
     h = rule.sophia_beta2 * state["hessian"] + (1.0 - rule.sophia_beta2) * g_hat * g_hat
     return {**state, "hessian": h}
 
