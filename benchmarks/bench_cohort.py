@@ -48,7 +48,8 @@ def engine_round(args: argparse.Namespace, cohort: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig.of(algorithm=args.algorithm, model=args.model, num_server_rounds=args.rounds,
                            local_steps=args.steps, batch_size=args.batch, device=args.device,
-                           results_dir=tmp, run_name="bench", client_state_dir=str(Path(tmp) / "s"),
+                           data_dir=args.data_dir, results_dir=tmp, run_name="bench",
+                           client_state_dir=str(Path(tmp) / "s"),
                            fraction_train=args.clients / args.nodes, seed=1)
         out = run_inprocess(cfg, args.nodes) if cohort == 1 else run_cohort(cfg, args.nodes, cohort)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -60,7 +61,7 @@ class Bare:
     as the engine draws them, the global model averaged after each round."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        task = load_task("fashion-mnist", "", args.model)
+        task = load_task("fashion-mnist", args.data_dir, args.model)
         self.args, self.device = args, torch.device(args.device)
         labels = task.train.labels
         self.parts = []
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--data-dir", default="", help="Fashion-MNIST (default: the system's)")
     parser.add_argument("--pfl", action="store_true", help="also pfl-research (PyPI pfl)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

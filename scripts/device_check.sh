@@ -6,9 +6,11 @@
 # every stage under its own timeout, its output in DIR/<stage>.log, and prints one summary
 # table (also DIR/summary.md). Stages: the CUDA tests (sync-free step under
 # torch.cuda.set_sync_debug_mode("error"), every algorithm's round CUDA vs CPU, the fused
-# kernel's device step count), the four benchmarks with --device cuda, one `flwr run`
-# simulation round with client-resources-num-gpus=0.25 and one loopback-deployment round with
-# device='cuda'. The timeouts add up to 570 s (the device tool's limit per command: 600 s);
+# kernel's device step count, the cohort engine against one client at a time on CUDA), the five
+# benchmarks with --device cuda (bench_cohort: 100 clients of the CNN one at a time and as one
+# cohort), one `flwr run` simulation round with client-resources-num-gpus=0.25 and one
+# loopback-deployment round with device='cuda'. The timeouts add up to 590 s (the device tool's
+# limit per command: 600 s);
 # measured: 289 s on an H200 (2026-12-04; README, docs/speed.md).
 # --dry-run: the same stages on the CPU with small sizes (CI: tests/project/test_device_check.py).
 # Exit status: 0 when no stage failed (a stage skipped for a missing dependency is not a failure).
@@ -57,12 +59,15 @@ if [ $dry = 1 ]; then
   scale=3; dev=cpu; gpus=0; nodes=2; fedact=(--model cnn --batch 8 --repeats 3 --warmup 1 --round-steps 2 --diagnostics-every 1)
   big=(--model cnn --repeats 3 --warmup 1 --only update); muon=(--model mlp --muon-routing all-2d --steps 2 --threads 1)
   round=(--model cnn --clients 2 --steps 2 --rounds 2 --batch 16); topk=(--numel 100000 --repeats 3)
+  cohort=(--model mlp --clients 4 --nodes 4 --steps 3 --rounds 2 --repeats 1)
   tests=(tests/local_update/test_sync_free_step.py tests/local_update/test_device_paths.py -k "fedact and not a_local_step and not fedact-local")
   rounds="local-steps=2 batch-size=16 model='mlp'"
 else
   dev=cuda; gpus=0.25; nodes=4; fedact=(--model vit-tiny); big=(--model vit-s --only update)
   muon=(--model vit-tiny --steps 10); round=(--model vit-tiny --clients 10 --steps 50 --rounds 2)
-  topk=(); tests=(tests/local_update/test_topk_sync_free.py tests/local_update/test_sync_free_step.py tests/local_update/test_device_paths.py)
+  topk=(); tests=(tests/local_update/test_topk_sync_free.py tests/local_update/test_sync_free_step.py tests/local_update/test_device_paths.py
+                  tests/engine/test_cohort_cuda.py)
+  cohort=(--model cnn --clients 100 --nodes 100 --steps 10 --rounds 3 --repeats 1)
   rounds="local-steps=10 batch-size=64 model='cnn'"
 fi
 
@@ -86,17 +91,19 @@ stage() {
 
 skip() { rows+=("| $1 | skipped | 0 | $2 |"); }
 
-stage tests 110 "passed|failed" python3 -m pytest -q -p no:cacheprovider -rs "${tests[@]}"
+stage tests 100 "passed|failed" python3 -m pytest -q -p no:cacheprovider -rs "${tests[@]}"
 stage bench-fedact-5m 60 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${fedact[@]}"
 stage bench-fedact-21m 40 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${big[@]}"
 stage bench-muon 40 "^muon" python3 benchmarks/bench_second_order.py --device $dev --only muon "${muon[@]}"
-stage bench-round 120 "ratio without" python3 benchmarks/bench_round.py --device $dev "${round[@]}" \
+stage bench-round 100 "ratio without" python3 benchmarks/bench_round.py --device $dev "${round[@]}" \
   --data-dir "$data"
 stage bench-topk 30 "this device's path|radix \(accel" python3 benchmarks/bench_topk.py --device $dev "${topk[@]}"
+stage bench-cohort 60 "^  cohort" python3 benchmarks/bench_cohort.py --device $dev "${cohort[@]}" \
+  --data-dir "$data"
 
 run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' results-dir='$out/runs'"
 if python3 -c "import ray" 2>/dev/null; then
-  stage simulation-round 90 "done in|FAILED" \
+  stage simulation-round 80 "done in|FAILED" \
     env ADAPTFL_SKIP_SETUP=1 ADAPTFL_FLOWER_HOMES="$out/flwr-homes" bash scripts/main_job.sh --federation-config \
     "num-supernodes=$nodes client-resources-num-cpus=2 client-resources-num-gpus=$gpus" \
     --run-config "$run_config"

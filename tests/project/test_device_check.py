@@ -12,7 +12,7 @@ from tests.support.flower_processes import PROJECT
 
 pytestmark = [pytest.mark.slow, pytest.mark.flower]
 STAGES = ("tests", "bench-fedact-5m", "bench-fedact-21m", "bench-muon", "bench-round", "bench-topk",
-          "simulation-round", "deployment-round")
+          "bench-cohort", "simulation-round", "deployment-round")
 
 
 def test_the_dry_run_passes_every_stage_and_prints_one_table(tiny_data, tmp_path) -> None:
@@ -32,6 +32,7 @@ def test_the_dry_run_passes_every_stage_and_prints_one_table(tiny_data, tmp_path
         assert (out / f"{stage}.log").stat().st_size > 0, stage
     assert "summary cpu cnn: update" in (out / "bench-fedact-5m.log").read_text()
     assert '"flwr-run-exit": 0' in (out / "deployment-round.log").read_text()
+    assert "faster than the engine" in (out / "bench-cohort.log").read_text()
 
 
 def test_unknown_arguments_are_refused(tmp_path) -> None:
