@@ -89,7 +89,7 @@ def data(target: Path, train_images: int) -> None:
 
 
 def certs(target: Path) -> None:
-    script = ROOT / "adaptfl" / "deploy" / "generate-certs.sh"
+    script = ROOT / "deploy" / "generate-certs.sh"
     subprocess.run(["bash", str(script), str(target), "2"], check=True, capture_output=True, timeout=180)
     print(f"{target}: certificates and keys for a SuperLink, the Fleet proxy and 2 SuperNodes")
 

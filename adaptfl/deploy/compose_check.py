@@ -32,7 +32,7 @@ from adaptfl.deploy import dockerd, loopback, stand_in
 # adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
 # An installed wheel has neither; its entry points then stop in one line (adaptfl/source.py: checkout).
 PROJECT = where.source_checkout() or Path(__file__).resolve().parents[2]
-DEPLOY = PROJECT / "adaptfl" / "deploy"
+DEPLOY = PROJECT / "deploy"  # what Docker and the operators read; the tools are this package
 # Measured on a fresh machine: +12.4 GB at peak (3 GB of wheels, BuildKit's copy of them, the
 # 6.6 GB image, the stand-ins); 12 GB, the first estimate, would not have been enough.
 MIN_FREE_GB = 16
@@ -48,6 +48,7 @@ PUBLIC_ADDRESS = "127.0.0.1:9092"  # the Fleet API proxy, published on every int
 INSECURE_FILES = "-f compose.yml"
 TLS_FILES = "-f compose.yml -f with-tls.yml"
 APP = "/app/project"  # this repository, mounted read-only into the operator container
+STEP_PATH = "native"  # FedACT's CPU loops, as in a simulation on this machine (metrics `step-path`)
 
 
 def _operator(files: str) -> str:
@@ -143,28 +144,38 @@ class Runner:
 
 
 def results_script(results_root: str, run_name: str) -> str:
-    """Python that prints {"rows": [[round, sampled, accepted], …], "model": bytes of model.pt} of
-    a run's results dir (rounds 1..; round 0 is the initial model's evaluation). It runs inside
-    the ServerApp's container, where the results volume is mounted."""
+    """Python that prints {"rows": [[round, sampled, accepted, step-path], …], "model": bytes of
+    model.pt} of a run's results dir (rounds 1..; round 0 is the initial model's evaluation). It
+    runs inside the ServerApp's container, where the results volume is mounted."""
     return ("import csv, json, os; d = '" + results_root + "/" + run_name + "'; "
             "rows = [r for r in csv.DictReader(open(d + '/metrics.csv')) if r['round'] != '0']; "
             "print(json.dumps({'rows': [[int(r['round']), int(r['replies-sampled']), "
-            "int(r['replies-accepted'])] for r in rows], "
+            "int(r['replies-accepted']), r.get('step-path', '')] for r in rows], "
             "'model': os.path.getsize(d + '/model.pt')}))")
 
 
-def results_in_volume(runner: Runner, files: str, run_name: str) -> list[tuple[int, int, int]]:
-    """(round, sampled, accepted) from metrics.csv in the results volume; model.pt must be there."""
+def results_in_volume(runner: Runner, files: str, run_name: str) -> str:
+    """(round, sampled, accepted) from metrics.csv in the results volume, every round's
+    ClientApps on the `native` step path (as on any CPU with a C compiler: the image's zig cc);
+    model.pt must be there."""
     script = results_script("/app/.adaptfl/results", run_name)
     done = runner.compose(f"{files} exec -T superexec-serverapp python -c \"{script}\"")
     if done.returncode != 0:
         raise CheckFailed(f"no results of {run_name} in the results volume: {done.stderr[-2000:]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    rows = [tuple(r) for r in found["rows"]]
+    return judge_results(run_name, json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def judge_results(run_name: str, found: dict) -> str:
+    """The summary of a run's results (`results_script`'s output), or CheckFailed naming what is off."""
+    rows = [tuple(r[:3]) for r in found["rows"]]
+    paths = sorted({r[3] for r in found["rows"]})
     expected = [(r, 2, 2) for r in range(1, ROUNDS + 1)]
     if rows != expected or found["model"] <= 0:
         raise CheckFailed(f"{run_name}: rounds {rows} (want {expected}), model.pt {found['model']} B")
-    return rows
+    if paths != [STEP_PATH]:
+        raise CheckFailed(f"{run_name}: the ClientApps took step path {paths}, want [{STEP_PATH!r}] "
+                          "(deploy/Dockerfile's CC)")
+    return f"rounds {rows}, step-path {STEP_PATH}"
 
 
 def intruder_refused(runner: Runner, workdir: Path) -> str:
@@ -284,14 +295,14 @@ def run_check(workdir: Path) -> str:
                                          if line.startswith(stand_in.OUTCOMES)), "Flower images ?")
         try:
             runner.phase("insecure")
-            summary["insecure"] = f"rounds {results_in_volume(runner, INSECURE_FILES, 'compose-insecure')}"
+            summary["insecure"] = results_in_volume(runner, INSECURE_FILES, "compose-insecure")
             summary["superlink-port"] = superlink_unreachable_from_host(runner, INSECURE_FILES)
         finally:
             runner.keep_logs(INSECURE_FILES, "insecure")
             runner.phase("insecure-down")
         try:
             runner.phase("tls")
-            summary["tls"] = f"rounds {results_in_volume(runner, TLS_FILES, 'compose-tls')}"
+            summary["tls"] = results_in_volume(runner, TLS_FILES, "compose-tls")
             summary["intruder"] = intruder_refused(runner, workdir)
             summary["outsider"] = outsider_refused(runner)
             superlink_unreachable_from_host(runner, TLS_FILES, str(DEPLOY / "certs" / "ca.crt"))

@@ -125,7 +125,7 @@ def flwr_cli(args: list[str], env: dict[str, str], timeout: float,
 
 
 def generate_certs(cert_dir: Path, num_nodes: int) -> None:
-    subprocess.run(["bash", str(PROJECT / "adaptfl" / "deploy" / "generate-certs.sh"), str(cert_dir),
+    subprocess.run(["bash", str(PROJECT / "deploy" / "generate-certs.sh"), str(cert_dir),
                     str(num_nodes)], check=True, capture_output=True, timeout=180)
 
 

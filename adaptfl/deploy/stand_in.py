@@ -48,7 +48,7 @@ def ensure_flower_images(workdir: Path, after_step: Callable[[], None] = lambda:
         return "Flower images present"
     if all(_docker("pull", image, timeout=600).returncode == 0 for image in missing):
         return "Flower images pulled"
-    wheelhouse = PROJECT / "adaptfl" / "deploy" / "wheelhouse" / "requirements.txt"
+    wheelhouse = PROJECT / "deploy" / "wheelhouse" / "requirements.txt"
     if not wheelhouse.exists():
         raise FileNotFoundError(f"{wheelhouse} is missing: run python -m adaptfl.deploy.wheelhouse "
                                 "deploy/wheelhouse first")
@@ -58,7 +58,7 @@ def ensure_flower_images(workdir: Path, after_step: Callable[[], None] = lambda:
         after_step()
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     for target, image in FLOWER_IMAGES.items():
-        done = _docker("build", "-f", str(PROJECT / "adaptfl" / "deploy" / "flower-stand-in.Dockerfile"),
+        done = _docker("build", "-f", str(PROJECT / "deploy" / "flower-stand-in.Dockerfile"),
                        "--target", target, "-t", image, str(PROJECT), env=env)
         if done.returncode != 0:
             raise RuntimeError(f"building the stand-in {image} failed: {done.stderr[-3000:]}")

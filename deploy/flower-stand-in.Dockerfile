@@ -8,7 +8,7 @@
 #   docker build -f deploy/flower-stand-in.Dockerfile --target superlink -t flwr/superlink:TAG .
 ARG ROOTFS_IMAGE=adaptfl-stand-in/debian:bookworm-minbase
 FROM ${ROOTFS_IMAGE} AS base
-ARG WHEELHOUSE=adaptfl/deploy/wheelhouse
+ARG WHEELHOUSE=deploy/wheelhouse
 ARG FLWR_VERSION=1.42.0
 RUN python3 -m venv /python/venv \
  && useradd --no-create-home --home-dir /app -c "" --uid 49999 app \
