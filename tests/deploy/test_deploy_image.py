@@ -72,9 +72,9 @@ def context_files() -> list[str]:
 def test_the_ignore_rules_behave_as_docker_documents() -> None:
     """The evaluator above, on rules whose outcome Docker's documentation spells out."""
     assert in_context("adaptfl/algorithms/config.py") and in_context("adaptfl/deploy/fleet_proxy.py")
-    for wheelhouse in ("deploy/wheelhouse", "deploy/wheelhouse-cuda"):  # the Dockerfiles' WHEELHOUSE
-        assert in_context(f"{wheelhouse}/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
-        assert in_context(f"{wheelhouse}/requirements.txt")
+    for folder in ("deploy/wheelhouse", "deploy/wheelhouse-cuda"):  # the Dockerfiles' WHEELHOUSE
+        assert in_context(f"{folder}/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
+        assert in_context(f"{folder}/requirements.txt")
     for private in ("deploy/certs/ca/ca.key", "deploy/certs/supernode-1/supernode.key",
                     "deploy/certs/superlink/superexec.secret", "deploy/secrets/x",
                     "results/run/model.pt", ".git/config", "tests/deploy/test_deploy_image.py",
