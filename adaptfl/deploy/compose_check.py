@@ -28,11 +28,8 @@ from pathlib import Path
 
 from adaptfl import source as where
 from adaptfl.deploy import dockerd, loopback, stand_in
+from adaptfl.deploy.layout import CERTS, DEPLOY, PROJECT
 
-# adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl/source.py: checkout).
-PROJECT = where.source_checkout() or Path(__file__).resolve().parents[2]
-DEPLOY = PROJECT / "deploy"  # what Docker and the operators read; the tools are this package
 # Measured on a fresh machine: +12.4 GB at peak (3 GB of wheels, BuildKit's copy of them, the
 # 6.6 GB image, the stand-ins); 12 GB, the first estimate, would not have been enough.
 MIN_FREE_GB = 16
@@ -184,7 +181,7 @@ def intruder_refused(runner: Runner, workdir: Path) -> str:
     key_dir.mkdir(mode=0o700)
     subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f",
                     str(key_dir / "supernode.key")], check=True, capture_output=True)
-    shutil.copy(DEPLOY / "certs" / "ca.crt", key_dir / "ca.crt")
+    shutil.copy(CERTS / "ca.crt", key_dir / "ca.crt")
     subprocess.run(["chown", "-R", "49999:49999", str(key_dir)], check=True)
     done = subprocess.run(
         [dockerd.DOCKER, "run", "--rm", "--network", "deploy_fleet", "-v", f"{key_dir}:/app/certificates:ro",
@@ -208,7 +205,7 @@ def outsider_refused(runner: Runner) -> str:
     outsider_home.mkdir(exist_ok=True)
     (outsider_home / "config.toml").write_text(
         f'[superlink.{loopback.OUTSIDER}]\naddress = "{PUBLIC_ADDRESS}"\n'
-        f'root-certificates = "{DEPLOY / "certs" / "ca.crt"}"\n')
+        f'root-certificates = "{CERTS / "ca.crt"}"\n')
     tried = loopback.attack_with_ca_only(outsider_home, {**runner.env, "FLWR_HOME": str(outsider_home)})
     proxy_log = runner.compose(f"{TLS_FILES} logs fleet-proxy").stdout
     for attempt, path in (("register", "register-node"), ("ls", "list-runs"), ("run", "start-run")):
@@ -283,7 +280,7 @@ def run_check(workdir: Path) -> str:
     started = time.perf_counter()
     engine = dockerd.OwnDockerd(workdir / "dockerd.log")
     print(f"[compose-check] {engine.start()}", flush=True)
-    made_certs = not (DEPLOY / "certs").exists()
+    made_certs = not CERTS.exists()
     env = {**os.environ, "COMPOSE": compose_command(), "FLWR_HOME": str(workdir / "flwr-home"),
            "PATH": f"/usr/bin:{os.environ.get('PATH', '')}", "PYTHONPATH": str(PROJECT),
            "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_TELEMETRY_ENABLED": "0"}
@@ -305,7 +302,7 @@ def run_check(workdir: Path) -> str:
             summary["tls"] = results_in_volume(runner, TLS_FILES, "compose-tls")
             summary["intruder"] = intruder_refused(runner, workdir)
             summary["outsider"] = outsider_refused(runner)
-            superlink_unreachable_from_host(runner, TLS_FILES, str(DEPLOY / "certs" / "ca.crt"))
+            superlink_unreachable_from_host(runner, TLS_FILES, str(CERTS / "ca.crt"))
         finally:
             runner.keep_logs(TLS_FILES, "tls")
             runner.phase("tls-down")
@@ -313,7 +310,7 @@ def run_check(workdir: Path) -> str:
         release_build_cache()
         engine.stop()
         if made_certs:
-            shutil.rmtree(DEPLOY / "certs", ignore_errors=True)
+            shutil.rmtree(CERTS, ignore_errors=True)
     seconds = ", ".join(f"{k} {v:.0f}s" for k, v in runner.seconds.items())
     return (f"compose-check OK: insecure {summary['insecure']}; tls {summary['tls']}; SuperLink's port "
             f"{summary['superlink-port']}; unregistered "

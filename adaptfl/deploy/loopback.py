@@ -39,12 +39,10 @@ from pathlib import Path
 
 from adaptfl import source as where
 from adaptfl.deploy import commands, netns
+from adaptfl.deploy.layout import GENERATE_CERTS, PROJECT  # `flwr run` sends this checkout
 from adaptfl.deploy.processes import PeakMemory, ProcessGroup, free_port, wait_for_line, wait_for_port
 from adaptfl.deploy.run_status import settled
 
-# adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl/source.py: checkout).
-PROJECT = where.source_checkout() or Path(__file__).resolve().parents[2]
 CONNECTION = "loopback"  # the operator's connection in $FLWR_HOME/config.toml: the SuperLink's port
 OUTSIDER = "outsider"  # the same ca.crt, but the public port: the Fleet API proxy's
 LOCAL_USER = "local-user"  # the SuperLink's address, dialled by a process outside its namespace
@@ -125,7 +123,7 @@ def flwr_cli(args: list[str], env: dict[str, str], timeout: float,
 
 
 def generate_certs(cert_dir: Path, num_nodes: int) -> None:
-    subprocess.run(["bash", str(PROJECT / "deploy" / "generate-certs.sh"), str(cert_dir),
+    subprocess.run(["bash", str(GENERATE_CERTS), str(cert_dir),
                     str(num_nodes)], check=True, capture_output=True, timeout=180)
 
 

@@ -53,8 +53,22 @@ def test_the_results_check_reads_a_real_runs_results_dir(tiny_data, tmp_path) ->
                                                                              "compose-insecure")],
                           capture_output=True, text=True, check=True)
     found = json.loads(done.stdout)
-    assert found["rows"] == [[r, 2, 2] for r in range(1, compose_check.ROUNDS + 1)]
+    # native: FedACT's CPU loops, built here with this machine's compiler as the image's zig cc does
+    assert found["rows"] == [[r, 2, 2, "native"] for r in range(1, compose_check.ROUNDS + 1)]
     assert found["model"] > 0
+    assert compose_check.judge_results("compose-insecure", found).endswith("step-path native")
+
+
+def test_the_check_fails_a_run_whose_clientapps_took_the_eager_path() -> None:
+    """Flower's images have no C compiler: without deploy/Dockerfile's CC the ClientApps fall back
+    to the eager passes, and the check must say so rather than pass."""
+    rows = [[r, 2, 2, "native"] for r in range(1, compose_check.ROUNDS + 1)]
+    assert "step-path native" in compose_check.judge_results("run", {"rows": rows, "model": 1})
+    for path in ("eager", "eager+native", ""):
+        with pytest.raises(compose_check.CheckFailed, match="step path"):
+            compose_check.judge_results("run", {"rows": [*rows[:-1], [*rows[-1][:3], path]], "model": 1})
+    with pytest.raises(compose_check.CheckFailed, match="rounds"):
+        compose_check.judge_results("run", {"rows": rows[:-1], "model": 1})
 
 
 def test_it_refuses_to_start_with_less_free_disk_than_its_measured_peak(monkeypatch, tmp_path) -> None:
