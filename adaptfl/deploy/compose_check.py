@@ -270,16 +270,45 @@ def free_gb(path: Path) -> float:
     return shutil.disk_usage(path).free / 2**30
 
 
-def run_check(workdir: Path) -> str:
-    where.checkout("python -m adaptfl.deploy.compose_check")
+class Unavailable(Exception):
+    """This machine cannot run the check (no root, no dockerd, too little disk, no daemon or no
+    networks): a reason to skip it, not a failure of the demo."""
+
+
+def machine_problem() -> str | None:
+    """Why the check cannot run here, before anything is started or built; None where it can."""
+    problem = dockerd.why_not_here()
+    if problem:
+        return problem
     docker_root = Path("/var/lib/docker")
     for place in (DEPLOY, docker_root if docker_root.exists() else Path("/var/lib")):
         if free_gb(place) < MIN_FREE_GB:
-            raise SystemExit(f"compose-check: only {free_gb(place):.1f} GB free on {place}; it needs "
-                             f"{MIN_FREE_GB} GB (a 6.6 GB image, 3 GB of wheels, build cache)")
-    started = time.perf_counter()
+            return (f"only {free_gb(place):.1f} GB free on {place}; it needs {MIN_FREE_GB} GB "
+                    "(a 7 GB image, 3 GB of wheels, build cache)")
+    return None
+
+
+def start_engine(workdir: Path) -> dockerd.OwnDockerd:
+    """A Docker engine that answers and can make networks, else Unavailable (ours stopped)."""
     engine = dockerd.OwnDockerd(workdir / "dockerd.log")
-    print(f"[compose-check] {engine.start()}", flush=True)
+    try:
+        print(f"[compose-check] {engine.start()}", flush=True)
+        problem = dockerd.network_problem()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # TimeoutError is an OSError
+        problem = f"cannot start a Docker daemon: {str(exc).strip().splitlines()[0][:300]}"
+    if problem:
+        engine.stop()
+        raise Unavailable(problem)
+    return engine
+
+
+def run_check(workdir: Path) -> str:
+    where.checkout("python -m adaptfl.deploy.compose_check")
+    problem = machine_problem()
+    if problem:
+        raise Unavailable(problem)
+    started = time.perf_counter()
+    engine = start_engine(workdir)
     made_certs = not CERTS.exists()
     env = {**os.environ, "COMPOSE": compose_command(), "FLWR_HOME": str(workdir / "flwr-home"),
            "PATH": f"/usr/bin:{os.environ.get('PATH', '')}", "PYTHONPATH": str(PROJECT),
@@ -322,6 +351,8 @@ def run_check(workdir: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--print-readme", action="store_true", help="print the block of docs/deployment.md")
+    parser.add_argument("--if-possible", action="store_true",
+                        help="where the machine cannot run it, say why in one line and exit 0 (CI)")
     args = parser.parse_args()
     if args.print_readme:
         print(readme_block())
@@ -331,6 +362,13 @@ def main() -> None:
     try:
         print(run_check(workdir))
         subprocess.run(["rm", "-rf", str(workdir)], check=False)  # logs are kept on failure only
+    except Unavailable as why:
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+        if args.if_possible:
+            print(f"compose-check skipped: {why}")
+            return
+        print(f"compose-check cannot run here: {why}", file=sys.stderr)
+        sys.exit(2)
     except CheckFailed as failed:
         print(f"compose-check FAILED: {failed} (logs in {workdir})", file=sys.stderr)
         sys.exit(1)
