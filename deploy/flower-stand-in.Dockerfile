@@ -1,5 +1,5 @@
 # Stand-ins for Flower's official images, built only where Docker Hub cannot be reached
-# (deploy/compose_check.py says when it does so). They mirror Flower's own Dockerfiles
+# (adaptfl/deploy/compose_check.py says when it does so). They mirror Flower's own Dockerfiles
 # (framework/docker/base/ubuntu, superlink, supernode, superexec): a virtual environment at
 # /python/venv holding flwr, the non-root user `app` (uid 49999) with HOME=/app, and the
 # entrypoints flower-superlink / flower-supernode / flower-superexec. What differs: the base is

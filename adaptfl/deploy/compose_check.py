@@ -39,7 +39,8 @@ RUN_CONFIG = f"num-server-rounds={ROUNDS} min-replies=2 model='mlp' local-steps=
 # The operators' `flwr` runs in the `operator` container on the `server` network (its
 # connections: deploy/operator.toml); the SuperLink's port is published nowhere on this host.
 OPERATOR = "$COMPOSE {} --profile operator run --rm -T operator"
-WAIT_FOR = "timeout 120 bash -c 'until {} ls {} >/dev/null 2>&1; do sleep 2; done'   # SuperLink up"
+# 300 s: a SuperLink takes seconds idle, but CI runs this on 2 cores after the suite, maybe loaded
+WAIT_FOR = "timeout 300 bash -c 'until {} ls {} >/dev/null 2>&1; do sleep 2; done'   # SuperLink up"
 SUPERLINK_PORT = 8000  # the SuperLink's own port: Control, Fleet and Runtime APIs
 PUBLIC_ADDRESS = "127.0.0.1:9092"  # the Fleet API proxy, published on every interface
 INSECURE_FILES = "-f compose.yml"

@@ -3,7 +3,7 @@ and the Fleet API proxy as the only way in for SuperNodes.
 
     python -m adaptfl.deploy.loopback --num-nodes 2 --run-config "num-server-rounds=2 model='mlp'"
 
-Runs the very commands of the compose demo (deploy/commands.py) on 127.0.0.1 with free ports:
+Runs the very commands of the compose demo (adaptfl/deploy/commands.py) on 127.0.0.1 with free ports:
 certificates, node keys and SuperExec secrets from deploy/generate-certs.sh (one folder per
 process), one SuperLink (+ SuperExec for the ServerApp) whose port is the operators' (Control
 API), the Fleet API proxy whose port is the SuperNodes', N SuperNodes (+ one SuperExec each),
@@ -11,7 +11,7 @@ their keys registered with `flwr supernode register`, then `flwr run` against it
 is stopped by its PID at the end, also when something fails.
 
 The SuperLink, its SuperExec, the proxy and the operator's `flwr` run in a network namespace of
-their own where the OS allows one (deploy/netns.py): no other local user's process reaches the
+their own where the OS allows one (adaptfl/deploy/netns.py): no other local user's process reaches the
 SuperLink's port; the proxy's port, bound on the host's 127.0.0.1, is the only way in. Elsewhere
 the kit says so in one warning line and runs on the host's 127.0.0.1.
 
