@@ -21,6 +21,7 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.deploy import netns
 from adaptfl.deploy.loopback import LoopbackResult, generate_certs, run_loopback
 from adaptfl.engine.inprocess import run_inprocess
+from adaptfl.local_update import native
 from tests.conftest import needs_fashion_mnist
 from tests.deploy.test_deploy_paths import documented_certs
 
@@ -62,6 +63,9 @@ def test_two_rounds_of_fedact_over_tls_with_node_auth(deployment, tmp_path) -> N
     rows = _rows(deployment)
     assert [(r["round"], r["replies-sampled"], r["replies-accepted"]) for r in rows] == [(1, 2, 2),
                                                                                         (2, 2, 2)]
+    # the ClientApps' step path is a simulation's here: FedACT's native loops wherever a C
+    # compiler builds them (the compose image brings zig's: deploy/Dockerfile)
+    assert {r["step-path"] for r in rows} == {"native" if native._compiler() else "eager"}
     # The deployed run computes exactly what the in-process engine computes.
     cfg = RunConfig.from_flower({**SETTINGS,
                                  "results-dir": str(tmp_path), "run-name": "inproc"})
