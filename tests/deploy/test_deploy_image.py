@@ -165,3 +165,16 @@ def test_the_wheelhouse_holds_the_deployment_requirements_without_ray() -> None:
     declared = {re.split(r"[<>=\[; ]", r)[0] for r in PYPROJECT["project"]["dependencies"]}
     assert declared <= names and "setuptools" in names
     assert "flwr==1.42.0" in reqs and not any("simulation" in r for r in reqs)
+
+
+def test_the_image_brings_a_c_compiler_for_the_native_loops_from_the_wheelhouse() -> None:
+    """Flower's images have no C compiler: the project image installs zig's from the wheelhouse
+    (no apt, nothing dialled) and names it in $CC, which local_update/native.py reads first."""
+    assert wheelhouse.IMAGE_COMPILER.startswith("ziglang")
+    assert wheelhouse.IMAGE_COMPILER in wheelhouse.deployment_requirements()
+    text = (DEPLOY / "Dockerfile").read_text()
+    cc = re.search(r"^ENV CC=(\S+)$", text, re.M)
+    assert cc, "the image sets no CC"
+    wrapper = rf"-m ziglang cc \"\$@\"\\n' \"\$\(command -v python\)\" > {re.escape(cc.group(1))}"
+    assert re.search(wrapper, text), "CC is not the wrapper of zig's cc the image writes"
+    assert text.index("ENV CC=") < text.index("USER app")  # the ClientApps (user app) see it
