@@ -30,8 +30,8 @@ from adaptfl import source as where
 from adaptfl.deploy import dockerd, loopback, stand_in
 from adaptfl.deploy.layout import CERTS, DEPLOY, PROJECT
 
-# Measured on a fresh machine: +12.4 GB at peak (3 GB of wheels, BuildKit's copy of them, the
-# 6.6 GB image, the stand-ins); 12 GB, the first estimate, would not have been enough.
+# Measured on a fresh machine: +13.5 GB at peak (3.2 GB of wheels, BuildKit's copy of them, the
+# 7.2 GB image, the stand-ins; docs/deployment.md); 12 GB, the first estimate, was too little.
 MIN_FREE_GB = 16
 ROUNDS = 2
 # min-replies=2: round 1 waits until both SuperNodes have joined
