@@ -3,7 +3,7 @@ on the very same deployment (TLS, SuperNode authentication, the Fleet API proxy)
 
     python benchmarks/bench_supernodes.py [--nodes 16] [--rounds 3] [--steps 10] [--model cnn]
 
-One deployment (deploy/loopback.py), two `flwr run`s on it: adaptfl (FedACT) and
+One deployment (adaptfl/deploy/loopback.py), two `flwr run`s on it: adaptfl (FedACT) and
 benchmarks/flower_fedavg (FedAvg + `strategy.start`, the same model, data, partitions and central
 evaluation). Per round: its time (each app's own `seconds`: from the start of a round, resp. the
 end of the previous evaluation, to the end of its evaluation); per SuperNode: the peak RSS of

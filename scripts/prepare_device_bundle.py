@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import shutil
 import struct
 import subprocess
@@ -38,6 +39,9 @@ h11 multiprocess pydantic pydantic_core pycparser shellingham sqlalchemy typing_
 typing_inspection wcwidth mako uvicorn annotated_types markdown_it_py mdurl
 pytest pluggy iniconfig pygments""".split()  # pytest: not known to be there; the check's tests need it
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+GENERATE_CERTS = ROOT / "deploy" / "generate-certs.sh"
+# What it makes, where scripts/device_check.sh looks for them (tests/deploy/test_deploy_paths.py)
+WHEELS, DATA, CERTS = ROOT / ".whl", ROOT / ".device-data" / "fashion-mnist", ROOT / ".device-certs"
 
 
 def wheels(target: Path) -> None:
@@ -89,8 +93,8 @@ def data(target: Path, train_images: int) -> None:
 
 
 def certs(target: Path) -> None:
-    script = ROOT / "adaptfl" / "deploy" / "generate-certs.sh"
-    subprocess.run(["bash", str(script), str(target), "2"], check=True, capture_output=True, timeout=180)
+    subprocess.run(["bash", str(GENERATE_CERTS), str(target), "2"], check=True, capture_output=True,
+                   timeout=180)
     print(f"{target}: certificates and keys for a SuperLink, the Fleet proxy and 2 SuperNodes")
 
 
@@ -100,11 +104,11 @@ def main() -> None:
     parser.add_argument("--skip-wheels", action="store_true", help="no download (offline)")
     args = parser.parse_args()
     if not args.skip_wheels:
-        wheels(ROOT / ".whl")
-    data(ROOT / ".device-data" / "fashion-mnist", args.train_images)
-    certs(ROOT / ".device-certs")
-    print('carry: [".whl", ".device-data", ".device-certs"]; command: '
-          "bash scripts/device_check.sh --out $OUT")
+        wheels(WHEELS)
+    data(DATA, args.train_images)
+    certs(CERTS)
+    carry = [str(p.relative_to(ROOT).parts[0]) for p in (WHEELS, DATA, CERTS)]
+    print(f"carry: {json.dumps(carry)}; command: bash scripts/device_check.sh --out $OUT")
 
 
 if __name__ == "__main__":

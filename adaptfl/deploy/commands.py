@@ -1,6 +1,6 @@
 """The command line of every process in an adaptfl deployment, in one place.
 
-deploy/loopback.py runs these on 127.0.0.1; deploy/compose.yml (+ with-tls.yml) writes the
+adaptfl/deploy/loopback.py runs these on 127.0.0.1; deploy/compose.yml (+ with-tls.yml) writes the
 same flags as container commands, and tests/deploy/test_deploy_compose.py checks that they agree.
 Each function returns argv without the program name's path: `[program, *flags]`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SUPERLINK_PORT = 8000  # Control, Fleet and Runtime APIs share it: loopback/operators only
-FLEET_PROXY_PORT = 9092  # the only port to open: Fleet API paths only (deploy/fleet_proxy.py)
+FLEET_PROXY_PORT = 9092  # the only port to open: Fleet API paths only (adaptfl/deploy/fleet_proxy.py)
 SUPERNODE_RUNTIME_PORT = 9094  # each SuperNode's API for its own SuperExec, on loopback
 
 
@@ -47,7 +47,7 @@ def superlink(host: str, port: int, database: str, tls: Tls | None, secret_file:
 
 def fleet_proxy(listen: str, superlink_address: str, tls: Tls | None,
                 superlink_name: str = "") -> list[str]:
-    """The public face of the SuperLink: only Fleet API paths pass (deploy/fleet_proxy.py).
+    """The public face of the SuperLink: only Fleet API paths pass (adaptfl/deploy/fleet_proxy.py).
 
     With TLS, `tls` holds the proxy's own certificate and key and the CA that signed the
     SuperLink's; `superlink_name` is the name in the SuperLink's certificate.

@@ -1,4 +1,5 @@
-"""A Docker engine for the compose check: the one already running, or our own, stopped by PID."""
+"""A Docker engine for the compose check: the one already running, or our own, stopped by PID;
+and what keeps this machine from running one (said in one line, not a failure of the demo)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,31 @@ from pathlib import Path
 # Debian's docker.io client matches its daemon (20.10, API 1.41); a newer client elsewhere on
 # PATH may lack the BuildKit support that `docker build` needs without the buildx plugin.
 DOCKER = shutil.which("docker", path="/usr/bin") or "docker"
+DOCKERD = shutil.which("dockerd") or "/usr/sbin/dockerd"
+
+
+def why_not_here() -> str | None:
+    """Why no Docker engine can run here, before starting one: None where it may."""
+    if os.geteuid() != 0:
+        return "not root (dockerd and apt-get need root)"
+    if not Path(DOCKERD).is_file():
+        return "no dockerd binary (Debian's docker.io)"
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "--net", "true"], capture_output=True, timeout=30,
+                                  check=False).returncode != 0:
+        return "no network namespaces here (unshare --net fails): containers cannot have networks"
+    return None
+
+
+def network_problem() -> str | None:
+    """Why the engine cannot give containers a bridge network (iptables, bridge module), or None."""
+    name = f"adaptfl-probe-{os.getpid()}"
+    made = subprocess.run([DOCKER, "network", "create", name], capture_output=True, text=True,
+                          timeout=60, check=False)
+    if made.returncode != 0:
+        return f"the Docker engine cannot create a network: {made.stderr.strip()[-300:]}"
+    subprocess.run([DOCKER, "network", "rm", name], capture_output=True, timeout=60, check=False)
+    return None
 
 
 def engine_answers() -> bool:
@@ -29,9 +55,8 @@ class OwnDockerd:
     def start(self, limit: float = 60) -> str:
         if engine_answers():
             return "using the Docker engine already running"
-        dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
         with self.log_file.open("wb") as log:
-            self.proc = subprocess.Popen([dockerd, "--storage-driver", "overlay2"], stdout=log,
+            self.proc = subprocess.Popen([DOCKERD, "--storage-driver", "overlay2"], stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:

@@ -183,7 +183,7 @@ def split_address(address: str) -> tuple[str, int]:
 
 async def serve(listen: str, upstream: Upstream, context: ssl.SSLContext | None) -> None:
     """`listen` is HOST:PORT, or fd:N: a listening socket bound by whoever started the proxy, in
-    its own network namespace (deploy/netns.py: the proxy dials the SuperLink in another one)."""
+    its own network namespace (adaptfl/deploy/netns.py: the proxy dials the SuperLink in another one)."""
     if listen.startswith("fd:"):
         sock = socket.socket(fileno=int(listen[3:]))
         server = await asyncio.start_server(lambda r, w: handle(r, w, upstream), sock=sock,

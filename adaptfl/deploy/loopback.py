@@ -3,7 +3,7 @@ and the Fleet API proxy as the only way in for SuperNodes.
 
     python -m adaptfl.deploy.loopback --num-nodes 2 --run-config "num-server-rounds=2 model='mlp'"
 
-Runs the very commands of the compose demo (deploy/commands.py) on 127.0.0.1 with free ports:
+Runs the very commands of the compose demo (adaptfl/deploy/commands.py) on 127.0.0.1 with free ports:
 certificates, node keys and SuperExec secrets from deploy/generate-certs.sh (one folder per
 process), one SuperLink (+ SuperExec for the ServerApp) whose port is the operators' (Control
 API), the Fleet API proxy whose port is the SuperNodes', N SuperNodes (+ one SuperExec each),
@@ -11,7 +11,7 @@ their keys registered with `flwr supernode register`, then `flwr run` against it
 is stopped by its PID at the end, also when something fails.
 
 The SuperLink, its SuperExec, the proxy and the operator's `flwr` run in a network namespace of
-their own where the OS allows one (deploy/netns.py): no other local user's process reaches the
+their own where the OS allows one (adaptfl/deploy/netns.py): no other local user's process reaches the
 SuperLink's port; the proxy's port, bound on the host's 127.0.0.1, is the only way in. Elsewhere
 the kit says so in one warning line and runs on the host's 127.0.0.1.
 
@@ -39,12 +39,10 @@ from pathlib import Path
 
 from adaptfl import source as where
 from adaptfl.deploy import commands, netns
+from adaptfl.deploy.layout import GENERATE_CERTS, PROJECT  # `flwr run` sends this checkout
 from adaptfl.deploy.processes import PeakMemory, ProcessGroup, free_port, wait_for_line, wait_for_port
 from adaptfl.deploy.run_status import settled
 
-# adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl/source.py: checkout).
-PROJECT = where.source_checkout() or Path(__file__).resolve().parents[2]
 CONNECTION = "loopback"  # the operator's connection in $FLWR_HOME/config.toml: the SuperLink's port
 OUTSIDER = "outsider"  # the same ca.crt, but the public port: the Fleet API proxy's
 LOCAL_USER = "local-user"  # the SuperLink's address, dialled by a process outside its namespace
@@ -125,7 +123,7 @@ def flwr_cli(args: list[str], env: dict[str, str], timeout: float,
 
 
 def generate_certs(cert_dir: Path, num_nodes: int) -> None:
-    subprocess.run(["bash", str(PROJECT / "adaptfl" / "deploy" / "generate-certs.sh"), str(cert_dir),
+    subprocess.run(["bash", str(GENERATE_CERTS), str(cert_dir),
                     str(num_nodes)], check=True, capture_output=True, timeout=180)
 
 

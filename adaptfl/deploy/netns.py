@@ -111,5 +111,5 @@ def hold() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--hold"]:
-        sys.exit("usage: python -m adaptfl.deploy.netns --hold (started by deploy/loopback.py)")
+        sys.exit("usage: python -m adaptfl.deploy.netns --hold (started by adaptfl/deploy/loopback.py)")
     hold()

@@ -33,7 +33,7 @@ def listens(port: int) -> bool:
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], log_file: Path, limit: float = 60,
                   reaches: Callable[[int], bool] = listens) -> None:
     """Until something listens on 127.0.0.1:port (as `reaches` sees it: in a network namespace,
-    deploy/netns.py); raises if the process died first."""
+    adaptfl/deploy/netns.py); raises if the process died first."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -71,7 +71,7 @@ class ProcessGroup:
     def start(self, name: str, argv: list[str], cwd: Path,
               enter: Callable[[list[str]], list[str]] | None = None,
               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
-        """`enter` wraps argv to run it elsewhere (deploy/netns.py); `pass_fds` stay open in it."""
+        """`enter` wraps argv to run it elsewhere (adaptfl/deploy/netns.py); `pass_fds` stay open in it."""
         if name in self.procs:
             raise ValueError(f"process name {name!r} already used")
         with self.log_of(name).open("wb") as log:

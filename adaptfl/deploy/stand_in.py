@@ -17,10 +17,8 @@ from pathlib import Path
 
 from adaptfl import source as where
 from adaptfl.deploy.dockerd import DOCKER
+from adaptfl.deploy.layout import PROJECT, STAND_IN_DOCKERFILE, WHEELHOUSE
 
-# adaptfl's source checkout: the kit builds images from its tree and `flwr run`s its pyproject.toml.
-# An installed wheel has neither; its entry points then stop in one line (adaptfl/source.py: checkout).
-PROJECT = where.source_checkout() or Path(__file__).resolve().parents[2]
 # Flower's tag for its Python 3.11 build; the bare `1.42.0` is its newest Python (3.13), outside
 # adaptfl's requires-python. deploy/Dockerfile and the compose files name the same tag.
 FLOWER_TAG = "1.42.0-py3.11-ubuntu24.04"
@@ -48,7 +46,7 @@ def ensure_flower_images(workdir: Path, after_step: Callable[[], None] = lambda:
         return "Flower images present"
     if all(_docker("pull", image, timeout=600).returncode == 0 for image in missing):
         return "Flower images pulled"
-    wheelhouse = PROJECT / "adaptfl" / "deploy" / "wheelhouse" / "requirements.txt"
+    wheelhouse = WHEELHOUSE / "requirements.txt"
     if not wheelhouse.exists():
         raise FileNotFoundError(f"{wheelhouse} is missing: run python -m adaptfl.deploy.wheelhouse "
                                 "deploy/wheelhouse first")
@@ -58,7 +56,7 @@ def ensure_flower_images(workdir: Path, after_step: Callable[[], None] = lambda:
         after_step()
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     for target, image in FLOWER_IMAGES.items():
-        done = _docker("build", "-f", str(PROJECT / "adaptfl" / "deploy" / "flower-stand-in.Dockerfile"),
+        done = _docker("build", "-f", str(STAND_IN_DOCKERFILE),
                        "--target", target, "-t", image, str(PROJECT), env=env)
         if done.returncode != 0:
             raise RuntimeError(f"building the stand-in {image} failed: {done.stderr[-3000:]}")

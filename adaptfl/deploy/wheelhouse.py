@@ -26,16 +26,21 @@ from adaptfl import source as where
 # An installed wheel has neither; its entry points then stop in one line (adaptfl/source.py: checkout).
 PROJECT = where.source_checkout() or Path(__file__).resolve().parents[2]
 TORCH_PACKAGES = ("torch", "torchvision")
+# The image's C compiler, for FedACT's native CPU loops (adaptfl/local_update/native.py compiles
+# them on first use for the node's own CPU): Flower's images have none and apt would dial out,
+# while zig's clang comes as a wheel like any other (docs/deployment.md: the step path).
+IMAGE_COMPILER = "ziglang>=0.13"
 
 
 def deployment_requirements(pyproject: Path = PROJECT / "pyproject.toml") -> list[str]:
-    """pyproject's dependencies and build backend, without the simulation extra of flwr.
+    """pyproject's dependencies and build backend, without the simulation extra of flwr, and the
+    image's C compiler.
 
     A deployment runs no simulation, and the extra pulls Ray (hundreds of MB) into the image.
     """
     data = tomllib.loads(pyproject.read_text())
     deps = [d.replace("flwr[simulation]", "flwr") for d in data["project"]["dependencies"]]
-    return [*deps, *data["build-system"]["requires"]]
+    return [*deps, *data["build-system"]["requires"], IMAGE_COMPILER]
 
 
 def _is_torch(requirement: str) -> bool:

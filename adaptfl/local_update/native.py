@@ -289,11 +289,21 @@ def _build(flags: tuple[tuple[str, ...], ...] | None = None) -> Path | None:
             src.write_bytes(source)
             cmd = [cc, "-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
                    "-shared", *extra, str(src), "-o", str(out), "-lm"]
-            if subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0:
+            if subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0 and _loads(out):
                 os.replace(out, target)  # atomic: concurrent processes see a whole file or none
                 return target
     _log.warning("%s could not compile native_source.SOURCE: FedACT's trust step runs its eager passes", cc)
     return None
+
+
+def _loads(path: Path) -> bool:
+    """Whether the built library loads: a compiler may accept -fopenmp yet link no OpenMP
+    runtime (zig cc, the compose image's compiler: deploy/Dockerfile), leaving its symbols unresolved."""
+    try:
+        ctypes.CDLL(str(path))
+    except OSError:
+        return False
+    return True
 
 
 def _split(g: torch.Tensor) -> Segments:

@@ -103,7 +103,7 @@ def test_images_are_flower_1_42_or_built_from_it() -> None:
             if "image" in service:
                 assert service["image"] in {**FLOWER_IMAGES, **OWN_IMAGES}, (name, service_name)
             if "build" in service:
-                assert service["build"]["dockerfile"] == "adaptfl/deploy/Dockerfile", (name, service_name)
+                assert service["build"]["dockerfile"] == "deploy/Dockerfile", (name, service_name)
     froms = re.findall(r"^FROM\s+(\S+)", (DEPLOY / "Dockerfile").read_text(), re.M)
     assert froms == ["flwr/superexec:${FLWR_TAG}"]
     # Runtime installation stays off: the image has the dependencies, the SuperLink says so.
@@ -213,7 +213,7 @@ def test_the_cuda_variant_reserves_gpus_and_builds_from_its_own_wheelhouse() -> 
     cuda = load("with-cuda.yml")["services"]
     for i in range(1, NUM_NODES + 1):
         service = cuda[f"superexec-clientapp-{i}"]
-        assert service["build"]["args"]["WHEELHOUSE"] == "adaptfl/deploy/wheelhouse-cuda"
+        assert service["build"]["args"]["WHEELHOUSE"] == "deploy/wheelhouse-cuda"
         assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
 
 

@@ -20,7 +20,7 @@ from adaptfl.server_app import outputs
 from tests.support.wheels import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "adaptfl" / "deploy"
+DEPLOY = ROOT / "deploy"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Every package of the one tree, as its folder: what `packages.find` in pyproject.toml installs.
 PACKAGE_FOLDERS = sorted(str(i.parent.relative_to(ROOT)) for i in (ROOT / "adaptfl").rglob("__init__.py")
@@ -71,11 +71,15 @@ def context_files() -> list[str]:
 
 def test_the_ignore_rules_behave_as_docker_documents() -> None:
     """The evaluator above, on rules whose outcome Docker's documentation spells out."""
-    assert in_context("adaptfl/algorithms/config.py") and in_context("adaptfl/deploy/compose.yml")
-    assert in_context("adaptfl/deploy/wheelhouse/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
-    for private in ("adaptfl/deploy/certs/ca/ca.key", "adaptfl/deploy/certs/supernode-1/supernode.key",
+    assert in_context("adaptfl/algorithms/config.py") and in_context("adaptfl/deploy/fleet_proxy.py")
+    for folder in ("deploy/wheelhouse", "deploy/wheelhouse-cuda"):  # the Dockerfiles' WHEELHOUSE
+        assert in_context(f"{folder}/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
+        assert in_context(f"{folder}/requirements.txt")
+    for private in ("deploy/certs/ca/ca.key", "deploy/certs/supernode-1/supernode.key",
+                    "deploy/certs/superlink/superexec.secret", "deploy/secrets/x",
                     "results/run/model.pt", ".git/config", "tests/deploy/test_deploy_image.py",
-                    "adaptfl/strategies/__pycache__/base.cpython-311.pyc", "adaptfl/deploy/secrets/x"):
+                    "adaptfl/strategies/__pycache__/base.cpython-311.pyc",
+                    "deploy/wheelhouse/__pycache__/x.cpython-311.pyc"):
         assert not in_context(private), private
 
 
@@ -161,3 +165,16 @@ def test_the_wheelhouse_holds_the_deployment_requirements_without_ray() -> None:
     declared = {re.split(r"[<>=\[; ]", r)[0] for r in PYPROJECT["project"]["dependencies"]}
     assert declared <= names and "setuptools" in names
     assert "flwr==1.42.0" in reqs and not any("simulation" in r for r in reqs)
+
+
+def test_the_image_brings_a_c_compiler_for_the_native_loops_from_the_wheelhouse() -> None:
+    """Flower's images have no C compiler: the project image installs zig's from the wheelhouse
+    (no apt, nothing dialled) and names it in $CC, which local_update/native.py reads first."""
+    assert wheelhouse.IMAGE_COMPILER.startswith("ziglang")
+    assert wheelhouse.IMAGE_COMPILER in wheelhouse.deployment_requirements()
+    text = (DEPLOY / "Dockerfile").read_text()
+    cc = re.search(r"^ENV CC=(\S+)$", text, re.M)
+    assert cc, "the image sets no CC"
+    wrapper = rf"-m ziglang cc \"\$@\"\\n' \"\$\(command -v python\)\" > {re.escape(cc.group(1))}"
+    assert re.search(wrapper, text), "CC is not the wrapper of zig's cc the image writes"
+    assert text.index("ENV CC=") < text.index("USER app")  # the ClientApps (user app) see it

@@ -21,7 +21,9 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.deploy import netns
 from adaptfl.deploy.loopback import LoopbackResult, generate_certs, run_loopback
 from adaptfl.engine.inprocess import run_inprocess
+from adaptfl.local_update import native
 from tests.conftest import needs_fashion_mnist
+from tests.deploy.test_deploy_paths import documented_certs
 
 BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 MISSING = [b for b in BINARIES if shutil.which(b) is None]
@@ -61,6 +63,9 @@ def test_two_rounds_of_fedact_over_tls_with_node_auth(deployment, tmp_path) -> N
     rows = _rows(deployment)
     assert [(r["round"], r["replies-sampled"], r["replies-accepted"]) for r in rows] == [(1, 2, 2),
                                                                                         (2, 2, 2)]
+    # the ClientApps' step path is a simulation's here: FedACT's native loops wherever a C
+    # compiler builds them (the compose image brings zig's: deploy/Dockerfile)
+    assert {r["step-path"] for r in rows} == {"native" if native._compiler() else "eager"}
     # The deployed run computes exactly what the in-process engine computes.
     cfg = RunConfig.from_flower({**SETTINGS,
                                  "results-dir": str(tmp_path), "run-name": "inproc"})
@@ -126,6 +131,11 @@ def test_private_keys_and_secrets_are_0600_in_0700_folders(tmp_path) -> None:
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700, path.parent
     for public in [tmp_path / "ca.crt", *tmp_path.glob("*/*.pem"), *tmp_path.glob("*/*.pub")]:
         assert stat.S_IMODE(public.stat().st_mode) == 0o644, public
+    # its header lays out what it makes (tests/deploy/test_deploy_paths.py reads the layout from
+    # there); ca/ca.srl is openssl's serial counter
+    made = {str(p) for p in tmp_path.rglob("*")}
+    assert made - documented_certs(str(tmp_path), 2) == {str(tmp_path / "ca" / "ca.srl")}
+    assert documented_certs(str(tmp_path), 2) <= made
     # The CA key exists once, in the folder no process mounts.
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("ca.key")] == [Path("ca") / "ca.key"]
 

@@ -1,4 +1,4 @@
-"""deploy/netns.py: the loopback kit's SuperLink side in a network namespace of its own (issue 21
+"""adaptfl/deploy/netns.py: the loopback kit's SuperLink side in a network namespace of its own (issue 21
 §5), checked with a plain listener instead of Flower (the kit itself: test_deploy_loopback.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""deploy/processes.py's /proc readers, shared by the loopback deployment's peak memory and the
+"""adaptfl/deploy/processes.py's /proc readers, shared by the loopback deployment's peak memory and the
 systems figures (harness/systems.py): a process's tree and its resident memory."""
 
 from __future__ import annotations

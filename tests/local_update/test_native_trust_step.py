@@ -13,6 +13,7 @@ import itertools
 import logging
 import math
 import platform
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,36 @@ def test_without_a_compiler_one_warning_line_however_many_steps(fresh_native, mi
     said = [r for r in caplog.records if r.name == native.__name__]
     assert len(said) == 1 and said[0].levelno == logging.WARNING, said
     assert native.steps_run() == before  # no native step counted
+
+
+# A C compiler that takes -fopenmp yet links no OpenMP runtime, as zig cc (the compose image's,
+# deploy/Dockerfile) does: the library builds, and loading it fails on the runtime's symbols
+# (zig: LLVM's __kmpc_*; here one no library defines, as torch's libgomp may be loaded already).
+_NO_OPENMP_RUNTIME = """#!{python}
+import pathlib, shutil, subprocess, sys
+args, cc = sys.argv[1:], shutil.which("cc") or shutil.which("gcc") or "clang"
+if "-fopenmp" in args:
+    out = args[args.index("-o") + 1]
+    runtime_call = pathlib.Path(out + ".omp.c")
+    runtime_call.write_text("void __kmpc_not_linked(void); void adaptfl_omp(void) {{ __kmpc_not_linked(); }}")
+    args = [*args, str(runtime_call)]
+sys.exit(subprocess.call([cc, *args]))
+"""
+
+
+def test_a_build_that_does_not_load_is_not_kept(fresh_native, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The flags are tried in turn until one's library loads: without OpenMP's runtime the loops
+    build again without -fopenmp (single-threaded) and pass the same checks."""
+    if native._compiler() is None:
+        pytest.skip("no C compiler here: the eager passes run (tested above)")
+    compiler = fresh_native / "cc-without-openmp-runtime"
+    compiler.write_text(_NO_OPENMP_RUNTIME.format(python=sys.executable))
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    monkeypatch.setattr(native, "_tried", False)
+    lib = native.library()
+    assert lib is not None and lib.adam is not None, "the loops should build without -fopenmp"
+    assert not hasattr(lib.dll, "adaptfl_omp")  # the build that loads: no -fopenmp
 
 
 def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa: ANN001

@@ -2,12 +2,13 @@
 # A private CA, the TLS certificates of the SuperLink and of the Fleet API proxy, one SSH key pair
 # per SuperNode (node authentication) and the shared secrets of the SuperExec links, laid out
 # as one folder per process, so each container mounts only its own folder. Used by the compose
-# `gen-certs` service and by deploy/loopback.py alike.
+# demo (`./generate-certs.sh certs N` in deploy/) and by adaptfl/deploy/loopback.py alike.
 #
 #   deploy/generate-certs.sh OUT_DIR NUM_SUPERNODES [EXTRA_SAN ...]
 #
 #   OUT_DIR/ca.crt                   public: give it to SuperNodes and operators
-#   OUT_DIR/ca/ca.key                the CA key: mounted nowhere, never copied off this machine
+#   OUT_DIR/ca/                      ca.key ca.crt (the CA: mounted nowhere, its key never copied
+#                                    off this machine)
 #   OUT_DIR/superlink/               ca.crt server.pem server.key superexec.secret
 #   OUT_DIR/fleet-proxy/             ca.crt fleet-proxy.pem fleet-proxy.key
 #   OUT_DIR/superexec-serverapp/     ca.crt superexec.secret (the same secret as the SuperLink's)

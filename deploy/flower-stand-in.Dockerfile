@@ -1,5 +1,5 @@
 # Stand-ins for Flower's official images, built only where Docker Hub cannot be reached
-# (deploy/compose_check.py says when it does so). They mirror Flower's own Dockerfiles
+# (adaptfl/deploy/compose_check.py says when it does so). They mirror Flower's own Dockerfiles
 # (framework/docker/base/ubuntu, superlink, supernode, superexec): a virtual environment at
 # /python/venv holding flwr, the non-root user `app` (uid 49999) with HOME=/app, and the
 # entrypoints flower-superlink / flower-supernode / flower-superexec. What differs: the base is
@@ -8,7 +8,7 @@
 #   docker build -f deploy/flower-stand-in.Dockerfile --target superlink -t flwr/superlink:TAG .
 ARG ROOTFS_IMAGE=adaptfl-stand-in/debian:bookworm-minbase
 FROM ${ROOTFS_IMAGE} AS base
-ARG WHEELHOUSE=adaptfl/deploy/wheelhouse
+ARG WHEELHOUSE=deploy/wheelhouse
 ARG FLWR_VERSION=1.42.0
 RUN python3 -m venv /python/venv \
  && useradd --no-create-home --home-dir /app -c "" --uid 49999 app \
