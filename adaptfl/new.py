@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder
     print(f"wrote {len(written)} files into {folder}/ (algorithm {args.algorithm}); to run it:\n"
           f"  cd {folder} && pip install -e .\n"
-          f"  FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream")
+          f"  FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream\n"
+          f"  python -m adaptfl.flwr_run .   # the same, with an exit status that says how the run ended")
     return 0
 
 

@@ -58,11 +58,11 @@ class Federation(Component):
                                           "median one (docs/robustness.md, 'Contribution bound'); 0: off",
                                           within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
-                                    "skipped or refused rounds", within=(1, None),
-                                    loop_only="check the Result that start() returns")
+                                    "skipped or refused rounds (also under Flower's Strategy.start)",
+                                    within=(1, None))
     skip_window: int = param(0, "abort also when max-skipped-rounds of the last this many rounds "
                              "were skipped or refused, consecutive or not (0: 2 × max-skipped-rounds)",
-                             within=(0, None), loop_only="check the Result that start() returns")
+                             within=(0, None))
     seed: int = param(42, "seed of the model, the partitions, the client sampling and the batches",
                       within=(0, None))
     partition_map: str = param("", "node-id:partition-id pairs, comma-separated (e.g. '11:0,12:1'): "

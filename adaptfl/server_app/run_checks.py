@@ -104,7 +104,7 @@ def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, 
         records_noise_multiplier(cfg.privacy, cfg.algorithm.reply_record_count(),
                                  count_stddev(cfg.privacy, sample_size(fed, num_nodes)))
         if cfg.privacy.dp_num_clients == 0:  # the nodes are the population (privacy/server.py)
-            check_planned_target(cfg.privacy, fed, num_nodes)
+            check_planned_target(cfg.privacy, fed, num_nodes, cfg.algorithm)
     refusals = []
     for node in node_configs:
         try:

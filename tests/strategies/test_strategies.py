@@ -12,6 +12,7 @@ from adaptfl.codec.codec import array_bytes
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.abort import RunAborted
 from adaptfl.strategies import AdaptiveStrategy, FedACT, FedAvg
 from adaptfl.strategies.screen import REFERENCE
 from adaptfl.strategies.state import ServerState
@@ -87,7 +88,6 @@ def test_keyword_constructors_with_the_papers_defaults() -> None:
 
 @pytest.mark.parametrize("key,value,instead", [("round_timeout", 30.0, r"start\(timeout=...\)"),
                                                ("results_dir", "/tmp/x", "Result"),
-                                               ("max_skipped_rounds", 5, "Result"),
                                                ("resume", True, "Result")])
 def test_settings_only_adaptfls_loop_reads_are_refused_by_start(key, value, instead) -> None:
     """Flower's Strategy.start runs its own loop: a setting only adaptfl's ServerApp loop reads
@@ -279,6 +279,30 @@ def test_a_train_config_setting_adaptfl_would_not_read_is_refused(key: str) -> N
                               f"{snake.replace('_', '-')} from the strategy, not from train_config; "
                               f"pass FedACT({snake}=0.05) instead")
     assert not calls
+
+
+class SilentGrid(InProcessGrid):
+    """Nodes that never answer: every round under start() gets no reply at all."""
+
+    def send_and_receive(self, messages, *, timeout=None):  # type: ignore[override]
+        list(messages)
+        return []
+
+
+@pytest.mark.parametrize("limit", [2, 3])
+def test_start_aborts_after_max_skipped_rounds_without_replies(limit: int) -> None:
+    """Under Flower's Strategy.start a round with no replies is a skipped round, and
+    max-skipped-rounds of them abort the run (RunAborted), as adaptfl's own loop does."""
+    strategy = FedACT(fraction_train=1.0, max_skipped_rounds=limit)
+    model = torch.nn.Linear(2, 1)
+    rounds: list[int] = []
+    expected = (f"after round {limit}: {limit} consecutive rounds skipped "
+                rf"\(max-skipped-rounds={limit}\); last round: 0 replies")
+    with pytest.raises(RunAborted, match=expected):
+        strategy.start(grid=SilentGrid(2, {}), initial_arrays=ArrayRecord(model.state_dict()),
+                       num_rounds=6, evaluate_fn=lambda rnd, _: rounds.append(rnd) or None)
+    assert rounds == list(range(limit))  # round 0, then each round before the aborted one
+    assert strategy.skip_guard is None  # start()'s alone: adaptfl's loop keeps its own
 
 
 def test_start_refuses_an_evaluate_config_no_client_reads() -> None:
