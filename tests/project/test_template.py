@@ -77,6 +77,15 @@ def test_every_algorithm_gets_a_config_adaptfl_accepts(tmp_path: Path, algorithm
     assert RunConfig.from_flower(config).algorithm.name == algorithm
 
 
+def test_the_template_and_the_readme_app_have_distinct_names() -> None:
+    """Run one after the other, two apps of one package name would import each other's code
+    (Flower's managed SuperLink keeps the first app's folder on the import path)."""
+    readme = (PROJECT / "README.md").read_text()
+    template_default = default_names(Path("my-app"))[1]
+    assert "python -m adaptfl.new my-app" in readme and f"`{template_default}.py`" not in readme
+    assert "`fedact_app.py`" in readme
+
+
 def test_the_docs_name_the_command() -> None:
     assert "python -m adaptfl.new" in (PROJECT / "README.md").read_text()
     assert "## A new app in one command" in (PROJECT / "docs" / "own-app.md").read_text()
@@ -131,6 +140,9 @@ def test_bad_names_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "unknown algorithm 'fedfoo'" in capsys.readouterr().err
     assert main([str(tmp_path / "b"), "--package", "json"]) == 2
     assert main([str(tmp_path / "c"), "--package", "no-dash"]) == 2
+    capsys.readouterr()
+    assert main([str(tmp_path / "d"), "--package", "pytest"]) == 2  # importable: another app's, say
+    assert "package name 'pytest' is already importable here" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
     assert default_names(Path("2024 Study")) == ("app-2024-study", "app_2024_study")
     for folder in ("2024 Study", "ünïcode", "x" * 40 + " y", "My FL-App"):
