@@ -5,6 +5,8 @@ Flower 1.42's `flwr run --stream` exits 0 however the run ends (a refused config
 every client failed); the run's outcome is the SuperLink's (`flwr ls --run-id N`), as
 scripts/main_job.sh asks it. This does the same for any app: it streams Flower's log, takes the
 run id from it, waits until the SuperLink says the run finished, and exits with adaptfl's codes
+(before Flower starts, the --run-config text is checked as `check_overrides` does: one line
+`config error: …` and exit 2)
 (core/exit_codes.py): 0 completed, 2 refused before round 1, 3 aborted after it started, 1 any
 other failure. The ServerApp's own last line (server_app/app.py, `adaptfl: run completed: …` or
 `adaptfl: run FAILED (…): …`) is repeated at the end, after Flower's shutdown lines.
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
 
@@ -28,6 +31,41 @@ OUTCOME = re.compile(r"adaptfl: run (completed|FAILED \((refused|aborted)?[^)]*\
 RUN_OPTIONS_WITH_VALUE = {"--federation", "--run-config", "-c", "--federation-config", "--format"}
 POLL_SECONDS, WAIT_SECONDS = 2.0, 600.0  # how often, and how long, to ask after the stream ends
 Status = tuple[str, str]  # ("finished:completed", details)
+
+
+def run_configs_of(args: Sequence[str]) -> tuple[Path, list[str]]:
+    """The APP folder of `flwr run [APP] …` (default .) and its --run-config texts."""
+    positional, texts, take = [], [], ""
+    for arg in args:
+        if take:
+            if take in ("--run-config", "-c"):
+                texts.append(arg)
+            take = ""
+        elif arg in RUN_OPTIONS_WITH_VALUE:
+            take = arg
+        elif not arg.startswith("-"):
+            positional.append(arg)
+    return Path(positional[0] if positional else "."), texts
+
+
+def refusal(args: Sequence[str]) -> str | None:
+    """What adaptfl refuses in these arguments before Flower parses them (one line), or None:
+    the --run-config text (an unquoted string named with its fix, an unknown key, a bad value),
+    checked against the app's pyproject as the ServerApp will (server_app/check_overrides.py)."""
+    import click
+
+    from adaptfl.server_app.check_overrides import merged_config
+
+    app, texts = run_configs_of(args)
+    if not (app / "pyproject.toml").is_file():
+        return None  # Flower says so itself
+    try:
+        merged_config(texts, app)
+    except click.ClickException as err:
+        return err.message
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def superlink_of(args: Sequence[str]) -> list[str]:
@@ -103,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     # the app's dependencies are this environment's (adaptfl is on no package index)
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    refused = refusal(args)
+    if refused:
+        print("config error: " + " ".join(refused.split()), file=sys.stderr)
+        return REFUSED_EXIT_CODE
     returned, run_id, outcome = stream(args, env)
     if run_id is None:
         print(f"adaptfl.flwr_run: FAILED: Flower did not start the run (flwr run exited {returned}; "

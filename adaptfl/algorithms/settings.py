@@ -108,7 +108,10 @@ def parse_partition_map(text: str) -> dict[int, int]:
 class LocalTraining(Component):
     """The clients' local steps."""
 
-    local_steps: int = param(50, "K: local steps per round", within=(1, None))
+    local_steps: int = param(50, "K: local steps per round (unless local-epochs)", within=(1, None))
+    local_epochs: float = param(0.0, "E: local epochs per round, as Flower's examples train; > 0: "
+                                "each client runs its own K = ceil(E·rows/batch-size) steps, reports "
+                                "it, and the server divides each reply by its own K", within=(0.0, None))
     batch_size: int = param(50, "examples per local step", within=(1, None))
     lr: float | None = param(None, "local learning rate at round 1; preset: the preconditioner's "
                              "(sgd 0.1, adam/adamw/sophia 1e-3, muon 0.02, soap 3e-3)",

@@ -37,6 +37,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
                            "under `clients`"),
     "peak-memory-mb": ("both", "the largest client peak memory this round (CUDA max allocated, else "
                        "the process's peak RSS); per client under `clients`"),
+    "local-steps": ("both", "local-epochs: the clients' mean K (each ran ceil(E·rows/batch-size) "
+                    "steps; the server divides each reply by its own)"),
     "step-path": ("both", "the local-step paths the accepted replies took: native, eager, cuda, or "
                   "e.g. eager+native where they differ"),
     "replies-sampled": ("both", "nodes sampled this round"),

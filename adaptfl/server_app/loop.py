@@ -47,7 +47,13 @@ from adaptfl.server_app.data_summary import summarize, summary_line, write_summa
 from adaptfl.server_app.evaluate import evaluate_all
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
-from adaptfl.server_app.run_checks import check_frozen, check_model, check_nodes, check_settings
+from adaptfl.server_app.run_checks import (
+    check_frozen,
+    check_model,
+    check_nodes,
+    check_secure_sample,
+    check_settings,
+)
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
@@ -238,6 +244,8 @@ def start_round(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, task: Ta
         summary = summarize(task, cfg, strategy.num_nodes)
         log.info("%s", summary_line(summary))
         write_summary(summary, outputs.dir)
+        if cfg.secagg.on:
+            check_secure_sample(len(messages), strategy.num_nodes)
         if cfg.privacy.on:
             check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
             log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
@@ -94,3 +95,14 @@ def test_the_wrapper_exit_status() -> None:
     asked = iter([None, ("running", ""), ("finished:completed", "")])
     flwr_run.POLL_SECONDS = 0.0
     assert flwr_run.wait_finished(lambda: next(asked)) == ("finished:completed", "")
+
+
+def test_the_wrapper_refuses_the_run_config_before_flower(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m adaptfl.flwr_run . --run-config "algorithm=fedadamw"`: adaptfl's line, exit 2,
+    no Flower process (Flower would say only "invalid format")."""
+    project = Path(__file__).resolve().parents[2]
+    code = flwr_run.main([str(project), "--stream", "--run-config", "algorithm=fedadamw"])
+    assert code == REFUSED_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "config error: --run-config algorithm=fedadamw:" in err and "algorithm='fedadamw'" in err, err
+    assert flwr_run.run_configs_of([".", "-c", "a=1", "--run-config", "b=2"]) == (Path("."), ["a=1", "b=2"])
