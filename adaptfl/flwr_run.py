@@ -24,7 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import click
+
 from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
+from adaptfl.server_app.check_overrides import merged_config
 
 STARTED = re.compile(r"Successfully started run (\d+)")
 OUTCOME = re.compile(r"adaptfl: run (completed|FAILED \((refused|aborted)?[^)]*\)).*")
@@ -52,10 +55,6 @@ def refusal(args: Sequence[str]) -> str | None:
     """What adaptfl refuses in these arguments before Flower parses them (one line), or None:
     the --run-config text (an unquoted string named with its fix, an unknown key, a bad value),
     checked against the app's pyproject as the ServerApp will (server_app/check_overrides.py)."""
-    import click
-
-    from adaptfl.server_app.check_overrides import merged_config
-
     app, texts = run_configs_of(args)
     if not (app / "pyproject.toml").is_file():
         return None  # Flower says so itself

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+from adaptfl.algorithms.settings import Federation
 from adaptfl.core import wire
 from adaptfl.core.secagg_settings import clip_key
 
@@ -36,8 +37,6 @@ def secagg_defaults(values: dict[str, Any]) -> dict[str, Any]:
     for check_secagg to refuse."""
     if values.get("secagg", "none") == "none":
         return values
-    from adaptfl.algorithms.settings import Federation
-
     defaults = {f.name.replace("_", "-"): f.default for f in dataclasses.fields(Federation)}
     private = values.get("dp", "none") != "none"
     switched = {key: off for key, off in GIVE_WAY.items()

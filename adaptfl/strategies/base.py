@@ -40,13 +40,13 @@ from adaptfl.core.params import fields_of
 from adaptfl.core.stage import Aggregation
 from adaptfl.privacy import server as dp
 from adaptfl.privacy.release import detail_level, released
-from adaptfl.server_app.abort import SkipGuard
 from adaptfl.server_rules.aggregate import cap_shares, direction_consistency
 from adaptfl.server_rules.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.ownership import Ownership
 from adaptfl.strategies.screen import REFERENCE, reference_record
+from adaptfl.strategies.skips import SkipGuard
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply
 
