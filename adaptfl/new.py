@@ -13,6 +13,7 @@ simulation is the default connection), so the app's pyproject has none, as examp
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import keyword
 import re
 import sys
@@ -43,6 +44,15 @@ def check_package(package: str) -> str | None:
         return f"package name {package!r} is not a Python identifier"
     if package in ("adaptfl", "flwr", "torch") or package in sys.stdlib_module_names:
         return f"package name {package!r} would shadow an installed package: pass --package NAME"
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:  # Flower's managed SuperLink keeps an app's folder on the import path: a
+        # second app of the same package name would import the first one's code (docs/own-app.md)
+        where = spec.origin or ", ".join(spec.submodule_search_locations or []) or "?"
+        return (f"package name {package!r} is already importable here ({where}): two apps of one "
+                "package name import each other's code; pass --package NAME")
     return None
 
 
@@ -111,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder
     print(f"wrote {len(written)} files into {folder}/ (algorithm {args.algorithm}); to run it:\n"
           f"  cd {folder} && pip install -e .\n"
-          f"  FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream")
+          f"  FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream\n"
+          f"  python -m adaptfl.flwr_run .   # the same, with an exit status that says how the run ended")
     return 0
 
 

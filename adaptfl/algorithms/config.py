@@ -27,7 +27,7 @@ from typing import Any
 from adaptfl.algorithms.algorithm import SLOTS, TERM_SWITCH, Algorithm, Selection, term_choices
 from adaptfl.algorithms.catalog import catalog, get_algorithm
 from adaptfl.algorithms.privacy_checks import check_privacy
-from adaptfl.algorithms.secagg_checks import check_secagg
+from adaptfl.algorithms.secagg_checks import check_secagg, secagg_defaults
 from adaptfl.algorithms.settings import (
     SETTINGS,
     Data,
@@ -55,6 +55,30 @@ def declared_keys() -> dict[str, list[tuple[type[Component], FieldInfo]]]:
     for cls, info in all_fields():
         out.setdefault(info.key, []).append((cls, info))
     return out
+
+
+# Python keywords Flower's own strategies and examples use, and what adaptfl calls them or does
+KEYWORD_ALIASES = {"learning_rate": "lr", "learning-rate": "lr", "epochs": "local_epochs",
+                   "local_epochs_per_round": "local_epochs", "num_rounds": "num_server_rounds"}
+NOT_HERE = {"fraction_evaluate": "adaptfl's strategies evaluate the global model centrally "
+                                 "(Strategy.start's evaluate_fn, or adaptfl's ServerApp on the task's "
+                                 "test split) and send no evaluate messages"}
+
+
+def check_keywords(values: dict[str, Any]) -> None:
+    """Python keywords (snake_case run-config keys) in the caller's words: an unknown one is a
+    keyword, with the closest one adaptfl has (or the name a Flower habit maps to)."""
+    known = sorted(k.replace("-", "_") for k in declared_keys())
+    for keyword in values:
+        if keyword.replace("-", "_") in known:
+            continue
+        if keyword in NOT_HERE:
+            raise ValueError(f"keyword {keyword}=: {NOT_HERE[keyword]}; drop it")
+        close = [KEYWORD_ALIASES[keyword]] if keyword in KEYWORD_ALIASES else \
+            difflib.get_close_matches(keyword, known, n=2)
+        hint = f"did you mean {' or '.join(f'{c}=' for c in close)}?" if close else "no similar keyword"
+        raise ValueError(f"unknown keyword {keyword}= ({hint}); the keywords are adaptfl's run-config "
+                         "keys in snake_case (docs/algorithms.md)")
 
 
 def _unknown_key_error(keys: list[str], known: list[str]) -> ValueError:
@@ -96,7 +120,7 @@ class RunConfig:
         unknown = sorted(set(run_config) - set(declared))
         if unknown:
             raise _unknown_key_error(unknown, sorted(declared))
-        values = dict(run_config)
+        values = secagg_defaults(dict(run_config))
         selection = Selection.build(values)
         algorithm = get_algorithm(selection.algorithm).configured(values)
         settings = {s: s.build(values) for s in SETTINGS}
@@ -114,11 +138,13 @@ class RunConfig:
         check_privacy(config.privacy, algorithm, config.federation)
         check_shared(config.compression, algorithm.shared_records(), algorithm.name)
         check_secagg(config)
+        check_epochs(config)
         return config
 
     @classmethod
     def of(cls, **values: Any) -> RunConfig:
         """Python keywords (snake_case) for the same keys: `RunConfig.of(algorithm="fedact", tau=0.3)`."""
+        check_keywords(values)
         return cls.from_flower({k.replace("_", "-"): v for k, v in values.items()})
 
     def replace(self, **values: Any) -> RunConfig:
@@ -178,7 +204,21 @@ class RunConfig:
                          local_steps=self.local.local_steps, batch_size=self.local.batch_size,
                          step_offset=(server_round - 1) * self.local.local_steps,
                          seed=self.federation.seed, run_key=run_key,
-                         diagnostics_every=self.local.diagnostics_every)
+                         diagnostics_every=self.local.diagnostics_every,
+                         local_epochs=self.local.local_epochs)
+
+
+def check_epochs(cfg: RunConfig) -> None:
+    """local-epochs divides each reply by its own K (Aggregation.delta_per_step): that needs each
+    reply's Δ and the plain weighted mean, which dp (one noised release), SecAgg+ (only the sum)
+    and the robust aggregators (a second, different selection) do not give."""
+    if cfg.local.local_epochs <= 0.0:
+        return
+    blocker = ("dp" if cfg.privacy.on else "secagg" if cfg.secagg.on else
+               "aggregator" if cfg.algorithm.aggregator.name != "mean" else "")
+    if blocker:
+        raise ValueError(f"local-epochs={cfg.local.local_epochs:g} with {blocker} on: each reply's own K "
+                         "needs each reply's Δ and the plain mean; use local-steps (one K for all)")
 
 
 # --- docs derived from the declarations ------------------------------------------------------

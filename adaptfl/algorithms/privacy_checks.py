@@ -11,10 +11,15 @@
                   share is calibrated for
     dp-ledger     set with dp on (a run without dp has no ε to add to it)
     target ε      set with dp on; with dp-num-clients = N the planned rounds are checked here
+    planned ε     without a target, a plan above dp-accept-epsilon (default 10) is refused with
+                  its numbers and the ways out: more clients a round, more noise, fewer rounds
     σ_b           when set, the adaptive clipping's counts must leave the records some of z
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from adaptfl.algorithms.algorithm import Algorithm
 from adaptfl.algorithms.sampling import sample_size
@@ -22,7 +27,7 @@ from adaptfl.algorithms.settings import Federation
 from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.accountant import planned_epsilon
 from adaptfl.privacy.mechanism import records_noise_multiplier
-from adaptfl.privacy.server import target_error
+from adaptfl.privacy.server import count_stddev, share_bound, target_error
 
 
 def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:
@@ -53,13 +58,91 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
     if privacy.dp_count_stddev > 0.0:  # σ_b set: the adaptive counts' share of z is known now
         records_noise_multiplier(privacy, algorithm.reply_record_count(), privacy.dp_count_stddev)
     if privacy.dp_num_clients > 0:
-        check_planned_target(privacy, fed, privacy.dp_num_clients)
+        check_planned_target(privacy, fed, privacy.dp_num_clients, algorithm)
 
 
-def check_planned_target(privacy: Privacy, fed: Federation, population: int) -> None:
+@dataclass(frozen=True)
+class DpPlan:
+    """What a dp run spends if every planned round is released: ε at δ over `rounds` rounds of
+    `sampled` of `population` nodes, and the noise std on each round's mean of Δ (clip norm
+    C_Δ; the other records get the same multiple of their own C)."""
+
+    rounds: int
+    sampled: int
+    population: int
+    epsilon: float
+    mean_std: float  # on Δ's mean: z_records·√k·C_Δ·b (privacy/mechanism.py)
+    client_std: float  # dp='client': what each client adds to its own Δ; 0 under dp='central'
+    per_client: float  # mean_std / (C_Δ·b): noise in units of the most one client moves the mean
+
+
+def dp_plan(privacy: Privacy, algorithm: Algorithm, fed: Federation, population: int) -> DpPlan:
+    """The plan of a run with `population` nodes, by the accountant the run uses (privacy/)."""
+    n = sample_size(fed, population)
+    k = algorithm.reply_record_count()
+    z = records_noise_multiplier(privacy, k, count_stddev(privacy, n))
+    b = share_bound(fed, n)
+    mean_std = z * math.sqrt(k) * privacy.dp_clip_norm * b
+    client_std = z * math.sqrt(k) * privacy.dp_clip_norm / math.sqrt(n) if privacy.dp == "client" else 0.0
+    planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, fed.num_server_rounds,
+                              privacy.dp_delta, privacy.dp_accounting)
+    return DpPlan(fed.num_server_rounds, n, population, planned, mean_std, client_std, z * math.sqrt(k))
+
+
+def plan_line(privacy: Privacy, plan: DpPlan) -> str:
+    """The one line a dp run logs before round 1."""
+    client = f", each client adds std {plan.client_std:.3g} to its own Δ" if plan.client_std else ""
+    target = f" (dp-target-epsilon={privacy.dp_target_epsilon:g})" if privacy.dp_target_epsilon else ""
+    return (f"dp={privacy.dp!r} plan: ε={plan.epsilon:.3g} at δ={privacy.dp_delta:g} after "
+            f"{plan.rounds} rounds{target} of {plan.sampled} of {plan.population} nodes, "
+            f"dp-noise-multiplier={privacy.dp_noise_multiplier:g}; noise std {plan.mean_std:.3g} on each "
+            f"round's mean of Δ (dp-clip-norm={privacy.dp_clip_norm:g}), {plan.per_client:.3g}× the "
+            f"most one client moves it{client}")
+
+
+def rounds_within(privacy: Privacy, plan: DpPlan, bound: float) -> int:
+    """The most rounds of this plan whose ε stays within `bound` (0 if round 1 alone exceeds it);
+    one event's RDP curve, computed once (accountant.py), so each count costs microseconds."""
+    low, high = 0, plan.rounds
+    while low < high:
+        mid = (low + high + 1) // 2
+        if planned_epsilon(privacy.dp_noise_multiplier, plan.sampled, plan.population, mid,
+                           privacy.dp_delta, privacy.dp_accounting) <= bound:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def check_plan_sane(privacy: Privacy, fed: Federation, plan: DpPlan) -> None:
+    """Without a target ε, refuse a plan past dp-accept-epsilon: a run that promises no privacy
+    (ε ≫ 1; Dwork & Roth 2014 §2.3 read ε as a bound on the odds ratio e^ε) and usually no model
+    either (few clients a round with unit-scale noise)."""
+    bound = privacy.dp_accept_epsilon
+    if not privacy.on or privacy.dp_target_epsilon > 0.0 or plan.epsilon <= bound:
+        return
+    fewer = rounds_within(privacy, plan, bound)
+    rounds = f"num-server-rounds={fewer} or fewer" if fewer else "fewer rounds (round 1 alone is past it)"
+    raise ValueError(
+        f"dp={privacy.dp!r} plans ε={plan.epsilon:.3g} at δ={privacy.dp_delta:g} ({plan.rounds} "
+        f"rounds of {plan.sampled} of {plan.population} nodes, dp-noise-multiplier="
+        f"{privacy.dp_noise_multiplier:g}), "
+        f"above dp-accept-epsilon={bound:g}; ways out: more clients a round (fraction-train="
+        f"{fed.fraction_train:g} samples {plan.sampled}), more noise (dp-noise-multiplier > "
+        f"{privacy.dp_noise_multiplier:g}), {rounds}; or set dp-target-epsilon, or dp-accept-epsilon "
+        f"> {plan.epsilon:.3g} to accept it")
+
+
+def check_planned_target(privacy: Privacy, fed: Federation, population: int,
+                         algorithm: Algorithm | None = None) -> None:
     """The rounds planned (dp-on-target='refuse'; round 1 alone with 'stop') must fit the target
-    ε with `population` nodes: dp-num-clients, or the nodes once known (server_app/run_checks.py)."""
-    if not privacy.on or privacy.dp_target_epsilon <= 0.0:
+    ε with `population` nodes: dp-num-clients, or the nodes once known (server_app/run_checks.py);
+    without a target, the plan must stay within dp-accept-epsilon (check_plan_sane)."""
+    if not privacy.on:
+        return
+    if privacy.dp_target_epsilon <= 0.0:
+        if algorithm is not None:
+            check_plan_sane(privacy, fed, dp_plan(privacy, algorithm, fed, population))
         return
     n = sample_size(fed, population)
     rounds = fed.num_server_rounds if privacy.dp_on_target == "refuse" else 1

@@ -11,13 +11,41 @@ resume between rounds, codecs on the broadcast.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
 
+from adaptfl.algorithms.settings import Federation
 from adaptfl.core import wire
 from adaptfl.core.secagg_settings import clip_key
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.config import RunConfig
+
+
+# What reads one reply alone and is on by default: under secagg='secagg+' each default gives way
+# (the server holds only the sum); a value other than its default is the user's, and is refused.
+GIVE_WAY = {"screen-ratio": 0.0, "max-contribution-ratio": 0.0, "weighting": "uniform"}
+MIN_SECURE_NODES = 3  # a SecAgg+ sum of fewer reveals each reply to the others (secagg/server.py)
+log = logging.getLogger(__name__)
+
+
+def secagg_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """`secagg='secagg+'` alone runs: the defaults that read each reply alone (the screen, the
+    contribution bound, weighting by each reply's claimed examples) are switched off, in one log
+    line; under dp='client' the screens are off already. A value that is not the default stays,
+    for check_secagg to refuse."""
+    if values.get("secagg", "none") == "none":
+        return values
+    defaults = {f.name.replace("_", "-"): f.default for f in dataclasses.fields(Federation)}
+    private = values.get("dp", "none") != "none"
+    switched = {key: off for key, off in GIVE_WAY.items()
+                if values.get(key, defaults[key]) == defaults[key] and defaults[key] != off
+                and not (private and key != "weighting")}
+    if switched:
+        log.info("secagg='secagg+': %s (the server holds only the sum, so nothing can read one reply)",
+                 ", ".join(f"{k}={v!r}" for k, v in switched.items()))
+    return {**values, **switched}
 
 
 def check_secagg(cfg: RunConfig) -> None:

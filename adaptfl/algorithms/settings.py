@@ -58,11 +58,11 @@ class Federation(Component):
                                           "median one (docs/robustness.md, 'Contribution bound'); 0: off",
                                           within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
-                                    "skipped or refused rounds", within=(1, None),
-                                    loop_only="check the Result that start() returns")
+                                    "skipped or refused rounds (also under Flower's Strategy.start)",
+                                    within=(1, None))
     skip_window: int = param(0, "abort also when max-skipped-rounds of the last this many rounds "
                              "were skipped or refused, consecutive or not (0: 2 × max-skipped-rounds)",
-                             within=(0, None), loop_only="check the Result that start() returns")
+                             within=(0, None))
     seed: int = param(42, "seed of the model, the partitions, the client sampling and the batches",
                       within=(0, None))
     partition_map: str = param("", "node-id:partition-id pairs, comma-separated (e.g. '11:0,12:1'): "
@@ -108,7 +108,10 @@ def parse_partition_map(text: str) -> dict[int, int]:
 class LocalTraining(Component):
     """The clients' local steps."""
 
-    local_steps: int = param(50, "K: local steps per round", within=(1, None))
+    local_steps: int = param(50, "K: local steps per round (unless local-epochs)", within=(1, None))
+    local_epochs: float = param(0.0, "E: local epochs per round, as Flower's examples train; > 0: "
+                                "each client runs its own K = ceil(E·rows/batch-size) steps, reports "
+                                "it, and the server divides each reply by its own K", within=(0.0, None))
     batch_size: int = param(50, "examples per local step", within=(1, None))
     lr: float | None = param(None, "local learning rate at round 1; preset: the preconditioner's "
                              "(sgd 0.1, adam/adamw/sophia 1e-3, muon 0.02, soap 3e-3)",

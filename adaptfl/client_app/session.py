@@ -140,6 +140,7 @@ class ClientSession:
                                      self.info.run_key, bool(recipe.get(CLIENT_STATE_MEMORY, True))
                                      ) if context is not None else MemoryStore()
         self.data = data or ClientData()
+        self.info = self.info.for_client(self.data.num_examples)  # local-epochs: this client's own K
         self._ctx = ctx = ClientRound(model, self.algorithm, self.info, records, store, self.data)
         self.parts: list[ClientPart] = [stage.start(ctx) for stage in self.algorithm.stages()]
         self.optimizer = build_optimizer(model, self.algorithm, self.info)
@@ -261,6 +262,8 @@ class ClientSession:
         values.update(self.optimizer.diagnostics())
         values[wire.STEP_PATH] = wire.STEP_PATHS.index(f"cohort-{batched}") if batched else \
             step_path(self.device, native.steps_run() - self._native_steps)
+        if self.info.local_epochs > 0.0:  # the K this client ran; the server recomputes it
+            values[wire.LOCAL_STEPS] = self.info.local_steps
         for out in outputs:
             values.update(out.metrics)
         values.update(metrics or {})

@@ -13,6 +13,8 @@
     dp-target-epsilon      ε the run may spend (0: none) and `dp-on-target`: refuse to start when
                            the planned rounds exceed it, or stop before the round that would
     dp-num-clients         N for the refusal before Flower starts (0: the nodes at round 1)
+    dp-accept-epsilon      without a target, the largest planned ε a run may start with: a plan
+                           above it is refused before round 1 with its numbers and the ways out
     dp-accounting          the bound: without-replacement (fixed-size sampling, what the strategy
                            does) or no-amplification (Flower's fixed-clipping accountant)
     dp-ledger              absolute path of a JSON-lines file every run on the same data appends
@@ -33,7 +35,8 @@ from adaptfl.core.params import Component, component, param
 MODES = ("none", "central", "client")
 ON_TARGET = ("refuse", "stop")
 ACCOUNTING = ("without-replacement", "no-amplification")
-SERVER_ONLY = ("dp-ledger",)  # not in a client's recipe: a path on the server's machine
+# not in a client's recipe: a path on the server's machine, a bound the server checks alone
+SERVER_ONLY = ("dp-ledger", "dp-accept-epsilon")
 
 
 @component("settings", "privacy")
@@ -67,6 +70,11 @@ class Privacy(Component):
     dp_num_clients: int = param(0, "N, the nodes sampled from, for the target check before Flower "
                                 "starts; 0: checked at round 1 with the connected nodes",
                                 within=(0, None))
+    dp_accept_epsilon: float = param(10.0, "without dp-target-epsilon, the largest planned ε (all "
+                                     "rounds, at dp-delta) a run may start with; above it the run "
+                                     "is refused before round 1 with the numbers and the ways out; "
+                                     "set it higher to accept a weaker guarantee",
+                                     within=(0.0, None), open_low=True)
     dp_accounting: str = param("without-replacement", "the privacy bound: without-replacement "
                                "(fixed-size sampling, replace-one) or no-amplification (add/remove "
                                "one, as Flower's fixed-clipping accountant)", choices=ACCOUNTING)

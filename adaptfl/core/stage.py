@@ -10,14 +10,16 @@ writes the new server state from the accepted replies.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from adaptfl.core.contract import Metric, ModelSpec, Record
 from adaptfl.core.params import Component
+from adaptfl.core.wire import DELTA, NUM_EXAMPLES
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.algorithm import Algorithm
@@ -41,6 +43,20 @@ class RoundInfo:
     seed: int
     run_key: str = ""  # names this job's durable client state (same across a resume)
     diagnostics_every: int = 1
+    local_epochs: float = 0.0  # > 0: each client's K is steps_for(rows) (local-epochs)
+
+    def steps_for(self, rows: int) -> int:
+        """K of a client with `rows` examples: ceil(E·rows/batch) under local-epochs (at least 1),
+        else local-steps. Server and client compute it alike (the server from the claimed
+        num-examples, so a reply's K is no separate claim)."""
+        if self.local_epochs <= 0.0 or rows <= 0:
+            return self.local_steps
+        return max(1, math.ceil(self.local_epochs * rows / self.batch_size))
+
+    def for_client(self, rows: int) -> RoundInfo:
+        """This round's values as a client with `rows` examples runs them (its own K)."""
+        steps = self.steps_for(rows)
+        return replace(self, local_steps=steps, step_offset=(self.server_round - 1) * steps)
 
 
 @dataclass
@@ -132,6 +148,18 @@ class Aggregation:
     def combine(self, record: str) -> Tensors:
         """The aggregator's combine of one reply record over the accepted replies."""
         return self.mean(self.reply_arrays(record), record)
+
+    def delta_per_step(self) -> Tensors:
+        """The mean of Δ_i/K_i, each reply's Δ by its own K (local-epochs: K_i from its claimed
+        num-examples, RoundInfo.steps_for), through the round's combine; mean Δ / K where every
+        reply ran the same K. What Δ_G = -Δ/(K·lr) and the like read (the mean is linear)."""
+        steps = [self.info.steps_for(int(r.metrics.get(NUM_EXAMPLES, 0))) for r in self.replies]
+        if len(set(steps)) <= 1:
+            k = steps[0] if steps else self.info.local_steps
+            return {n: t / k for n, t in self.mean_delta.items()}
+        scaled = [{n: t / k for n, t in r.arrays[DELTA].items()}
+                  for r, k in zip(self.replies, steps, strict=True)]
+        return self.mean(scaled, DELTA)
 
 
 class Stage(Component):

@@ -43,6 +43,7 @@ F_HAT = "f-hat"  # float, HaFedHo's f̂_i: mean local loss f_i over the local st
 CLIENT_STATE = "client-state"  # int, where durable client state came from: 0 none, 1 memory, 2 disk
 RAY_NODE = "ray-node"  # int, the first 12 hex digits of the Ray node id a simulated client ran on
 LOCAL_STATE_SOURCE = "local-state-source"  # int, where a kept inner optimizer state came from (same codes)
+LOCAL_STEPS = "local-steps"  # int, the K this client ran under local-epochs (ceil(E·rows/batch))
 STEP_PATH = "step-path"  # int code into STEP_PATHS: the local-step path this client's round took
 # step-path codes 0..4 (a metrics row holds the names); cohort-*: many clients' steps at once, the
 # reference step batched over them, gradients by vmap or client by client (engine/cohort.py)

@@ -266,17 +266,39 @@ def _start_node(group: ProcessGroup, workdir: Path, certs: Path, i: int, superli
     return proc
 
 
+WORKDIR_NAME = "loopback-deploy"
+
+
+def default_workdir(cwd: Path, checkout: Path = PROJECT, env: dict[str, str] | None = None) -> Path:
+    """Where the kit writes its CA, node keys, SuperExec secrets, state.db, logs and results when
+    no --workdir is given: `loopback-deploy/` in the current folder, or, run from inside the
+    checkout, in the per-user cache ($XDG_CACHE_HOME or ~/.cache, then adaptfl/): private keys
+    have no place in a source tree (a `git add .` or an app bundle would take them)."""
+    cwd, checkout = cwd.resolve(), checkout.resolve()
+    if cwd != checkout and checkout not in cwd.parents:
+        return cwd / WORKDIR_NAME
+    env = dict(os.environ) if env is None else env
+    cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return cache / "adaptfl" / WORKDIR_NAME
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--num-nodes", type=int, default=2)
-    parser.add_argument("--workdir", type=Path, default=PROJECT / "results" / "loopback-deploy")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="the folder for the CA, node keys, SuperExec secrets, state.db, logs "
+                             f"(default: ./{WORKDIR_NAME}, or {WORKDIR_NAME} in ~/.cache/adaptfl when "
+                             "run from inside the adaptfl checkout)")
     parser.add_argument("--run-config", default="", help='e.g. "num-server-rounds=2 model=\'mlp\'"')
     parser.add_argument("--intruder", action="store_true",
                         help="also start a SuperNode with an unregistered key (must be refused)")
     parser.add_argument("--attacker", action="store_true",
                         help="try register / ls / run with only ca.crt via the public port")
     args = parser.parse_args()
-    result = run_loopback(args.workdir, args.num_nodes, args.run_config, args.intruder,
+    workdir = args.workdir or default_workdir(Path.cwd())
+    print(f"loopback: work folder {workdir.resolve()} (keys, secrets, state.db, logs; --workdir "
+          "sets another)", file=sys.stderr)
+    result = run_loopback(workdir, args.num_nodes, args.run_config, args.intruder,
                           attacker=args.attacker)
     assert result.run is not None
     print(result.run.stdout[-4000:], result.run.stderr[-4000:], sep="\n", file=sys.stderr)

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import sys
+import tomllib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,18 @@ def preflight(merged: dict[str, Any], nodes: int = 0) -> None:
         logging.disable(logging.NOTSET)
 
 
+def check_values(text: str) -> None:
+    """Each value must be TOML, as Flower parses it; an unquoted string (`algorithm=fedadamw`),
+    which Flower answers with a generic "invalid format", is named with its fix."""
+    for key, raw in _PAIR.findall(text):
+        try:
+            tomllib.loads(f"v = {raw}")
+        except tomllib.TOMLDecodeError:
+            fix = raw.replace("'", "")
+            raise ValueError(f"--run-config {key}={raw}: {raw!r} is not a TOML value; a string needs "
+                             f"quotes: {key}='{fix}' (in a shell: --run-config \"{key}='{fix}'\")") from None
+
+
 def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, Any]:
     """The run config Flower would hand the ServerApp for these `--run-config` values."""
     for text in overrides:
@@ -94,6 +107,8 @@ def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, An
         if leftover and not text.endswith(".toml"):
             raise ValueError(f"--run-config {text!r}: {leftover!r} is not key=value "
                              "(no spaces around '='; quote strings: key='text')")
+        if not text.endswith(".toml"):
+            check_values(text)
     defaults = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {}))
     parsed = parse_config_args(overrides)
     for key in parsed:

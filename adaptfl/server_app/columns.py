@@ -37,6 +37,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
                            "under `clients`"),
     "peak-memory-mb": ("both", "the largest client peak memory this round (CUDA max allocated, else "
                        "the process's peak RSS); per client under `clients`"),
+    "local-steps": ("both", "local-epochs: the clients' mean K (each ran ceil(E·rows/batch-size) "
+                    "steps; the server divides each reply by its own)"),
     "step-path": ("both", "the local-step paths the accepted replies took: native, eager, cuda, "
                   "cohort-vmap or cohort-loop (python -m adaptfl.engine --cohort: the clients' steps "
                   "stacked, their gradients by vmap or client by client), or e.g. eager+native where "

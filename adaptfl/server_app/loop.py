@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.privacy_checks import check_planned_target, dp_plan, plan_line
 from adaptfl.algorithms.sampling import NotEnoughNodes
 from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.client_app.session import ClientSession
@@ -46,7 +47,13 @@ from adaptfl.server_app.data_summary import summarize, summary_line, write_summa
 from adaptfl.server_app.evaluate import evaluate_all
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
-from adaptfl.server_app.run_checks import check_frozen, check_model, check_nodes, check_settings
+from adaptfl.server_app.run_checks import (
+    check_frozen,
+    check_model,
+    check_nodes,
+    check_secure_sample,
+    check_settings,
+)
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
@@ -186,7 +193,6 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
     """Round 0 of a fresh run, then the rounds left, then the final model (run_federated)."""
     strategy.summary()
     fed = cfg.federation
-    timeout = fed.round_timeout or None
     guard = SkipGuard(fed.max_skipped_rounds, outputs.rows, fed.skip_window)
     assert strategy.state is not None
     if not outputs.rows:  # a fresh run: where training starts from
@@ -194,57 +200,22 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
         outputs.record({"round": 0, **scores})
         log.info("[ROUND 0/%d] the initial model: accuracy %.4f, loss %.4f", fed.num_server_rounds,
                  scores["test-accuracy"], scores["test-loss"])
-    progress = Progress(fed.num_server_rounds, strategy.state.server_round + 1, on_round)
-    for server_round in range(strategy.state.server_round + 1, fed.num_server_rounds + 1):
+    first = strategy.state.server_round + 1
+    progress = Progress(fed.num_server_rounds, first, on_round)
+    for server_round in range(first, fed.num_server_rounds + 1):
         started = time.perf_counter()
-        try:
-            messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
-                                                     ConfigRecord(), grid))
-        except NotEnoughNodes as err:
-            raise RunAborted(f"run aborted before round {server_round}: {err}") from None
-        except BudgetReached as reached:  # dp-on-target='stop': the rounds so far are the run
-            log.warning("%s", reached)
+        messages = start_round(grid, cfg, strategy, task, outputs, server_round)
+        if messages is None:  # dp-on-target='stop': the rounds so far are the run
             break
-        if server_round == 1:  # the nodes are known now, under Flower too; before any training
-            summary = summarize(task, cfg, strategy.num_nodes)
-            log.info("%s", summary_line(summary))
-            write_summary(summary, outputs.dir)
-        if cfg.secagg.on:  # four exchanges; the strategy sees only the sum (secagg/)
-            missing = secure_round(strategy, grid, server_round, messages, timeout)[2]
-        else:
-            replies = list(grid.send_and_receive(messages, timeout=timeout))
-            strategy.aggregate_train(server_round, replies)
-            missing = unanswered_nodes(messages, replies)
+        missing = exchange(grid, cfg, strategy, server_round, messages)
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
-        report = strategy.report
-        private = cfg.privacy.on
-        if private and (missing or report.rejected):  # counts only: who and why are the server's
-            log.warning("round %d: %d replies dropped, %d sampled nodes without a reply (which and "
-                        "why: %s)", server_round, len(report.rejected), len(missing), CONFIDENTIAL_FILE)
-        if missing:
-            log.log(detail_level(private), "round %d: no reply from nodes %s within round-timeout=%s s",
-                    server_round, missing, fed.round_timeout or "none")
         load_federated(model, strategy.state.model)
-        evaluated = time.perf_counter()
-        scores = evaluate_all(model, task)
-        row = {"round": server_round, **scores,
-               **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
-               "seconds": time.perf_counter() - started,
-               "eval-seconds": time.perf_counter() - evaluated,
-               "rejected": dict(report.rejected), "missing": [int(n) for n in missing],
-               "latency": {n: round(t, 3) for n, t in report.latency.items()},
-               "bytes": {"down": dict(report.down_bytes), "up": dict(report.up_bytes)}}
-        if report.skip_reason:
-            row["skip-reason"] = report.skip_reason
-        if report.step_path() is not None:  # which local-step path the clients took
-            row[wire.STEP_PATH] = report.step_path()
-        if report.clients:
-            row["clients"] = report.clients
-        row["server-rss-mb"] = rss_mb()
+        row = round_row(strategy, model, task, server_round, missing, started)
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
         progress.round_done(outputs.public(row))
         # under dp the abort message names no node and quotes no reply (they are confidential)
+        report, private = strategy.report, cfg.privacy.on
         guard.after_round(server_round, report.skipped, report.skip_reason,
                           {} if private else report.rejected, [] if private else missing)
     guard.at_end(fed.num_server_rounds)
@@ -253,3 +224,74 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
     if worse:
         log.warning("%s", worse)
     outputs.finish(strategy.state.model)
+
+
+def start_round(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, task: Task,
+                outputs: RunOutputs, server_round: int) -> list[Message] | None:
+    """The round's instructions, not yet sent; None where dp-on-target='stop' ends the run. At
+    round 1 the nodes are known, under Flower too: the data summary, and under dp the plan's one
+    line (privacy_checks.py), refused past dp-accept-epsilon before anything is sent."""
+    assert strategy.state is not None
+    try:
+        messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
+                                                 ConfigRecord(), grid))
+    except NotEnoughNodes as err:
+        raise RunAborted(f"run aborted before round {server_round}: {err}") from None
+    except BudgetReached as reached:
+        log.warning("%s", reached)
+        return None
+    if server_round == 1:
+        summary = summarize(task, cfg, strategy.num_nodes)
+        log.info("%s", summary_line(summary))
+        write_summary(summary, outputs.dir)
+        if cfg.secagg.on:
+            check_secure_sample(len(messages), strategy.num_nodes)
+        if cfg.privacy.on:
+            check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
+            log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,
+                                                          strategy.num_nodes)))
+    return messages
+
+
+def exchange(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_round: int,
+             messages: list[Message]) -> list[int]:
+    """Send the round, aggregate what comes back; the sampled nodes that did not reply."""
+    fed = cfg.federation
+    timeout = fed.round_timeout or None
+    if cfg.secagg.on:  # four exchanges; the strategy sees only the sum (secagg/)
+        missing = secure_round(strategy, grid, server_round, messages, timeout)[2]
+    else:
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+        strategy.aggregate_train(server_round, replies)
+        missing = unanswered_nodes(messages, replies)
+    report, private = strategy.report, cfg.privacy.on
+    if private and (missing or report.rejected):  # counts only: who and why are the server's
+        log.warning("round %d: %d replies dropped, %d sampled nodes without a reply (which and "
+                    "why: %s)", server_round, len(report.rejected), len(missing), CONFIDENTIAL_FILE)
+    if missing:
+        log.log(detail_level(private), "round %d: no reply from nodes %s within round-timeout=%s s",
+                server_round, missing, fed.round_timeout or "none")
+    return missing
+
+
+def round_row(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task, server_round: int,
+              missing: list[int], started: float) -> dict:
+    """The round's metrics row: central evaluation of the new global model and the report."""
+    report = strategy.report
+    evaluated = time.perf_counter()
+    scores = evaluate_all(model, task)
+    row = {"round": server_round, **scores,
+           **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
+           "seconds": time.perf_counter() - started,
+           "eval-seconds": time.perf_counter() - evaluated,
+           "rejected": dict(report.rejected), "missing": [int(n) for n in missing],
+           "latency": {n: round(t, 3) for n, t in report.latency.items()},
+           "bytes": {"down": dict(report.down_bytes), "up": dict(report.up_bytes)}}
+    if report.skip_reason:
+        row["skip-reason"] = report.skip_reason
+    if report.step_path() is not None:  # which local-step path the clients took
+        row[wire.STEP_PATH] = report.step_path()
+    if report.clients:
+        row["clients"] = report.clients
+    row["server-rss-mb"] = rss_mb()
+    return row

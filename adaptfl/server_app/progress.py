@@ -34,8 +34,9 @@ class Progress:
         eta = elapsed / done * (self.num_rounds - server_round)
         state = "skipped (state unchanged)" if row.get("skipped") else \
             f"{row.get('replies-accepted', 0)}/{row.get('replies-sampled', 0)} replies"
-        log.info("[ROUND %d/%d] accuracy %.4f, loss %.4f, %s, %.1f s (elapsed %s, ETA %s)",
-                 server_round, self.num_rounds, row["test-accuracy"], row["test-loss"], state,
+        spent = f", ε {row['dp-epsilon']:.3g}" if "dp-epsilon" in row else ""  # dp: so far, at dp-delta
+        log.info("[ROUND %d/%d] accuracy %.4f, loss %.4f, %s%s, %.1f s (elapsed %s, ETA %s)",
+                 server_round, self.num_rounds, row["test-accuracy"], row["test-loss"], state, spent,
                  row["seconds"], clock(elapsed), clock(eta))
         if self.on_round is not None:
             self.on_round(row)

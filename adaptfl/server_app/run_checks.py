@@ -31,6 +31,7 @@ from torch import nn
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.privacy_checks import check_planned_target
 from adaptfl.algorithms.sampling import hostile_count, nodes_needed, sample_size
+from adaptfl.algorithms.secagg_checks import MIN_SECURE_NODES
 from adaptfl.client_app.device import select_device
 from adaptfl.client_app.train import autocast_dtype
 from adaptfl.core import wire
@@ -91,6 +92,13 @@ def check_frozen(cfg: RunConfig, spec: ModelSpec) -> None:
                          "numbers: a LoRA base)")
 
 
+def check_secure_sample(sampled: int, num_nodes: int) -> None:
+    """SecAgg+ needs 3 or more nodes a round; refused before round 1 (not a round skipped)."""
+    if sampled < MIN_SECURE_NODES:
+        raise ValueError(f"secagg='secagg+' with {sampled} of {num_nodes} nodes a round: a secure sum "
+                         f"needs {MIN_SECURE_NODES} or more (add nodes or raise fraction-train)")
+
+
 def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, object]]) -> None:
     """The checks that need the nodes (one line each, ValueError); a node config's `device`
     overrides the run config's, as on the node itself."""
@@ -100,11 +108,13 @@ def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, 
         raise ValueError(f"min-replies={fed.min_replies} with fraction-train={fed.fraction_train:g} "
                          f"needs {needed} nodes (a round samples {sample_size(fed, num_nodes)} of "
                          f"{num_nodes}): lower min-replies or add nodes")
+    if cfg.secagg.on:
+        check_secure_sample(sample_size(fed, num_nodes), num_nodes)
     if cfg.privacy.on:  # σ_b defaults to n/20: with the nodes known, the counts' share of z is too
         records_noise_multiplier(cfg.privacy, cfg.algorithm.reply_record_count(),
                                  count_stddev(cfg.privacy, sample_size(fed, num_nodes)))
         if cfg.privacy.dp_num_clients == 0:  # the nodes are the population (privacy/server.py)
-            check_planned_target(cfg.privacy, fed, num_nodes)
+            check_planned_target(cfg.privacy, fed, num_nodes, cfg.algorithm)
     refusals = []
     for node in node_configs:
         try:

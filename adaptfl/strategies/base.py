@@ -46,6 +46,7 @@ from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.ownership import Ownership
 from adaptfl.strategies.screen import REFERENCE, reference_record
+from adaptfl.strategies.skips import SkipGuard
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply
 
@@ -82,6 +83,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self._connected: set[int] = set()  # nodes connected at the last sampling
         self.screen_reference: dict[str, tuple[float, int]] = {}  # set by _screen each round
         self.ownership_next = Ownership()  # set by _bind each round
+        self.skip_guard: SkipGuard | None = None  # under Flower's start(): aborts as adaptfl's loop does
 
     # --- state ----------------------------------------------------------------------------------
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
@@ -113,8 +115,17 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         if num_rounds != self.cfg.federation.num_server_rounds:
             self.cfg = self.cfg.replace(num_server_rounds=num_rounds)
         self.initialize(initial_arrays.to_torch_state_dict())
-        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
-                             evaluate_config, evaluate_fn)
+        fed = self.cfg.federation
+        # a round without replies (every client failed, none answered) is skipped, and too many
+        # skipped rounds abort the run (RunAborted), as in adaptfl's own loop (server_app/abort.py)
+        self.skip_guard = SkipGuard(fed.max_skipped_rounds, window=fed.skip_window)
+        try:
+            result = super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                                   evaluate_config, evaluate_fn)
+            self.skip_guard.at_end(num_rounds)
+        finally:
+            self.skip_guard = None
+        return result
 
     def refuse_loop_only_settings(self) -> None:
         """Settings only adaptfl's own round loop reads (results, resume, round-timeout, …) would
@@ -226,7 +237,12 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         assert self.state is not None and self.spec is not None
-        return self.aggregate_accepted(server_round, [r for _, r in self._accept(replies)])
+        result = self.aggregate_accepted(server_round, [r for _, r in self._accept(replies)])
+        if self.skip_guard is not None:  # under start(); adaptfl's loop keeps its own guard
+            private = self.cfg.privacy.on  # under dp the abort names no node (release.py)
+            self.skip_guard.after_round(server_round, self.report.skipped, self.report.skip_reason,
+                                        {} if private else self.report.rejected, [])
+        return result
 
     def aggregate_accepted(self, server_round: int, accepted: list[DecodedReply], secure: bool = False
                            ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -93,6 +93,15 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+def relative_note(location: str, data_dir: str) -> str:
+    """Where a relative path was looked for: the folder it was joined to and, where that is
+    relative too, this process's working directory (the ServerApp's is the SuperLink's)."""
+    base = data_dir or "."
+    where = "" if os.path.isabs(base) else f" in the working directory {os.getcwd()} of this process"
+    return (f" ({location!r} is relative: resolved against data-dir {data_dir!r}{where}; give an "
+            "absolute path, or a data-dir, as the ServerApp and each node read it where they run)")
+
+
 def _load(spec: str, prefix: str, location: str, options: dict[str, str], data_dir: str
           ) -> datasets.DatasetDict:
     """The data set's splits, by `datasets.load_dataset` (its own builders for local files)."""
@@ -105,8 +114,8 @@ def _load(spec: str, prefix: str, location: str, options: dict[str, str], data_d
         args: tuple[str, ...] = (target,)
     else:
         if not os.path.exists(path):
-            raise ValueError(f"task={spec!r}: {path} does not exist"
-                             + ("" if os.path.isabs(location) else f" (relative to data-dir {data_dir!r})"))
+            raise ValueError(f"task={spec!r}: {os.path.abspath(path)} does not exist"
+                             + ("" if os.path.isabs(location) else relative_note(location, data_dir)))
         builder = prefix[:-1]
         if prefix == "imagefolder:" and not os.path.isdir(path):
             raise ValueError(f"task={spec!r}: {path} is not a folder")

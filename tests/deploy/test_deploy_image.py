@@ -164,7 +164,7 @@ def test_the_wheelhouse_holds_the_deployment_requirements_without_ray() -> None:
     names = {re.split(r"[<>=\[; ]", r)[0] for r in reqs}
     declared = {re.split(r"[<>=\[; ]", r)[0] for r in PYPROJECT["project"]["dependencies"]}
     assert declared <= names and "setuptools" in names
-    assert "flwr==1.42.0" in reqs and not any("simulation" in r for r in reqs)
+    assert "flwr>=1.42.0,<1.43" in reqs and not any("simulation" in r for r in reqs)
 
 
 def test_the_image_brings_a_c_compiler_for_the_native_loops_from_the_wheelhouse() -> None:

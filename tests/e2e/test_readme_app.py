@@ -1,5 +1,5 @@
 """The README's "Using adaptfl in your own Flower app" block is a complete app as shown (issue 20
-§1c): taken from README.md as it is, written to `my_app.py`, imported, and its ServerApp's main
+§1c): taken from README.md as it is, written to `fedact_app.py`, imported, and its ServerApp's main
 run over two of its ClientApps (adaptfl's in-process grid instead of Flower's transport: the
 same Strategy.start and messages). Three rounds must train: every reply accepted, the central
 accuracy (its evaluate_fn) up from the initial model's.
@@ -40,10 +40,10 @@ def _snippet() -> str:
 
 
 def test_the_readme_flower_app_runs_as_shown(tmp_path, monkeypatch) -> None:
-    (tmp_path / "my_app.py").write_text(_snippet())
+    (tmp_path / "fedact_app.py").write_text(_snippet())
     monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("my_app", None)
-    app = importlib.import_module("my_app")
+    sys.modules.pop("fedact_app", None)
+    app = importlib.import_module("fedact_app")
     assert {"server", "client"} <= set(vars(app))  # the names the README's pyproject lines give
     accuracies: dict[int, float] = {}
     evaluate = app.evaluate
@@ -60,7 +60,7 @@ def test_the_readme_flower_app_runs_as_shown(tmp_path, monkeypatch) -> None:
     app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     assert sorted(accuracies) == [0, 1, 2, 3] and not rejected
     assert accuracies[3] > accuracies[0] + 0.2, accuracies  # 3 classes: chance is 1/3
-    sys.modules.pop("my_app", None)
+    sys.modules.pop("fedact_app", None)
 
 
 def _checked(reply, rejected: list):  # noqa: ANN001, ANN202
@@ -70,15 +70,15 @@ def _checked(reply, rejected: list):  # noqa: ANN001, ANN202
 
 
 def test_the_readme_app_logs_its_loss_without_a_requires_grad_warning(tmp_path, monkeypatch) -> None:
-    (tmp_path / "my_app.py").write_text(_snippet())
+    (tmp_path / "fedact_app.py").write_text(_snippet())
     monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("my_app", None)
-    app = importlib.import_module("my_app")
+    sys.modules.pop("fedact_app", None)
+    app = importlib.import_module("fedact_app")
     grid = InProcessGrid(1, {}, handler=app.train)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*requires_grad=True to a scalar.*")
         app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
-    sys.modules.pop("my_app", None)
+    sys.modules.pop("fedact_app", None)
 
 
 def test_the_readme_names_how_to_run_it() -> None:
@@ -90,13 +90,13 @@ def test_the_readme_names_how_to_run_it() -> None:
 
 
 def _app_folder(root: Path) -> Path:
-    """The README's block as `my_app.py` beside docs/own-app.md's pyproject, as a user would save them."""
+    """The README's block as `fedact_app.py` beside docs/own-app.md's pyproject, as a user would save them."""
     pyprojects = _block((PROJECT / "docs" / "own-app.md").read_text(), "toml")
     assert len(pyprojects) == 1, "docs/own-app.md shows one pyproject"
-    app = root / "my-app"
+    app = root / "fedact-app"
     app.mkdir()
     (app / "pyproject.toml").write_text(pyprojects[0])
-    (app / "my_app.py").write_text(_snippet())
+    (app / "fedact_app.py").write_text(_snippet())
     return app
 
 

@@ -77,6 +77,15 @@ def test_every_algorithm_gets_a_config_adaptfl_accepts(tmp_path: Path, algorithm
     assert RunConfig.from_flower(config).algorithm.name == algorithm
 
 
+def test_the_template_and_the_readme_app_have_distinct_names() -> None:
+    """Run one after the other, two apps of one package name would import each other's code
+    (Flower's managed SuperLink keeps the first app's folder on the import path)."""
+    readme = (PROJECT / "README.md").read_text()
+    template_default = default_names(Path("my-app"))[1]
+    assert "python -m adaptfl.new my-app" in readme and f"`{template_default}.py`" not in readme
+    assert "`fedact_app.py`" in readme
+
+
 def test_the_docs_name_the_command() -> None:
     assert "python -m adaptfl.new" in (PROJECT / "README.md").read_text()
     assert "## A new app in one command" in (PROJECT / "docs" / "own-app.md").read_text()
@@ -131,6 +140,9 @@ def test_bad_names_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "unknown algorithm 'fedfoo'" in capsys.readouterr().err
     assert main([str(tmp_path / "b"), "--package", "json"]) == 2
     assert main([str(tmp_path / "c"), "--package", "no-dash"]) == 2
+    capsys.readouterr()
+    assert main([str(tmp_path / "d"), "--package", "pytest"]) == 2  # importable: another app's, say
+    assert "package name 'pytest' is already importable here" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
     assert default_names(Path("2024 Study")) == ("app-2024-study", "app_2024_study")
     for folder in ("2024 Study", "ünïcode", "x" * 40 + " y", "My FL-App"):
@@ -166,10 +178,18 @@ def test_the_results_stay_out_of_the_apps_bundle(tmp_path: Path) -> None:
 @pytest.mark.flower
 @pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
 def test_the_generated_app_runs_two_rounds_under_flwr_run(tmp_path: Path) -> None:
+    """Through the command the app's README gives (`python -m adaptfl.flwr_run`): a refused
+    config exits 2 and a completed run 0, each ending with the ServerApp's one summary line
+    (plain `flwr run` exits 0 for both)."""
     app = tmp_path / "my-app"
     assert main([str(app), "--algorithm", "fedact"]) == 0
     results = tmp_path / "results"
-    done = flwr_run_app_dir(app, tmp_path / "flwr-home", num_supernodes=2,
+    refused = flwr_run_app_dir(app, tmp_path / "flwr-home", num_supernodes=2, with_status=True,
+                               run_config="num-server-rounds=2 local-steps=0")
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 2, out[-4000:]
+    assert "adaptfl: run FAILED (refused): " in out and "local-steps" in out, out[-4000:]
+    done = flwr_run_app_dir(app, tmp_path / "flwr-home", num_supernodes=2, with_status=True,
                             run_config=f"num-server-rounds=2 results-dir='{results}' run-name='t'")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
@@ -177,3 +197,7 @@ def test_the_generated_app_runs_two_rounds_under_flwr_run(tmp_path: Path) -> Non
     rows = metric_rows(results / "t")
     assert [r["round"] for r in rows] == [1, 2], out[-4000:]
     assert [r["replies-accepted"] for r in rows] == [2, 2], rows
+    summary = f"adaptfl: run completed: round 2, test-accuracy {rows[-1]['test-accuracy']:.4f} " \
+              f"(initial model "
+    assert summary in out and f"; results: {results / 't'}" in out, out[-4000:]
+    assert "finished:completed; exit 0" in out, out[-4000:]

@@ -19,8 +19,7 @@ OK = dict(secagg="secagg+", weighting="uniform", screen_ratio=0, max_contributio
 
 @pytest.mark.parametrize(("setting", "says"), [
     ({"aggregator": "median"}, "aggregator='median'"),
-    ({"weighting": "examples"}, "weighting='examples'"),
-    ({"screen_ratio": 10}, "screen-ratio=10"),
+    ({"screen_ratio": 5}, "screen-ratio=5"),
     ({"max_weight_share": 0.5}, "max-weight-share=0.5"),
     ({"max_contribution_ratio": 3}, "max-contribution-ratio=3"),
     ({"hostile_fraction": 0.2, "aggregator": "mean"}, "hostile-fraction=0.2"),
@@ -33,13 +32,42 @@ def test_what_needs_one_reply_alone_is_refused_in_one_line(setting: dict, says: 
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
-def test_the_default_screens_are_named_together_in_the_one_line() -> None:
-    """Both default screens read each reply alone: one refusal names both, and what to use."""
+def test_secagg_alone_runs_with_the_defaults_that_read_one_reply_switched_off(caplog) -> None:  # noqa: ANN001
+    """`secagg='secagg+'` alone: the screen, the contribution bound and weighting by examples
+    (defaults that read each reply) give way, in one log line; a value of the user's (not the
+    default) is still refused, both screens named together."""
+    with caplog.at_level("INFO", logger="adaptfl.algorithms.secagg_checks"):
+        fed = RunConfig.of(secagg="secagg+").federation
+    assert (fed.screen_ratio, fed.max_contribution_ratio, fed.weighting) == (0.0, 0.0, "uniform")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["secagg='secagg+': screen-ratio=0.0, max-contribution-ratio=0.0, weighting='uniform' "
+                     "(the server holds only the sum, so nothing can read one reply)"], lines
     with pytest.raises(ValueError, match="secagg") as err:
-        RunConfig.of(secagg="secagg+", weighting="uniform")
+        RunConfig.of(secagg="secagg+", screen_ratio=5, max_contribution_ratio=3)
     line = str(err.value)
-    assert "screen-ratio=10, max-contribution-ratio=2: they read" in line, line
+    assert "screen-ratio=5, max-contribution-ratio=3: they read" in line, line
     assert "use screen-ratio=0 max-contribution-ratio=0" in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_fewer_than_three_nodes_are_refused_before_round_1(tmp_path, tiny_data, static: bool) -> None:  # noqa: ANN001
+    """With the nodes known (the engine), or at round 1 under Flower, before anything is sent."""
+    from adaptfl.server_app.loop import run_federated
+
+    cfg = RunConfig.of(secagg="secagg+", model="mlp", num_server_rounds=1, local_steps=1, batch_size=8,
+                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="t")
+    calls: list[int] = []
+
+    def counted(msg, context):  # noqa: ANN001, ANN202
+        calls.append(context.node_id)
+        return handle(msg, context)
+
+    grid = InProcessGrid(2, cfg.to_flower(), handler=counted)
+    grid.static_nodes = static
+    with pytest.raises(ValueError, match=r"secagg='secagg\+' with 2 of 2 nodes a round: a secure sum "
+                                         "needs 3 or more"):
+        run_federated(grid, cfg)
+    assert calls == []
 
 
 def test_what_composes_is_accepted() -> None:

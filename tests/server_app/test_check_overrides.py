@@ -54,3 +54,13 @@ def test_an_adaptfl_key_the_app_does_not_list_is_named_as_unlisted(tmp_path) -> 
     assert "not listed" in message and "[tool.flwr.app.config]" in message, message
     with pytest.raises(ValueError, match="unknown key 'taux'"):  # a key adaptfl lacks stays unknown
         merged_config(["taux=0.3"], tmp_path)
+
+
+def test_an_unquoted_string_is_named_with_its_fix(capsys) -> None:  # noqa: ANN001
+    """Flower answers `algorithm=fedadamw` with a generic "invalid format" naming no key."""
+    assert main(["--run-config", "tau=0.3 algorithm=fedadamw"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("config error: --run-config algorithm=fedadamw: 'fedadamw' is not a TOML value; a "
+                   "string needs quotes: algorithm='fedadamw' (in a shell: --run-config "
+                   "\"algorithm='fedadamw'\")"), err
+    assert main(["--run-config", "algorithm='fedadamw'"]) == 0

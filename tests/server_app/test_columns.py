@@ -19,7 +19,8 @@ RUNS = {  # between them every family of columns: trust diagnostics, Θ sharing,
     "fedpac-sophia": {"light": True},
     "hafedho": {},
     "diloco": {},
-    "fedavg": {"dp": "central", "weighting": "uniform", "dp_clip_lr": 0.2, "dp_count_stddev": 2.0},
+    "fedavg": {"dp": "central", "weighting": "uniform", "dp_clip_lr": 0.2, "dp_count_stddev": 2.0,
+               "dp_accept_epsilon": 1e3},
     "scaffold": {"max_contribution_ratio": 1.0, "max_weight_ratio": 1.5},
 }
 

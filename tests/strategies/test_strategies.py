@@ -12,6 +12,7 @@ from adaptfl.codec.codec import array_bytes
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.server_app.abort import RunAborted
 from adaptfl.strategies import AdaptiveStrategy, FedACT, FedAvg
 from adaptfl.strategies.screen import REFERENCE
 from adaptfl.strategies.state import ServerState
@@ -87,7 +88,6 @@ def test_keyword_constructors_with_the_papers_defaults() -> None:
 
 @pytest.mark.parametrize("key,value,instead", [("round_timeout", 30.0, r"start\(timeout=...\)"),
                                                ("results_dir", "/tmp/x", "Result"),
-                                               ("max_skipped_rounds", 5, "Result"),
                                                ("resume", True, "Result")])
 def test_settings_only_adaptfls_loop_reads_are_refused_by_start(key, value, instead) -> None:
     """Flower's Strategy.start runs its own loop: a setting only adaptfl's ServerApp loop reads
@@ -281,9 +281,72 @@ def test_a_train_config_setting_adaptfl_would_not_read_is_refused(key: str) -> N
     assert not calls
 
 
+class SilentGrid(InProcessGrid):
+    """Nodes that never answer: every round under start() gets no reply at all."""
+
+    def send_and_receive(self, messages, *, timeout=None):  # type: ignore[override]
+        list(messages)
+        return []
+
+
+@pytest.mark.parametrize("limit", [2, 3])
+def test_start_aborts_after_max_skipped_rounds_without_replies(limit: int) -> None:
+    """Under Flower's Strategy.start a round with no replies is a skipped round, and
+    max-skipped-rounds of them abort the run (RunAborted), as adaptfl's own loop does."""
+    strategy = FedACT(fraction_train=1.0, max_skipped_rounds=limit)
+    model = torch.nn.Linear(2, 1)
+    rounds: list[int] = []
+    expected = (f"after round {limit}: {limit} consecutive rounds skipped "
+                rf"\(max-skipped-rounds={limit}\); last round: 0 replies")
+    with pytest.raises(RunAborted, match=expected):
+        strategy.start(grid=SilentGrid(2, {}), initial_arrays=ArrayRecord(model.state_dict()),
+                       num_rounds=6, evaluate_fn=lambda rnd, _: rounds.append(rnd) or None)
+    assert rounds == list(range(limit))  # round 0, then each round before the aborted one
+    assert strategy.skip_guard is None  # start()'s alone: adaptfl's loop keeps its own
+
+
 def test_start_refuses_an_evaluate_config_no_client_reads() -> None:
     strategy = FedACT(fraction_train=1.0)
     model = torch.nn.Linear(2, 1)
     with pytest.raises(ValueError, match="evaluate_config: adaptfl's strategies evaluate centrally"):
         strategy.start(grid=InProcessGrid(1, {}), initial_arrays=ArrayRecord(model.state_dict()),
                        num_rounds=1, evaluate_config=ConfigRecord({"batch": 8}))
+
+
+def test_local_epochs_divide_each_reply_by_its_own_k() -> None:
+    """local-epochs=1, batch 10: A claims 10 rows (K_A = 1), B 30 (K_B = 3); weights 1:3.
+    Δ_G = -(¼·Δ_A/1 + ¾·Δ_B/3)/lr with lr = 0.5, by hand: w = -([1,0] + [-1,4])/2 = [0, -2],
+    b = -(2 + 0)/2 = [-1]; the model's step is the plain weighted mean of Δ, as without epochs."""
+    strategy = _strategy(local_epochs=1.0, batch_size=10)
+    sent = _configure(strategy, 1)
+    strategy.aggregate_train(1, [_reply(sent[1], **{**GOOD_A, "num_examples": 10}),
+                                 _reply(sent[2], **{**GOOD_B, "num_examples": 30})])
+    state = strategy.state
+    assert strategy.report.accepted == 2 and not strategy.report.rejected
+    assert _tensors(state.model) == {"w": [0.5, 5.0], "b": [3.5]}
+    delta_g = _tensors(state.extras[wire.DELTA_G])  # float32: ¼·1 + ¾·(-1/3) is 0 to 1.5e-8
+    assert delta_g["w"] == pytest.approx([0.0, -2.0], abs=1e-6) and delta_g["b"] == [-1.0]
+
+
+def test_local_epochs_on_equal_clients_is_one_k_for_all() -> None:
+    """20 rows each at batch 10, 1 epoch: K = 2 for both, the same Δ_G as local-steps=2."""
+    by_epochs, by_steps = _strategy(local_epochs=1.0, batch_size=10), _strategy(batch_size=10)
+    for strategy in (by_epochs, by_steps):
+        sent = _configure(strategy, 1)
+        strategy.aggregate_train(1, [_reply(sent[1], **{**GOOD_A, "num_examples": 20}),
+                                     _reply(sent[2], **{**GOOD_B, "num_examples": 20})])
+    assert _tensors(by_epochs.state.extras[wire.DELTA_G]) == _tensors(by_steps.state.extras[wire.DELTA_G])
+
+
+@pytest.mark.parametrize("keywords,said", [
+    ({"learning_rate": 0.01}, "unknown keyword learning_rate= (did you mean lr=?)"),
+    ({"taau": 0.3}, "unknown keyword taau= (did you mean tau=?)"),
+    ({"epochs": 1}, "unknown keyword epochs= (did you mean local_epochs=?)"),
+    ({"fraction_evaluate": 0.5}, "keyword fraction_evaluate=: adaptfl's strategies evaluate the global "
+                                 "model centrally"),
+])
+def test_keyword_errors_are_in_the_callers_words(keywords: dict, said: str) -> None:
+    """The strategy's Python API says "keyword" and the closest one, not a run-config key."""
+    with pytest.raises(ValueError) as refused:
+        FedACT(**keywords)
+    assert str(refused.value).startswith(said), str(refused.value)

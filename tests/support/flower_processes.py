@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -72,17 +73,19 @@ def flwr_run_simulation(flwr_home: Path, num_supernodes: int, run_config: str,
 
 
 def flwr_run_app_dir(app: Path, flwr_home: Path, num_supernodes: int, run_config: str | None = None,
-                     timeout: float = 600) -> subprocess.CompletedProcess[str]:
+                     timeout: float = 600, with_status: bool = False) -> subprocess.CompletedProcess[str]:
     """`flwr run <app> --stream` in simulation for an app folder other than this project (a user's
     own app), with this checkout's adaptfl first on PYTHONPATH; the managed SuperLink that
-    `flwr run` starts is stopped by its PID afterwards."""
+    `flwr run` starts is stopped by its PID afterwards. `with_status`: through
+    `python -m adaptfl.flwr_run` instead, whose exit status is the run's outcome."""
     flwr = shutil.which("flwr")
     if flwr is None:
         raise FileNotFoundError("the `flwr` CLI is not on PATH")
     env = flower_env(flwr_home)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT), env.get("PYTHONPATH", "")) if p)
     federation = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
-    command = [flwr, "run", str(app), "--stream", "--federation-config", federation]
+    runner = [sys.executable, "-m", "adaptfl.flwr_run"] if with_status else [flwr, "run"]
+    command = [*runner, str(app), "--stream", "--federation-config", federation]
     if run_config is not None:
         command += ["--run-config", run_config]
     try:

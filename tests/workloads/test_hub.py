@@ -152,7 +152,7 @@ def test_malformed_specs_are_refused_before_reading(spec: str, message: str) -> 
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("csv:missing.csv", "missing.csv does not exist (relative to data-dir"),
+    ("csv:missing.csv", "missing.csv does not exist ('missing.csv' is relative: resolved against data-dir"),
     ("csv:t.csv?test-fraction=1", "option test-fraction='1' must be in (0, 1)"),
     ("csv:t.csv?label=kind&size=8", "option 'size' is for images"),
     ("csv:t.csv?label=score", "label column 'score' holds fractional numbers"),
@@ -164,6 +164,17 @@ def test_bad_data_is_one_line_naming_the_problem(tmp_path: Path, spec: str, mess
                   "kind": [0, 1, 0]}).to_csv(tmp_path / "t.csv", index=False)
     with pytest.raises(ValueError, match=re.escape(message)):
         load_hub_task(spec, str(tmp_path))
+
+
+def test_a_relative_path_says_where_it_was_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data-dir '' leaves a relative path to the process's working directory (the ServerApp's is
+    the SuperLink's): the line names the absolute path tried and that directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        load_hub_task("csv:data/patients.csv", "")
+    why = str(refused.value)
+    assert f"{tmp_path / 'data' / 'patients.csv'} does not exist" in why, why
+    assert f"resolved against data-dir '' in the working directory {tmp_path} of this process" in why, why
 
 
 def test_nodes_with_their_own_data_dir_train_on_all_of_it(tmp_path: Path) -> None:

@@ -54,8 +54,8 @@ class Correction(Stage):
 
     def aggregate(self, agg: Aggregation) -> None:
         if self.weight > 0.0:
-            scale = -1.0 / (agg.info.local_steps * agg.info.lr)
-            agg.new_extras[self.record] = {n: agg.mean_delta[n] * scale for n in agg.spec.parameters}
+            per_step = agg.delta_per_step()  # mean of Δ_i/K_i: each reply's own K (local-epochs)
+            agg.new_extras[self.record] = {n: per_step[n] * (-1.0 / agg.info.lr) for n in agg.spec.parameters}
 
 
 class _SetDirection(ClientPart):
