@@ -22,7 +22,7 @@ from adaptfl.algorithms.settings import Federation
 from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.accountant import planned_epsilon
 from adaptfl.privacy.mechanism import records_noise_multiplier
-from adaptfl.privacy.server import target_error
+from adaptfl.privacy.server import target_error, worst_multiplier
 
 
 def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:
@@ -58,12 +58,13 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
 
 def check_planned_target(privacy: Privacy, fed: Federation, population: int) -> None:
     """The rounds planned (dp-on-target='refuse'; round 1 alone with 'stop') must fit the target
-    ε with `population` nodes: dp-num-clients, or the nodes once known (server_app/run_checks.py)."""
+    ε with `population` nodes (dp-num-clients, or the nodes once known: server_app/run_checks.py),
+    each round after the worst loss it accepts (privacy/server.py `worst_multiplier`)."""
     if not privacy.on or privacy.dp_target_epsilon <= 0.0:
         return
     n = sample_size(fed, population)
     rounds = fed.num_server_rounds if privacy.dp_on_target == "refuse" else 1
-    planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, rounds,
+    planned = planned_epsilon(worst_multiplier(privacy, fed.min_replies, n), n, population, rounds,
                               privacy.dp_delta, privacy.dp_accounting)
     if planned > privacy.dp_target_epsilon:
-        raise ValueError(target_error(privacy, planned, rounds, n, population))
+        raise ValueError(target_error(privacy, planned, rounds, n, population, fed.min_replies))

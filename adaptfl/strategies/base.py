@@ -194,7 +194,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         nodes = self.sample_nodes(grid)
         assert self.state is not None
         dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
-                        len(nodes), self.num_nodes, self.contract())  # refused: nothing is sent
+                        len(nodes), self.num_nodes, self.contract(),
+                        self.cfg.federation.min_replies)  # refused: nothing is sent
         content = self.instruction(server_round, config, len(nodes))
         self.report = RoundReport(sampled=len(nodes))
         self._count_down(content, len(nodes))
@@ -263,10 +264,14 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics(stats)))  # as in _skip
 
     def _too_few(self, accepted: list[DecodedReply]) -> str:
-        """Why the round cannot aggregate ('' if it can): min-replies answered, one accepted."""
+        """Why the round cannot aggregate ('' if it can): min-replies answered, one accepted;
+        under dp='client' min-replies accepted, the least noise shares a target is checked with
+        (privacy/server.py `worst_multiplier`)."""
         answered, need = self.report.answered, self.cfg.federation.min_replies
         if answered < need:
             return f"{answered} replies < min-replies={need} ({len(accepted)} accepted)"
+        if self.cfg.privacy.dp == "client" and len(accepted) < need:
+            return f"{len(accepted)} accepted replies < min-replies={need} (dp='client': their noise)"
         return "" if accepted else f"0 accepted replies of {answered}"
 
     def _round_combine(self, accepted: list[DecodedReply], weights: list[float], server_round: int
@@ -321,8 +326,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
 
     def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
         return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
-                                 server_round, self.run_dir or self.cfg.output.run_name,
-                                 self.report.noise_factor)
+                                 server_round, self.run_dir or self.cfg.output.run_name)
 
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:
