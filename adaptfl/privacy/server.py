@@ -60,13 +60,14 @@ def worst_multiplier(privacy: Privacy, min_replies: int, sampled: int) -> float:
 
 
 def before_round(privacy: Privacy, state: ServerState, server_round: int, num_rounds: int,
-                 sampled: int, population: int, contract: Contract, min_replies: int = 1) -> None:
+                 sampled: int, population: int, contract: Contract, min_replies: int = 1,
+                 data_key: str = "") -> None:
     """Refuse (round 1) or stop (later) where the target ε would be passed by the round after
     the worst loss it accepts (`worst_multiplier`); refuse counts too noisy for the adaptive
     clipping to leave the records any of z."""
     if privacy.on:
         records_noise_multiplier(privacy, len(shared_records(contract)), count_stddev(privacy, sampled))
-        ledger.check_privacy_ledger(privacy)  # a bad line, another δ or mode: refused unsent
+        ledger.check_privacy_ledger(privacy, data_key)  # a bad line, another δ or mode: refused unsent
     target = privacy.dp_target_epsilon
     if not privacy.on or target <= 0.0:
         return
@@ -104,17 +105,20 @@ def round_combine(privacy: Privacy, fed: Federation, contract: Contract, replies
                         count_stddev(privacy, sampled))
 
 
-def record_release(privacy: Privacy, state: ServerState, replies: int, sampled: int,
-                   population: int, server_round: int, run: str) -> dict[str, float]:
+def record_release(privacy: Privacy, state: ServerState, sampled: int, population: int,
+                   server_round: int, run: str, min_replies: int = 1, data_key: str = ""
+                   ) -> dict[str, float]:
     """Add the round's event to the ledger of `state` (and to dp-ledger's file); ε so far as
     the round's metrics. `run` names the run in the file (its results folder). Under SecAgg+ the
     nodes' discrete noise covers the rounding's reach too (secagg/aggregate.py), so z is z."""
-    z = booked_multiplier(privacy, replies, sampled)  # dp='client': m of the n noise shares
+    # dp='client': booked at the least m a released round has (min-replies), not the m that
+    # came, so ε does not tell whether, nor whose, a reply was lost (docs/privacy.md)
+    z = worst_multiplier(privacy, min_replies, sampled)
     events = [*ledger_of(state.extras), (z, sampled, population)]
     state.extras[LEDGER] = ledger_record(events)
     out = {"dp-epsilon": epsilon(events, privacy.dp_delta, privacy.dp_accounting),
            "dp-noise-multiplier": z}
-    if ledger.path_of(privacy) is not None:
+    if ledger.path_of(privacy, data_key) is not None:  # ε over every run in the data's ledger
         out["dp-epsilon-ledger"] = ledger.record(privacy, (z, sampled, population), run,
-                                                 state.run_key, server_round)
+                                                 state.run_key, server_round, data_key)
     return out

@@ -78,6 +78,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
         self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
+        self.data_key = ""  # the data's identity: its per-user dp ledger (privacy/ledger.py)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
         self.screen_reference: dict[str, tuple[float, int]] = {}  # set by _screen each round
@@ -195,7 +196,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         assert self.state is not None
         dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
                         len(nodes), self.num_nodes, self.contract(),
-                        self.cfg.federation.min_replies)  # refused: nothing is sent
+                        self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent
         content = self.instruction(server_round, config, len(nodes))
         self.report = RoundReport(sampled=len(nodes))
         self._count_down(content, len(nodes))
@@ -246,9 +247,9 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             new, agg = self._next_state(server_round, accepted, weights, combine)
         except (AggregationRefused, InvariantViolated) as why:
             if private is not None and private.combined:  # noise was drawn: a release all the same
-                self._record_release(self.state, len(accepted), server_round)
+                self._record_release(self.state, server_round)
             return self._skip(server_round, f"round refused: {why}")
-        privacy_stats = self._record_release(new, len(accepted), server_round) if private is not None else {}
+        privacy_stats = self._record_release(new, server_round) if private is not None else {}
         self.state = new  # the only assignment: a failure above leaves the state untouched
         deltas = [r.arrays[wire.DELTA] for r in accepted]
         consistency = {} if secure else \
@@ -324,9 +325,10 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
                 generator = compression.generator(self.cfg.federation.seed, server_round, "server", name)
                 state.extras[name] = codec.settled(state.extras[name], compression.codec_block, generator)
 
-    def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
-        return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
-                                 server_round, self.run_dir or self.cfg.output.run_name)
+    def _record_release(self, state: ServerState, server_round: int) -> dict[str, float]:
+        return dp.record_release(self.cfg.privacy, state, self.report.sampled, self.num_nodes,
+                                 server_round, self.run_dir or self.cfg.output.run_name,
+                                 self.cfg.federation.min_replies, self.data_key)
 
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:

@@ -13,7 +13,7 @@ from adaptfl.harness.privacy_audit import Canaries, main, run_audit
 from adaptfl.privacy import mechanism, server
 from adaptfl.privacy.audit_bound import binomial_tail, epsilon_lower_bound, p_value
 from tests.conftest import needs_fashion_mnist
-from tests.support.run_outputs import metric_rows
+from tests.support.run_outputs import confidential_rows
 
 
 def _all_right(r: int) -> float:
@@ -75,7 +75,7 @@ def test_with_noise_the_audit_stays_below_the_accountant_and_without_it_exceeds_
     assert noised.rounds == 3 and noised.epsilon_run == noised.epsilon_no_amplification
     assert noised.epsilon_audit <= noised.epsilon_run and not noised.failed, noised
     # each canary slot counts in the noise: std z·C/(n + m) on Δ's mean (k = 1), n = 2 sampled
-    rows = metric_rows(noised.results)
+    rows = confidential_rows(noised.results)  # the noise's std tells m: not released
     assert rows[0]["dp-noise-std"] == pytest.approx(2.0 * 0.5 / (2 + CANARIES))
     assert server.round_combine.__module__ == "adaptfl.privacy.server"  # restored after the run
 
