@@ -160,7 +160,7 @@ def test_the_release_does_not_change_with_which_node_was_slow_or_failed(tmp_path
     released_rows = {}
     for name, failing in (("node-4-fails", 4), ("node-2-fails", 2), ("node-1-slow", None)):
         cfg = _config(tmp_path, tiny_data, "fedavg", "client", run_name=name, num_server_rounds=2,
-                      min_replies=3)
+                      min_replies=3, dp_ledger=str(tmp_path / f"{name}.jsonl"))  # each its own total
         grid = InProcessGrid(4, cfg.to_flower(), handler=slow)
         if failing is not None:
             grid.contexts[failing].node_config["dp-min-noise-multiplier"] = 100.0  # refuses z = 1
