@@ -116,7 +116,6 @@ ATTACKS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_every_honest_node_refuses_a_lying_server_and_nothing_bare_leaves(attack: str, tiny_data, tmp_path,
                                                                          monkeypatch) -> None:
@@ -131,7 +130,6 @@ def test_every_honest_node_refuses_a_lying_server_and_nothing_bare_leaves(attack
     assert len(refused) == NODES and all(says in why and "\n" not in why for why in refused), refused
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("secagg", ["none", "secagg+"])
 def test_an_honest_server_is_answered_by_nodes_with_a_floor(secagg: str, tiny_data, tmp_path) -> None:
     """The same nodes (dp-required, a floor at the recipe's z, a cohort cap of the run's n)
