@@ -1,13 +1,14 @@
 """Rewrite the generated parts of pyproject.toml ([tool.flwr.app.config]) and docs/algorithms.md
-(the key table, the algorithm table), docs/workloads.md (tasks, models) and docs/metrics.md from the
-declarations: `python scripts/regenerate_docs.py` (tests/algorithms/test_config.py and
-tests/workloads/test_tables.py fail while any is stale)."""
+(the key table, the algorithm table), docs/workloads.md (tasks, models), docs/metrics.md and
+docs/privacy.md's node-key table from the declarations: `python scripts/regenerate_docs.py`
+(tests/algorithms/test_config.py and tests/workloads/test_tables.py fail while any is stale)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from adaptfl.algorithms.config import ALGORITHMS_PAGE, algorithm_table, key_table, pyproject_block
+from adaptfl.privacy import client as node_keys
 from adaptfl.server_app import columns
 from adaptfl.workloads import tables
 
@@ -30,4 +31,7 @@ if __name__ == "__main__":
     replace_between(ROOT / tables.PAGE, tables.TASK_HEADER, tables.END_TASKS, tables.task_table())
     replace_between(ROOT / tables.PAGE, tables.MODEL_HEADER, tables.END_MODELS, tables.model_table())
     replace_between(ROOT / columns.PAGE, columns.HEADER, columns.END, columns.column_table())
-    print(f"pyproject.toml, {ALGORITHMS_PAGE}, {tables.PAGE} and {columns.PAGE} regenerated")
+    replace_between(ROOT / node_keys.PAGE, node_keys.TABLE_HEADER, node_keys.TABLE_END,
+                    node_keys.node_key_table())
+    print(f"pyproject.toml, {ALGORITHMS_PAGE}, {tables.PAGE}, {columns.PAGE} and {node_keys.PAGE} "
+          "regenerated")

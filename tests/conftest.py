@@ -41,6 +41,20 @@ def _deterministic_threads():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _own_ledger_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Each test's dp runs keep their per-user ledgers (privacy/ledger.py) apart from the user's
+    and from other tests' (runs of other δ or accounting on the same data would be refused).
+    Set directly, not by monkeypatch: a test's monkeypatch.undo() must not drop it."""
+    before = os.environ.get("ADAPTFL_LEDGER_DIR")
+    os.environ["ADAPTFL_LEDGER_DIR"] = str(tmp_path_factory.mktemp("ledgers"))
+    yield
+    if before is None:
+        os.environ.pop("ADAPTFL_LEDGER_DIR", None)
+    else:
+        os.environ["ADAPTFL_LEDGER_DIR"] = before
+
+
 FORTUNES_DIR = "/usr/share/games/fortunes"
 TINY_FASHION_MNIST = (600, 200)  # train, test images
 TINY_FORTUNE_BYTES = 12_000  # per language: ~180 windows of 65 bytes, a couple held out

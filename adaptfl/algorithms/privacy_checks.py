@@ -27,7 +27,7 @@ from adaptfl.algorithms.settings import Federation
 from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.accountant import planned_epsilon
 from adaptfl.privacy.mechanism import records_noise_multiplier
-from adaptfl.privacy.server import count_stddev, share_bound, target_error
+from adaptfl.privacy.server import count_stddev, share_bound, target_error, worst_multiplier
 
 
 def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:
@@ -74,6 +74,7 @@ class DpPlan:
     mean_std: float  # on Δ's mean: z_records·√k·C_Δ·b (privacy/mechanism.py)
     client_std: float  # dp='client': what each client adds to its own Δ; 0 under dp='central'
     per_client: float  # mean_std / (C_Δ·b): noise in units of the most one client moves the mean
+    booked: float = 0.0  # the noise multiplier a round is booked at: after the worst loss it accepts
 
 
 def dp_plan(privacy: Privacy, algorithm: Algorithm, fed: Federation, population: int) -> DpPlan:
@@ -84,9 +85,11 @@ def dp_plan(privacy: Privacy, algorithm: Algorithm, fed: Federation, population:
     b = share_bound(fed, n)
     mean_std = z * math.sqrt(k) * privacy.dp_clip_norm * b
     client_std = z * math.sqrt(k) * privacy.dp_clip_norm / math.sqrt(n) if privacy.dp == "client" else 0.0
-    planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, fed.num_server_rounds,
-                              privacy.dp_delta, privacy.dp_accounting)
-    return DpPlan(fed.num_server_rounds, n, population, planned, mean_std, client_std, z * math.sqrt(k))
+    booked = worst_multiplier(privacy, fed.min_replies, n)
+    planned = planned_epsilon(booked, n, population, fed.num_server_rounds, privacy.dp_delta,
+                              privacy.dp_accounting)
+    return DpPlan(fed.num_server_rounds, n, population, planned, mean_std, client_std, z * math.sqrt(k),
+                  booked)
 
 
 def plan_line(privacy: Privacy, plan: DpPlan) -> str:
@@ -106,7 +109,7 @@ def rounds_within(privacy: Privacy, plan: DpPlan, bound: float) -> int:
     low, high = 0, plan.rounds
     while low < high:
         mid = (low + high + 1) // 2
-        if planned_epsilon(privacy.dp_noise_multiplier, plan.sampled, plan.population, mid,
+        if planned_epsilon(plan.booked, plan.sampled, plan.population, mid,
                            privacy.dp_delta, privacy.dp_accounting) <= bound:
             low = mid
         else:
@@ -136,8 +139,9 @@ def check_plan_sane(privacy: Privacy, fed: Federation, plan: DpPlan) -> None:
 def check_planned_target(privacy: Privacy, fed: Federation, population: int,
                          algorithm: Algorithm | None = None) -> None:
     """The rounds planned (dp-on-target='refuse'; round 1 alone with 'stop') must fit the target
-    ε with `population` nodes: dp-num-clients, or the nodes once known (server_app/run_checks.py);
-    without a target, the plan must stay within dp-accept-epsilon (check_plan_sane)."""
+    ε with `population` nodes: dp-num-clients, or the nodes once known (server_app/run_checks.py),
+    each round after the worst loss it accepts (privacy/server.py `worst_multiplier`); without a
+    target, the plan must stay within dp-accept-epsilon (check_plan_sane)."""
     if not privacy.on:
         return
     if privacy.dp_target_epsilon <= 0.0:
@@ -146,7 +150,7 @@ def check_planned_target(privacy: Privacy, fed: Federation, population: int,
         return
     n = sample_size(fed, population)
     rounds = fed.num_server_rounds if privacy.dp_on_target == "refuse" else 1
-    planned = planned_epsilon(privacy.dp_noise_multiplier, n, population, rounds,
+    planned = planned_epsilon(worst_multiplier(privacy, fed.min_replies, n), n, population, rounds,
                               privacy.dp_delta, privacy.dp_accounting)
     if planned > privacy.dp_target_epsilon:
-        raise ValueError(target_error(privacy, planned, rounds, n, population))
+        raise ValueError(target_error(privacy, planned, rounds, n, population, fed.min_replies))

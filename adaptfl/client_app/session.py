@@ -119,7 +119,9 @@ class ClientSession:
         self.privacy, self.sampled = privacy_from_recipe(recipe)
         self.secure = bool(recipe.get(SECURE, False))  # SecAgg+ masks the reply (secagg/client.py)
         self.node_id = context.node_id if context is not None else 0
-        check_floor(self.privacy, context.node_config if context is not None else {})  # dp='client'
+        # the node's own floor (privacy/client.py): refused here, before any training
+        node_config = context.node_config if context is not None else {}
+        self.reply_z = check_floor(self.privacy, self.sampled, node_config)
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
         self.model = model
@@ -271,7 +273,7 @@ class ClientSession:
         if self.privacy.dp == "client":  # clipped and noised here: the server never sees them bare
             names = shared_records(self.algorithm.contract(ModelSpec.of(self.model)))
             seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
-            records, values = privatize(records, values, names, self.privacy, self.sampled, seed,
+            records, values = privatize(records, values, names, self.privacy, self.reply_z, seed,
                                         noised=not self.secure)
         if not self.compression.lossless:  # after dp's noise: post-processing
             info = self.info

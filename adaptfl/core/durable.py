@@ -17,10 +17,14 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: a reader sees the old file or the new one, never a part."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o666) -> None:
+    """Replace `path` with `data`: a reader sees the old file or the new one, never a part.
+    `mode` 0o600: created readable by its owner only (never, not even briefly, by others)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    if mode != 0o666:  # a .tmp left by a killed run may have other bits
+        os.fchmod(fd, mode)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

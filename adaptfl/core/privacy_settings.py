@@ -19,7 +19,8 @@
                            does) or no-amplification (Flower's fixed-clipping accountant)
     dp-ledger              absolute path of a JSON-lines file every run on the same data appends
                            its rounds' events to, for ε over all of them (privacy/ledger.py);
-                           empty: off. The server's alone: never sent to a client
+                           empty: the data's own ledger in a per-user place. The server's alone:
+                           never sent to a client
     dp-seed                -1: noise from the OS CSPRNG; >= 0: reproducible noise, which anyone
                            who knows the seed can subtract: refused unless
     dp-testing-reproducible-noise  is true, the switch that says the run is a test, not private
@@ -80,7 +81,8 @@ class Privacy(Component):
                                "one, as Flower's fixed-clipping accountant)", choices=ACCOUNTING)
     dp_ledger: str = param("", "absolute path of the JSON-lines ledger of every run on the same "
                            "data (privacy/ledger.py): each round's event is appended and "
-                           "dp-epsilon-ledger is ε over all of them; empty: off")
+                           "dp-epsilon-ledger is ε over all of them; empty: the data's own "
+                           "ledger, <per-user dir>/<task>-<fingerprint>.jsonl")
     dp_seed: int = param(-1, "-1: noise from the OS CSPRNG; >= 0: reproducible noise (anyone who "
                          "knows the seed can remove it): needs dp-testing-reproducible-noise",
                          within=(-1, None))

@@ -1,48 +1,136 @@
-"""dp='client': the node's own privacy floor, from its node config (`--node-config`, like
-data-dir), never from the server. A recipe that asks for less noise than the floor, a larger
-clipping norm than the node allows, or names a noise seed is refused by the node in one line
-(ValueError: the client app turns it into an error reply naming the reason, which the run records
-under `rejected`).
+"""A node's own privacy floor, from its node config (`--node-config`, like data-dir), never from
+the server: the keys below are declared once here (`NODE_KEYS`; docs/privacy.md's node-key table
+is generated from it). The server's recipe is checked against the floor before the node trains;
+a recipe that asks for less is refused in one line (ValueError: the client app turns it into an
+error reply naming the reason, which the run records under `rejected`).
 
-    dp-min-noise-multiplier   the least z the node noises with (default 1.0)
-    dp-max-clip-norm          the largest C_Δ it clips to (default 1.0)
-    dp-max-state-clip-norm    the largest C_s it clips its other records to (default 1.0)
-    dp-testing-reproducible-noise  true: the node accepts a server's dp-seed (tests only)
+The floor binds what the node adds whatever the server says: the per-reply noise multiplier of
+dp='client' is z/√n for the z and the cohort n the recipe names, and a node adds at least
+z_min/√cap of it (`dp-min-noise-multiplier` over √`dp-max-cohort`), so a server that names an
+inflated n, a smaller z, a larger C, dp='none' or 'central' (to a node that requires dp) or a
+seed gets a refusal, never a weaker mechanism (docs/privacy.md, "A client that owns its noise").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from adaptfl.core import wire
 from adaptfl.core.privacy_settings import Privacy
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    """One node-config key of the privacy floor: its name, default and meaning."""
+
+    key: str
+    default: float | int | bool | None
+    meaning: str
+
 
 MIN_NOISE = "dp-min-noise-multiplier"
 MAX_CLIP = "dp-max-clip-norm"
 MAX_STATE_CLIP = "dp-max-state-clip-norm"
+MAX_COHORT = "dp-max-cohort"
+DP_REQUIRED = "dp-required"
 TESTING_SEED = "dp-testing-reproducible-noise"
-DEFAULT_FLOOR = {MIN_NOISE: 1.0, MAX_CLIP: 1.0, MAX_STATE_CLIP: 1.0}
+FLOOR_KEYS = (MIN_NOISE, MAX_CLIP, MAX_STATE_CLIP, MAX_COHORT)
+
+NODE_KEYS = (
+    NodeKey(MIN_NOISE, 1.0, "the least z of a dp='client' recipe this node accepts"),
+    NodeKey(MAX_CLIP, 1.0, "the largest C_Δ it clips Δ to"),
+    NodeKey(MAX_STATE_CLIP, 1.0, "the largest C_s it clips each other shared record to"),
+    NodeKey(MAX_COHORT, 10, "the largest cohort n it divides its noise by: each reply carries "
+            "noise multiplier z/√n ≥ dp-min-noise-multiplier/√dp-max-cohort, whatever n the "
+            "server names (a recipe below that is refused)"),
+    NodeKey(DP_REQUIRED, None, "true: recipes of dp='none' or 'central' are refused (the server "
+            "would see the update bare); unset: true when any key above is set"),
+    NodeKey(wire.NODE_SECAGG_REQUIRED, False, "true: the node trains only inside SecAgg+ "
+            "(docs/secagg.md)"),
+    NodeKey(TESTING_SEED, False, "TESTING ONLY: accept a server's dp-seed (the noise is then "
+            "known to the server)"),
+)
+DEFAULTS = {k.key: k.default for k in NODE_KEYS}
+PAGE = "docs/privacy.md"
+TABLE_HEADER = "| node-config key | default | meaning |"
+TABLE_END = "<!-- end of node-key table -->"
 
 
-def _truthy(value: Any) -> bool:
+def node_key_table() -> str:
+    """docs/privacy.md's table of these keys (scripts/regenerate_docs.py writes it)."""
+    rows = [f"| `{k.key}` | {'(see meaning)' if k.default is None else str(k.default).lower()} | "
+            f"{k.meaning} |" for k in NODE_KEYS]
+    return "\n".join([TABLE_HEADER, "|---|---|---|", *rows]) + "\n\n"
+
+
+def truthy(value: Any) -> bool:
     return value is True or str(value).strip().lower() in ("1", "true", "yes")
 
 
-def check_floor(privacy: Privacy, node_config: Mapping[str, Any]) -> None:
-    """Refuse (ValueError, one line) a dp='client' recipe below this node's floor."""
+@dataclass(frozen=True)
+class NodeFloor:
+    """The floor one node's config sets (defaults: NODE_KEYS)."""
+
+    min_noise: float
+    max_clip: float
+    max_state_clip: float
+    max_cohort: int
+    dp_required: bool
+    testing_seed: bool
+
+    @classmethod
+    def of(cls, node_config: Mapping[str, Any]) -> NodeFloor:
+        def number(key: str) -> float:
+            value = node_config.get(key, DEFAULTS[key])
+            try:
+                out = float(value)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                out = math.nan
+            if not math.isfinite(out) or out <= 0.0:
+                raise ValueError(f"node config {key}={value!r} must be a number > 0")
+            return out
+
+        required = node_config.get(DP_REQUIRED)
+        return cls(number(MIN_NOISE), number(MAX_CLIP), number(MAX_STATE_CLIP),
+                   max(1, int(number(MAX_COHORT))),
+                   truthy(required) if required is not None else any(k in node_config for k in FLOOR_KEYS),
+                   truthy(node_config.get(TESTING_SEED, False)))
+
+    @property
+    def reply_multiplier(self) -> float:
+        """The least noise multiplier of one reply's own noise: z_min/√cap."""
+        return self.min_noise / math.sqrt(self.max_cohort)
+
+
+def _refuse(why: str) -> ValueError:
+    return ValueError(f"refused by this node: {why}")
+
+
+def check_floor(privacy: Privacy, sampled: int, node_config: Mapping[str, Any]) -> float:
+    """Refuse (ValueError, one line) a recipe below this node's floor; under dp='client' the
+    noise multiplier of this node's reply: max(z/√n, z_min/√cap), which the checks make z/√n."""
+    floor = NodeFloor.of(node_config)
     if privacy.dp != "client":
-        return
-    floor = {key: float(node_config.get(key, default)) for key, default in DEFAULT_FLOOR.items()}
-    if privacy.dp_seed >= 0 and not _truthy(node_config.get(TESTING_SEED, False)):
-        raise ValueError(f"dp='client' refused by this node: the server names dp-seed={privacy.dp_seed}, "
-                         "which would let it subtract this node's noise")
-    if privacy.dp_noise_multiplier < floor[MIN_NOISE]:
-        raise ValueError(f"dp='client' refused by this node: dp-noise-multiplier="
-                         f"{privacy.dp_noise_multiplier:g} is below its {MIN_NOISE}={floor[MIN_NOISE]:g}")
-    if privacy.dp_clip_norm > floor[MAX_CLIP]:
-        raise ValueError(f"dp='client' refused by this node: dp-clip-norm={privacy.dp_clip_norm:g} "
-                         f"is above its {MAX_CLIP}={floor[MAX_CLIP]:g}")
-    if privacy.dp_state_clip_norm > floor[MAX_STATE_CLIP]:
-        raise ValueError(f"dp='client' refused by this node: dp-state-clip-norm="
-                         f"{privacy.dp_state_clip_norm:g} is above its {MAX_STATE_CLIP}="
-                         f"{floor[MAX_STATE_CLIP]:g}")
+        if floor.dp_required:
+            raise _refuse(f"the recipe says dp={privacy.dp!r} and this node's {DP_REQUIRED} is on "
+                          "(its update would reach the server bare); only dp='client' is answered")
+        return 0.0
+    if privacy.dp_seed >= 0 and not floor.testing_seed:
+        raise _refuse(f"the server names dp-seed={privacy.dp_seed}, which would let it subtract "
+                      "this node's noise")
+    z = privacy.dp_noise_multiplier
+    if z < floor.min_noise:
+        raise _refuse(f"dp-noise-multiplier={z:g} is below its {MIN_NOISE}={floor.min_noise:g}")
+    if privacy.dp_clip_norm > floor.max_clip:
+        raise _refuse(f"dp-clip-norm={privacy.dp_clip_norm:g} is above its {MAX_CLIP}={floor.max_clip:g}")
+    if privacy.dp_state_clip_norm > floor.max_state_clip:
+        raise _refuse(f"dp-state-clip-norm={privacy.dp_state_clip_norm:g} is above its "
+                      f"{MAX_STATE_CLIP}={floor.max_state_clip:g}")
+    if sampled < 1 or z / math.sqrt(sampled) < floor.reply_multiplier * (1.0 - 1e-12):
+        raise _refuse(f"a cohort of n={sampled} at dp-noise-multiplier={z:g} leaves this reply "
+                      f"noise multiplier {z / math.sqrt(max(sampled, 1)):.4g}, below its floor "
+                      f"{MIN_NOISE}/√{MAX_COHORT} = {floor.min_noise:g}/√{floor.max_cohort}")
+    return max(z / math.sqrt(sampled), floor.reply_multiplier)

@@ -10,18 +10,25 @@ covers all the runs on one data set (issue 31 §8), not each run alone.
                                   of another δ or accounting mode than this run's: ε over mixed
                                   bounds would be no bound
 
-The ledger covers exactly the runs that named the same file: one ledger per data set is the
-operator's to keep. dp-target-epsilon applies to the run's own ε, not the ledger's.
+Where: `dp-ledger` when set (an absolute path: the operator pointing elsewhere on purpose),
+else one per-user place keyed by the data a run spends: <ledger dir>/<task>-<fingerprint>.jsonl,
+the fingerprint a SHA-256 of the task and its training labels (`data_key`), the ledger dir
+$ADAPTFL_LEDGER_DIR, else $XDG_DATA_HOME/adaptfl/ledgers, else ~/.local/share/adaptfl/ledgers.
+So every dp run on the same data composes, whatever its results dir. dp-target-epsilon applies
+to the run's own ε, not the ledger's.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from adaptfl.core.privacy_settings import ACCOUNTING, Privacy
 from adaptfl.privacy.accountant import Event, epsilon
@@ -29,8 +36,36 @@ from adaptfl.privacy.accountant import Event, epsilon
 KEYS = ("z", "n", "N", "delta", "accounting", "run", "run-key", "round")
 
 
-def path_of(privacy: Privacy) -> Path | None:
-    return Path(privacy.dp_ledger).expanduser() if privacy.on and privacy.dp_ledger else None
+LEDGER_DIR_ENV = "ADAPTFL_LEDGER_DIR"
+
+
+def ledger_dir() -> Path:
+    """The per-user place of the data-keyed ledgers."""
+    if os.environ.get(LEDGER_DIR_ENV):
+        return Path(os.environ[LEDGER_DIR_ENV]).expanduser()
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "adaptfl" / "ledgers"
+
+
+def data_key(task: str, labels: torch.Tensor) -> str:
+    """<task>-<16 hex digits>: what identifies the data a run spends, the task and its training
+    rows' labels (their count and values), not where it lives. The partitioning is left out on
+    purpose: runs that split the same rows otherwise still spend the same people's data, so they
+    share one ledger (over-counting, never under-counting)."""
+    digest = hashlib.sha256(task.encode())
+    digest.update(labels.detach().cpu().contiguous().numpy().tobytes())
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.split(":")[-1])[:40]
+    return f"{name}-{digest.hexdigest()[:16]}"
+
+
+def path_of(privacy: Privacy, key: str = "") -> Path | None:
+    """The run's ledger: dp-ledger when set, else the per-user ledger of its data (`key`); None
+    without dp, or with no data key known (a strategy outside adaptfl's loop)."""
+    if not privacy.on:
+        return None
+    if privacy.dp_ledger:
+        return Path(privacy.dp_ledger).expanduser()
+    return ledger_dir() / f"{key}.jsonl" if key else None
 
 
 def read(path: Path) -> list[dict[str, Any]]:
@@ -76,17 +111,17 @@ def events(entries: Iterable[dict[str, Any]]) -> list[Event]:
     return [(float(e["z"]), int(e["n"]), int(e["N"])) for e in entries]
 
 
-def check_privacy_ledger(privacy: Privacy) -> None:
+def check_privacy_ledger(privacy: Privacy, key: str = "") -> None:
     """What a round refuses before anything is sent: a bad line, another δ or mode."""
-    path = path_of(privacy)
+    path = path_of(privacy, key)
     if path is not None:
         check(path, read(path), privacy.dp_delta, privacy.dp_accounting)
 
 
-def record(privacy: Privacy, event: Event, run: str, run_key: str, server_round: int) -> float:
+def record(privacy: Privacy, event: Event, run: str, run_key: str, server_round: int, key: str = "") -> float:
     """Append the round's event (unless this run's round is there already: a resume); ε over
     the whole ledger with it."""
-    path = path_of(privacy)
+    path = path_of(privacy, key)
     assert path is not None
     entry = {"z": event[0], "n": event[1], "N": event[2], "delta": privacy.dp_delta,
              "accounting": privacy.dp_accounting, "run": run, "run-key": run_key,

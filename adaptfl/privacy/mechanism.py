@@ -15,8 +15,9 @@ SOAP's statistics ~ 1e2), each record keeping the same signal-to-noise.
              shares are capped at s = max-weight-share and b = max(1/m, s) (a client moves a
              capped mean by at most 2·s·C_j when replaced, as it moves a uniform one by 2·C_j/m)
     client   each client clips its records to C_j and adds N(0, (z√k·C_j)²/n) itself, n the
-             sampled count: the m ≤ n noises sum to variance (m/n)·(z√k·C_j)², accounted as
-             noise multiplier z·√(m/n); the server averages uniformly and adds nothing
+             sampled count (at least its own floor: privacy/client.py): the m ≤ n noises sum
+             to variance (m/n)·(z√k·C_j)², accounted as noise multiplier z·√(m/n); the server
+             averages uniformly and adds nothing
 
 Adaptive clipping (central only): per record, C_j <- C_j·exp(-η(b̃_j - γ)), b̃_j the share of
 replies within C_j, counted with noise N(0, σ_b²) on the centred bits; the records' noise
@@ -171,15 +172,16 @@ class GaussianMean:
 
 
 def privatize(records: Mapping[str, Tensors], metrics: Mapping[str, float | int],
-              names: Sequence[str], privacy: Privacy, sampled: int, seed: int | None,
+              names: Sequence[str], privacy: Privacy, reply_z: float, seed: int | None,
               noised: bool = True) -> tuple[dict[str, Tensors], dict[str, float | int]]:
     """dp='client': clip each shared record to its C and add this client's share of the noise,
-    N(0, (z√k·C)²/n). Records are given by name; metrics in `names` are 1-element records.
-    `noised=False`: clip only (under SecAgg+ the noise is discrete, added to the integers)."""
+    N(0, (reply_z·√k·C)²), reply_z = z/√n for n sampled, or the node's floor when that is more
+    (privacy/client.py `check_floor`). Records are given by name; metrics in `names` are
+    1-element records. `noised=False`: clip only (under SecAgg+ the noise is discrete, added to
+    the integers)."""
     rng = noise_source(seed)
     k = len(names)
-    std_of = {n: privacy.dp_noise_multiplier * math.sqrt(k) * start_bound(privacy, n) / math.sqrt(sampled)
-              if noised else 0.0 for n in names}
+    std_of = {n: reply_z * math.sqrt(k) * start_bound(privacy, n) if noised else 0.0 for n in names}
     out_records, out_metrics = dict(records), dict(metrics)
     for name in names:
         bound = start_bound(privacy, name)

@@ -6,7 +6,8 @@ log at INFO and above, the MetricRecord Flower's `Strategy.start` logs) hold onl
 its own evaluation. Anything else a round row holds is a function of individual replies (their
 norms, losses, metrics, latencies, who took part, why a reply was dropped) and goes, with the
 whole row, to `server-confidential.jsonl` in the run folder (mode 0600): the server's, not for
-publication. `RunOutputs` (server_app/outputs.py) splits every row here.
+publication. `RunOutputs` (server_app/outputs.py) splits every row here. The released values do
+not depend on which nodes were sampled, nor on which of them were slow or failed.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ CONFIDENTIAL_FILE = "server-confidential.jsonl"
 
 RELEASED = frozenset({
     "round",
-    # the server's central evaluation of the (noised) model, and its own clock
-    "test-accuracy", "test-loss", "seconds", "eval-seconds",
-    # counts the accountant and the mean treat as public (n sampled, m accepted)
-    "replies-sampled", "replies-accepted", "skipped",
-    # the privacy spent and the noise drawn (the adaptive C and share are noised releases)
-    "dp-epsilon", "dp-epsilon-ledger", "dp-noise-multiplier", "dp-noise-std", "dp-clip-norm",
-    "dp-unclipped-share",
+    # the server's central evaluation of the (noised) model, timed on its own clock
+    "test-accuracy", "test-loss", "eval-seconds",
+    # n sampled: a function of the connected nodes and fraction-train, not of who was drawn
+    "replies-sampled",
+    # the privacy spent (dp='client': booked at min-replies, whatever came) and the noise's
+    # scale (the adaptive C and share are noised releases)
+    "dp-epsilon", "dp-epsilon-ledger", "dp-noise-multiplier", "dp-clip-norm", "dp-unclipped-share",
 })
+# Not released, though they name no node: each depends on who was sampled and how they fared
+# (a slow node lengthens `seconds`, a failed one lowers `replies-accepted` or skips the round,
+# the central noise's std is z√k·C/m), so they would tell the rounds a node was in.
 
 V = TypeVar("V")
 

@@ -7,7 +7,8 @@ vector, so the server learns only their sums; what it sees per node is the plain
 that all carry the mean: a uniform mean of m copies of the mean is the mean, and everything
 after it (server optimizer, components' state, |S|/N, the invariants, dp's ledger) is
 post-processing of the sum. Under dp='client' each node adds its share of a discrete Gaussian
-to its integers before masking (noise.py), so the sum carries the whole noise of z.
+to its integers before masking (noise.py), calibrated to the rounded integers' reach, so the sum
+carries the whole noise of z.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from adaptfl.core.domain import Domain
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.mechanism import metric_domains, shared_records, start_bound
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint
@@ -43,6 +45,16 @@ def record_ranges(strategy: AdaptiveStrategy) -> dict[str, float]:
     return {r: cfg.secagg.clip_of(r) for r in names}
 
 
+def node_noise_std(privacy: Privacy, bound: int, slots: list[fixedpoint.Slot], sampled: int) -> float:
+    """dp='client': each node's std of discrete noise, z·S/√n, S the integer vector's L2 reach
+    with the rounding (fixedpoint.sensitivity): the n shares sum to noise multiplier z over the
+    rounded integers, so the accountant's z holds as it is. Each node computes it again itself
+    (secagg/client.py) and refuses a round that asks for less."""
+    if privacy.dp != "client" or bound <= 0:
+        return 0.0
+    return privacy.dp_noise_multiplier * fixedpoint.sensitivity(bound, slots) / math.sqrt(sampled)
+
+
 def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, messages: list[Message],
                  timeout: float | None) -> tuple[ArrayRecord | None, MetricRecord | None, list[int]]:
     """(the round's aggregate, its metrics, the sampled nodes that never answered)."""
@@ -53,16 +65,15 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
     privacy, bits = cfg.privacy, cfg.secagg.secagg_modulus_bits
     k = len(shared_records(contract))
     z_sqrt_k = privacy.dp_noise_multiplier * math.sqrt(k) if privacy.dp == "client" else 0.0
-    bound = fixedpoint.budget(bits, len(nodes), z_sqrt_k)  # the summed noise's std is z√k·B
     ranges = record_ranges(strategy)
     slots = fixedpoint.layout(contract, strategy.spec, ranges.__getitem__)
-    server = SecAggServer(shares, threshold, bits, bound, z_sqrt_k * bound / math.sqrt(len(nodes)),
+    bound = fixedpoint.budget(bits, len(nodes), z_sqrt_k, fixedpoint.rounding_width(slots))
+    server = SecAggServer(shares, threshold, bits, bound, node_noise_std(privacy, bound, slots, len(nodes)),
                           timeout, ring_seed(cfg.federation.seed, server_round), server_round)
-    report = strategy.report
     try:
-        if bound < 2 ** 8:  # fewer than 256 steps per value: the mean would be mostly rounding
-            raise SecureRefused(f"secagg-modulus-bits={bits}: {len(nodes)} nodes leave {bound} integer "
-                                "steps per value; raise secagg-modulus-bits")
+        why = fixedpoint.refusal(bits, len(nodes), z_sqrt_k, slots)  # the mean mostly rounding
+        if why:
+            raise SecureRefused(why)
         out = server.run(grid, nodes, messages[0].content, slots, ranges, admit(strategy))
     except SecureRefused as why:
         _note(strategy, server.out)
@@ -73,8 +84,6 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
     for name in contract.up:  # a record of no arrays (Muon routing nothing) has no slot
         records.setdefault(name, {})
     records = {name: project(contract.domains.get(name, {}), arrays) for name, arrays in records.items()}
-    width = max(math.sqrt(s.size) for s in slots)  # rounding adds < 1 per value: ‖q‖ ≤ B + √d
-    report.noise_factor = bound / (bound + width) if privacy.dp == "client" else 1.0
     replies = [DecodedReply(arrays=records, metrics={**out.metrics[n], **averaged},
                             num_bytes=0) for n in out.live]
     aggregate, metrics = strategy.aggregate_accepted(server_round, replies, secure=True)

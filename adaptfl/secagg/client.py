@@ -7,14 +7,19 @@ ValueError, which the ClientApp answers as an error reply: the node drops out of
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from adaptfl.algorithms.recipe import algorithm_from_recipe, privacy_from_recipe
 from adaptfl.core import wire
+from adaptfl.privacy.client import check_floor
+from adaptfl.privacy.mechanism import start_bound
 from adaptfl.secagg import crypto, fixedpoint, noise
 from adaptfl.secagg import protocol as p
 
@@ -133,7 +138,9 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     if reply.has_error():
         return reply
     bits, bound = _int(cfg, p.BITS), _int(cfg, p.BOUND)
-    total = _masked(reply.content, cfg, state, senders, own, bits, bound)
+    recipe = msg.content.config_records.get(wire.RECIPE, ConfigRecord())
+    total = _masked(reply.content, cfg, state, senders, own, bits, bound,
+                    lambda slots: own_noise(recipe, cfg, slots, bits, bound, context.node_config))
     metrics = dict(reply.content.metric_records[wire.METRICS])
     for name in [str(s).split("/", 1)[0] for s in _names(cfg) if str(s).endswith("/" + fixedpoint.METRIC)]:
         metrics.pop(name, None)  # averaged through the sum, never sent alone
@@ -150,7 +157,7 @@ def _names(cfg: ConfigRecord) -> list[str]:
 
 
 def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders: list[int], own: int,
-            bits: int, bound: int) -> np.ndarray:
+            bits: int, bound: int, noise_of: Callable[[list[fixedpoint.Slot]], float]) -> np.ndarray:
     """y: this reply's shared records in the server's layout, as integers, masked."""
     records = {name: dict(rec.to_torch_state_dict()) for name, rec in content.array_records.items()}
     metrics = {k: v for k, v in content.metric_records[wire.METRICS].items() if isinstance(v, int | float)}
@@ -164,8 +171,8 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
     extra = sorted(f"{r}/{n}" for r, arrays in records.items() for n in arrays if f"{r}/{n}" not in sent)
     if extra:  # a record the server would not sum is a record it would never see
         raise ValueError(f"secagg: the reply holds arrays the layout lacks: {extra[:3]}")
+    std = noise_of(slots)  # checked before anything is encoded
     q = fixedpoint.encode(records, metrics, slots, bound, _rounding(cfg, own))
-    std = _float(cfg, p.NOISE_STD)
     if std > 0.0:  # dp='client': this node's share of the sum's discrete Gaussian noise
         q = q + noise.discrete_gaussian(std, len(q))
     total = fixedpoint.to_ring(q, bits)
@@ -174,6 +181,51 @@ def _masked(content: RecordDict, cfg: ConfigRecord, state: ConfigRecord, senders
     for j in senders:
         p.add_mask(total, masks.agree(_bytes(state, f"pk-mask:{j}")), p.pair_sign(own, j), bits)
     return total
+
+
+def own_noise(recipe: ConfigRecord, cfg: ConfigRecord, slots: list[fixedpoint.Slot], bits: int,
+              bound: int, node_config: Mapping[str, Any]) -> float:
+    """This node's std of discrete noise, computed from its own floor and the public round
+    (docs/secagg.md, "Distributed DP"): every parameter the server sends (the layout's records,
+    each range, B, the modulus, n, the noise std) is checked against what the floor needs, and a
+    round that asks for less is refused (ValueError, one line). Without dp: the server's std."""
+    privacy, sampled = privacy_from_recipe(recipe)
+    requested = _float(cfg, p.NOISE_STD)
+    shared = _shared_names(recipe) if "algorithm" in recipe else None
+    layout = {s.record for s in slots}
+    if shared is not None and not (layout <= shared[0] and shared[1] <= layout):
+        raise ValueError(f"secagg: the layout's records {sorted(layout)} are not this algorithm's shared "
+                         f"records (its averaged metrics {sorted(shared[1])} among them)")
+    if not all(math.isfinite(s.clip) and s.clip > 0.0 for s in slots):
+        raise ValueError("secagg: a record's range is not a number > 0")
+    reply_z = check_floor(privacy, sampled, node_config)  # the cohort n and z against the floor
+    if privacy.dp != "client":
+        return requested
+    if shared is None:
+        raise ValueError("secagg: a dp='client' recipe without its algorithm")
+    for slot in slots:
+        if not slot.clip >= start_bound(privacy, slot.record):
+            raise ValueError(f"secagg: the range {slot.clip:g} of {slot.record!r} is below its clipping "
+                             f"norm {start_bound(privacy, slot.record):g}: it would shrink the noise")
+    k = len(shared[0])
+    expected = fixedpoint.budget(bits, sampled, privacy.dp_noise_multiplier * math.sqrt(k),
+                                 fixedpoint.rounding_width(slots)) if 16 <= bits <= 64 else -1
+    if bound != expected or bound < fixedpoint.MIN_BOUND:
+        raise ValueError(f"secagg: B={bound} at modulus 2^{bits} is not the B of {sampled} nodes at "
+                         f"z={privacy.dp_noise_multiplier:g} ({expected}), or below {fixedpoint.MIN_BOUND}")
+    own = reply_z * fixedpoint.sensitivity(bound, slots)
+    if requested < own * (1.0 - 1e-9):
+        raise ValueError(f"secagg: noise std {requested:.6g} is below this node's own {own:.6g} "
+                         f"(z/√n={reply_z:.4g} of its integers' reach)")
+    return max(requested, own)
+
+
+def _shared_names(recipe: ConfigRecord) -> tuple[set[str], set[str]]:
+    """(every record this node's algorithm shares, its averaged metrics), from the recipe's
+    algorithm as the node rebuilds it."""
+    algorithm = algorithm_from_recipe(recipe)
+    metrics = {m.name for s in algorithm.stages() for m in s.up_metrics}
+    return {wire.DELTA} | {r.name for s in algorithm.stages() for r in s.records_up()} | metrics, metrics
 
 
 def _rounding(cfg: ConfigRecord, own: int) -> torch.Generator:

@@ -22,6 +22,7 @@ from adaptfl.core.contract import Contract, ModelSpec
 from adaptfl.privacy.mechanism import shared_records
 
 METRIC = "value"  # the one array of an averaged metric's record
+MIN_BOUND = 2 ** 8  # fewer steps per value and the mean would be mostly rounding: refused
 NOISE_SIGMAS = 10.0  # headroom for dp's summed noise: P(|N(0,1)| > 10) ≈ 1.5e-23 per value
 
 
@@ -56,9 +57,49 @@ def length(slots: list[Slot]) -> int:
     return sum(s.size for s in slots)
 
 
-def budget(bits: int, sampled: int, noise_std: float = 0.0) -> int:
-    """B: the largest |q| one node may send, `noise_std` the summed noise's std in units of B."""
-    return int((2 ** (bits - 1) - 1) // (sampled + NOISE_SIGMAS * noise_std))
+def budget(bits: int, sampled: int, noise_std: float = 0.0, rounding: float = 0.0) -> int:
+    """B: the largest |q| one node may send, so that `sampled` vectors and their summed noise to
+    NOISE_SIGMAS standard deviations stay inside (-2^(m-1), 2^(m-1)). `noise_std` is the summed
+    noise's std in units of B + `rounding` (dp: z√k, `rounding` the largest √d of a record, as
+    `sensitivity` bounds it): n·B + NOISE_SIGMAS·noise_std·(B + rounding) <= 2^(m-1) - 1."""
+    room = 2 ** (bits - 1) - 1 - NOISE_SIGMAS * noise_std * rounding
+    return int(room // (sampled + NOISE_SIGMAS * noise_std))
+
+
+def record_widths(slots: list[Slot]) -> dict[str, float]:
+    """√d of each record: d its values, the arrays of the record together."""
+    sizes: dict[str, int] = {}
+    for slot in slots:
+        sizes[slot.record] = sizes.get(slot.record, 0) + slot.size
+    return {record: math.sqrt(d) for record, d in sizes.items()}
+
+
+def sensitivity(bound: int, slots: list[Slot]) -> float:
+    """One node's L2 reach on the integer vector under dp (each record clipped to its range):
+    record j scales to norm at most B, and stochastic rounding adds less than 1 to each of its
+    d_j values, so ‖q_j‖ < B + √d_j, and ‖q‖ < √(Σ_j (B + √d_j)²)."""
+    return math.sqrt(sum((bound + width) ** 2 for width in record_widths(slots).values()))
+
+
+def rounding_width(slots: list[Slot]) -> float:
+    """The largest √d_j: what `budget` reserves beside B for the rounding."""
+    return max(record_widths(slots).values(), default=0.0)
+
+
+def refusal(bits: int, sampled: int, noise_std: float, slots: list[Slot]) -> str:
+    """Why a round cannot be summed at this modulus ("" when it can): fewer than MIN_BOUND steps
+    per value, or (under dp) a rounding reach √d_j above B, where the nodes' noise would be
+    calibrated mostly to the rounding (docs/secagg.md, "Distributed DP")."""
+    width = rounding_width(slots)
+    bound = budget(bits, sampled, noise_std, width)
+    if bound < MIN_BOUND:
+        return (f"secagg-modulus-bits={bits}: {sampled} nodes leave {bound} integer steps per value "
+                f"(fewer than {MIN_BOUND}); raise secagg-modulus-bits")
+    if noise_std > 0.0 and width > bound:
+        return (f"secagg-modulus-bits={bits}: the rounding's reach √d = {width:.0f} exceeds B = "
+                f"{bound} steps, so dp's noise would be mostly for the rounding; raise "
+                "secagg-modulus-bits")
+    return ""
 
 
 def encode(records: Mapping[str, Mapping[str, torch.Tensor]], metrics: Mapping[str, float | int],

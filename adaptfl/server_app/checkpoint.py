@@ -49,8 +49,10 @@ class Checkpoint:
 
 def save_checkpoint(run_dir: Path, state: ServerState) -> None:
     """Atomic (write, fsync, rename, fsync the folder): a kill or a power cut at any moment
-    leaves the previous round's state or this one."""
-    write_atomic(run_dir / STATE_FILE, state.to_bytes())
+    leaves the previous round's state or this one. Mode 0600: the state names participation
+    (each partition's owner and first round, the sampling RNG), the server's alone
+    (docs/privacy.md, "What a dp run releases")."""
+    write_atomic(run_dir / STATE_FILE, state.to_bytes(), mode=0o600)
 
 
 def new_run_key() -> str:

@@ -73,9 +73,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "server-rss-mb": ("both", "the server process's resident memory after the round"),
     "dp-epsilon": ("both", "dp: ε spent so far at dp-delta (privacy/accountant.py)"),
     "dp-epsilon-ledger": ("both", "dp with dp-ledger: ε of every run in the ledger, this round included"),
-    "dp-noise-multiplier": ("both", "dp: the round's noise multiplier z (dp='client': less when fewer "
-                            "of the sampled replied)"),
-    "dp-noise-std": ("both", "dp: the std of the noise on Δ's mean"),
+    "dp-noise-multiplier": ("both", "dp: the round's accounted noise multiplier z (dp='client': "
+                            "z·√(m/n) at m = min-replies, the least a released round has)"),
+    "dp-ledger-file": (JSONL, "dp: the ledger dp-epsilon-ledger is the total of (dp-ledger, else the "
+                       "data's per-user ledger: privacy/ledger.py); server-confidential.jsonl only"),
+    "dp-noise-std": ("both", "dp='central': the std of the noise on Δ's mean (server-confidential.jsonl "
+                     "only: it tells m)"),
     "dp-clip-norm": ("both", "dp: Δ's clipping norm this round (moves with adaptive clipping)"),
     "dp-unclipped-share": ("both", "dp, adaptive clipping: the noised share of replies within their norm"),
     "rejected": (JSONL, "node -> the reason its reply was dropped"),

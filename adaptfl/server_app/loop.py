@@ -29,6 +29,7 @@ from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec, federated_state, frozen_parameters, load_federated
 from adaptfl.core.stage import ClientData
+from adaptfl.privacy import ledger
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, detail_level
 from adaptfl.privacy.server import BudgetReached
@@ -71,6 +72,8 @@ def build_run(cfg: RunConfig) -> tuple[AdaptiveStrategy, torch.nn.Module, Task]:
     torch.manual_seed(cfg.federation.seed)
     model = build_task_model(cfg.data.model, task, cfg.llm, cfg.data.data_dir)
     strategy = AdaptiveStrategy(cfg)
+    if cfg.privacy.on:  # the data this run spends: its per-user dp ledger (privacy/ledger.py)
+        strategy.data_key = ledger.data_key(task.name, task.train.labels)
     spec = ModelSpec.of(model)
     strategy.initialize(federated_state(model), spec)
     if cfg.local.batch_size > len(task.train):
@@ -289,6 +292,9 @@ def round_row(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task, se
            "bytes": {"down": dict(report.down_bytes), "up": dict(report.up_bytes)}}
     if report.skip_reason:
         row["skip-reason"] = report.skip_reason
+    ledger_file = ledger.path_of(strategy.cfg.privacy, strategy.data_key)
+    if ledger_file is not None:  # which ledger dp-epsilon-ledger is the total of
+        row["dp-ledger-file"] = str(ledger_file)
     if report.step_path() is not None:  # which local-step path the clients took
         row[wire.STEP_PATH] = report.step_path()
     if report.clients:

@@ -32,11 +32,15 @@ class Progress:
         elapsed = time.perf_counter() - self.started
         done = server_round - self.first_round + 1
         eta = elapsed / done * (self.num_rounds - server_round)
-        state = "skipped (state unchanged)" if row.get("skipped") else \
-            f"{row.get('replies-accepted', 0)}/{row.get('replies-sampled', 0)} replies"
         spent = f", ε {row['dp-epsilon']:.3g}" if "dp-epsilon" in row else ""  # dp: so far, at dp-delta
-        log.info("[ROUND %d/%d] accuracy %.4f, loss %.4f, %s%s, %.1f s (elapsed %s, ETA %s)",
-                 server_round, self.num_rounds, row["test-accuracy"], row["test-loss"], state, spent,
-                 row["seconds"], clock(elapsed), clock(eta))
+        if "seconds" not in row:  # dp's release: counts and clocks tell who was slow or failed
+            log.info("[ROUND %d/%d] accuracy %.4f, loss %.4f%s", server_round, self.num_rounds,
+                     row["test-accuracy"], row["test-loss"], spent)
+        else:
+            state = "skipped (state unchanged)" if row.get("skipped") else \
+                f"{row.get('replies-accepted', 0)}/{row.get('replies-sampled', 0)} replies"
+            log.info("[ROUND %d/%d] accuracy %.4f, loss %.4f, %s%s, %.1f s (elapsed %s, ETA %s)",
+                     server_round, self.num_rounds, row["test-accuracy"], row["test-loss"], state, spent,
+                     row["seconds"], clock(elapsed), clock(eta))
         if self.on_round is not None:
             self.on_round(row)

@@ -79,6 +79,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
         self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
+        self.data_key = ""  # the data's identity: its per-user dp ledger (privacy/ledger.py)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
         self.screen_reference: dict[str, tuple[float, int]] = {}  # set by _screen each round
@@ -205,7 +206,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         nodes = self.sample_nodes(grid)
         assert self.state is not None
         dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
-                        len(nodes), self.num_nodes, self.contract())  # refused: nothing is sent
+                        len(nodes), self.num_nodes, self.contract(),
+                        self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent
         content = self.instruction(server_round, config, len(nodes))
         self.report = RoundReport(sampled=len(nodes))
         self._count_down(content, len(nodes))
@@ -261,9 +263,9 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             new, agg = self._next_state(server_round, accepted, weights, combine)
         except (AggregationRefused, InvariantViolated) as why:
             if private is not None and private.combined:  # noise was drawn: a release all the same
-                self._record_release(self.state, len(accepted), server_round)
+                self._record_release(self.state, server_round)
             return self._skip(server_round, f"round refused: {why}")
-        privacy_stats = self._record_release(new, len(accepted), server_round) if private is not None else {}
+        privacy_stats = self._record_release(new, server_round) if private is not None else {}
         self.state = new  # the only assignment: a failure above leaves the state untouched
         deltas = [r.arrays[wire.DELTA] for r in accepted]
         consistency = {} if secure else \
@@ -279,10 +281,14 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics(stats)))  # as in _skip
 
     def _too_few(self, accepted: list[DecodedReply]) -> str:
-        """Why the round cannot aggregate ('' if it can): min-replies answered, one accepted."""
+        """Why the round cannot aggregate ('' if it can): min-replies answered, one accepted;
+        under dp='client' min-replies accepted, the least noise shares a target is checked with
+        (privacy/server.py `worst_multiplier`)."""
         answered, need = self.report.answered, self.cfg.federation.min_replies
         if answered < need:
             return f"{answered} replies < min-replies={need} ({len(accepted)} accepted)"
+        if self.cfg.privacy.dp == "client" and len(accepted) < need:
+            return f"{len(accepted)} accepted replies < min-replies={need} (dp='client': their noise)"
         return "" if accepted else f"0 accepted replies of {answered}"
 
     def _round_combine(self, accepted: list[DecodedReply], weights: list[float], server_round: int
@@ -335,10 +341,10 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
                 generator = compression.generator(self.cfg.federation.seed, server_round, "server", name)
                 state.extras[name] = codec.settled(state.extras[name], compression.codec_block, generator)
 
-    def _record_release(self, state: ServerState, replies: int, server_round: int) -> dict[str, float]:
-        return dp.record_release(self.cfg.privacy, state, replies, self.report.sampled, self.num_nodes,
+    def _record_release(self, state: ServerState, server_round: int) -> dict[str, float]:
+        return dp.record_release(self.cfg.privacy, state, self.report.sampled, self.num_nodes,
                                  server_round, self.run_dir or self.cfg.output.run_name,
-                                 self.report.noise_factor)
+                                 self.cfg.federation.min_replies, self.data_key)
 
     @staticmethod
     def _client_metrics(replies: list[DecodedReply], weights: list[float]) -> dict[str, float]:

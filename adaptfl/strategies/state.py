@@ -93,7 +93,6 @@ class RoundReport:
     screen_ratio_max: float = 0.0  # the largest such ratio among the replies kept
     clipped: int = 0  # replies pulled back to the contribution bound (max-contribution-ratio)
     latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
-    noise_factor: float = 1.0  # what SecAgg+'s fixed point leaves of dp's z (secagg/aggregate.py)
     metrics: dict[str, float] = field(default_factory=dict)
     # partition id (node id for a reply without one) -> where each accepted reply's client ran
     # and its state came from ("ray-node" as 12 hex digits, "client-state" and

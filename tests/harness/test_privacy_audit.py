@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.harness.privacy_audit import Canaries, main, run_audit
+from adaptfl.harness.privacy_audit import Canaries, canary_epsilon, main, run_audit
 from adaptfl.privacy import mechanism, server
+from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import binomial_tail, epsilon_lower_bound, p_value
 from tests.conftest import needs_fashion_mnist
-from tests.support.run_outputs import metric_rows
+from tests.support.run_outputs import confidential_rows
 
 
 def _all_right(r: int) -> float:
@@ -76,7 +78,7 @@ def test_with_noise_the_audit_stays_below_the_accountant_and_without_it_exceeds_
     assert noised.rounds == 3 and noised.epsilon_run == noised.epsilon_no_amplification
     assert noised.epsilon_audit <= noised.epsilon_run and not noised.failed, noised
     # each canary slot counts in the noise: std z·C/(n + m) on Δ's mean (k = 1), n = 2 sampled
-    rows = metric_rows(noised.results)
+    rows = confidential_rows(noised.results)  # the noise's std tells m: not released
     assert rows[0]["dp-noise-std"] == pytest.approx(2.0 * 0.5 / (2 + CANARIES))
     assert server.round_combine.__module__ == "adaptfl.privacy.server"  # restored after the run
 
@@ -122,3 +124,25 @@ def test_the_cli_prints_the_bound_beside_the_accountants_epsilon(tmp_path, tiny_
     assert "empirical ε ≥" in out and "at 95% confidence (δ=1e-05)" in out, out
     assert "accountant's ε = " in out and "dp-accounting=without-replacement" in out, out
     assert "accountant's ε without amplification = " in out and "FAILED" not in out, out
+
+
+def _scored(sigma: float, rounds: int = 1, count: int = 20_000, seed: int = 3):  # noqa: ANN202
+    """The canary mechanism's scores in units of C_Δ·b, as `Canaries.score` sums them: each round
+    an included canary adds 1, the noise N(0, σ²) (σ = z√k; 0: no noise)."""
+    canaries = Canaries(count, seed)
+    noise = np.random.default_rng(seed + 1)
+    for _ in range(rounds):
+        canaries.scores += canaries.included + (noise.normal(0.0, sigma, count) if sigma else 0.0)
+    return canaries
+
+
+def test_the_audit_fails_a_noiseless_and_a_half_noise_mechanism_and_passes_an_honest_one() -> None:
+    """z = 2 (k = 1), one round, 20,000 canaries, 200 + 200 guesses: the bound from the guesses
+    against the canary mechanism's own ε (2.17). The no-amplification ε the audit used before
+    (z/2 per round: 4.8) is above what even a half-noise mechanism audits at."""
+    z, k = 2.0, 200
+    reference = canary_epsilon(z, 1, 1, 1e-5)
+    bound = {name: epsilon_lower_bound(20_000, 2 * k, _scored(sigma).correct(k, k), 1e-5, 0.95)
+             for name, sigma in (("honest", z), ("half", z / 2), ("none", 0.0))}
+    assert bound["honest"] <= reference < bound["half"] < bound["none"], (reference, bound)
+    assert bound["half"] < epsilon([(z, 1, 1)], 1e-5, "no-amplification")  # the old reference

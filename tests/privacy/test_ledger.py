@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import to_recipe
@@ -159,3 +160,28 @@ def test_runs_appending_at_once_leave_every_line_whole(tmp_path) -> None:
     entries = ledger.read(book)
     assert len(entries) == 100 and {(e["run-key"], e["round"]) for e in entries} == \
         {(k, r) for k in "abcd" for r in range(1, 26)}
+
+
+@needs_fashion_mnist
+def test_without_dp_ledger_runs_on_the_same_data_compose_across_results_dirs(tmp_path, tiny_data) -> None:
+    """No dp-ledger named: two runs in two results dirs share the per-user ledger of their data
+    (task + its training labels), and the second row names it and ε over both; a run on other
+    data (the test split as training rows would be other data) has its own."""
+    def run(results: str, name: str):  # noqa: ANN202
+        cfg = RunConfig.of(results_dir=str(tmp_path / results), data_dir=tiny_data["fashion-mnist"],
+                           run_name=name, **TINY)
+        out = run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
+        whole = (out / "server-confidential.jsonl").read_text().splitlines()
+        return out, [json.loads(line) for line in whole]
+
+    _, first = run("one", "a")
+    out, second = run("two", "b")
+    book = ledger.ledger_dir() / f"{first[-1]['dp-ledger-file'].rsplit('/', 1)[-1]}"
+    assert second[-1]["dp-ledger-file"] == first[-1]["dp-ledger-file"] == str(book)
+    assert book.parent == ledger.ledger_dir() and str(tmp_path) not in str(book)  # not under results
+    assert book.name.startswith("fashion-mnist-") and len(_lines(book)) == 4
+    whole = epsilon([EVENT] * 4, 1e-5, "no-amplification")
+    assert second[-1]["dp-epsilon-ledger"] == pytest.approx(whole, rel=1e-9)
+    assert metric_rows(out)[-1]["dp-epsilon-ledger"] == pytest.approx(whole, rel=1e-9)  # released
+    labels = torch.arange(10) % 3
+    assert ledger.data_key("fashion-mnist", labels) != ledger.data_key("fashion-mnist", labels.flip(0))

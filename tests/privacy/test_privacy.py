@@ -32,7 +32,7 @@ from tests.strategies.test_hostile_replies import (
     _poisoned,
     _strategy,
 )
-from tests.support.run_outputs import metric_rows
+from tests.support.run_outputs import confidential_rows, metric_rows
 
 DP = dict(dp="central", weighting="uniform", dp_seed=7,
           dp_testing_reproducible_noise=True, dp_clip_norm=0.5, dp_state_clip_norm=0.3,
@@ -119,12 +119,12 @@ def test_client_noise_shares_sum_to_the_central_std() -> None:
     n, size = 10, 4000
     means = []
     for r in range(5):
-        shares = [privatize({wire.DELTA: {"x": torch.zeros(size)}}, {}, [wire.DELTA], privacy, n,
+        shares = [privatize({wire.DELTA: {"x": torch.zeros(size)}}, {}, [wire.DELTA], privacy, 0.9 / n ** 0.5,
                             round_seed(3, "client", r, node))[0][wire.DELTA]["x"] for node in range(n)]
         means.append(torch.stack(shares).double().mean(0))
     assert float(torch.cat(means).std()) == pytest.approx(0.9 * 2.0 / n, rel=0.03)
     big = privatize({wire.DELTA: {"x": torch.full((4,), 1e6)}}, {wire.F_HAT: 1e9},
-                    [wire.DELTA, wire.F_HAT], Privacy(dp="client", dp_noise_multiplier=1e-9), n, 1)
+                    [wire.DELTA, wire.F_HAT], Privacy(dp="client", dp_noise_multiplier=1e-9), 1e-9, 1)
     assert float(big[0][wire.DELTA]["x"].norm()) == pytest.approx(1.0, rel=1e-6)  # clipped to C
     assert big[1][wire.F_HAT] == pytest.approx(1.0, rel=1e-6)
 
@@ -199,6 +199,27 @@ def test_a_target_epsilon_stops_before_the_round_that_would_pass_it(tmp_path, ti
 
 
 @needs_fashion_mnist
+def test_a_target_holds_when_a_dp_client_round_loses_a_reply(tmp_path, tiny_data) -> None:
+    """dp='client', 4 nodes, min-replies=3, one node refusing every round (its own floor): each
+    round is booked at z·√(3/4). The target is checked with that worst loss, so no release
+    passes it (checked with the planned z, round 2 went out at ε past the target)."""
+    lost = math.sqrt(3 / 4)
+    one_lost = epsilon([(lost, 4, 4), (1.0, 4, 4)], 1e-5, "no-amplification")
+    two_lost = epsilon([(lost, 4, 4)] * 2, 1e-5, "no-amplification")
+    target = (one_lost + two_lost) / 2
+    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
+                       **{**SMALL, "dp": "client", "dp_seed": -1, "dp_testing_reproducible_noise": False,
+                          "fraction_train": 1.0, "num_server_rounds": 3, "local_steps": 1},
+                       min_replies=3, dp_target_epsilon=target, dp_on_target="stop")
+    grid = InProcessGrid(4, cfg.to_flower())
+    grid.contexts[4].node_config["dp-min-noise-multiplier"] = 100.0  # refuses z = 1: lost
+    rows = metric_rows(run_federated(grid, cfg))
+    assert rows and all(r["dp-epsilon"] <= target for r in rows), [r["dp-epsilon"] for r in rows]
+    assert rows[0]["dp-noise-multiplier"] == pytest.approx(lost)
+    assert [r["round"] for r in rows] == [1]
+
+
+@needs_fashion_mnist
 @pytest.mark.parametrize("algorithm", ["fedact", "fedpac-soap"])
 def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_domains(
         tmp_path, tiny_data, algorithm: str) -> None:
@@ -207,10 +228,11 @@ def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_doma
     cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
                        **{**SMALL, "dp": "client", "num_server_rounds": 2, "fraction_train": 1.0,
                           "dp_seed": -1},  # a dp='client' node refuses a server's seed
-                       algorithm=algorithm, dp_state_clip_norm=1e-3)
+                       algorithm=algorithm, dp_state_clip_norm=1e-3, min_replies=3)
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)
     rows = metric_rows(out)
-    assert [r["replies-accepted"] for r in rows] == [3, 3] and not any(r["skipped"] for r in rows)
+    whole = confidential_rows(out)
+    assert [r["replies-accepted"] for r in whole] == [3, 3] and not any(r["skipped"] for r in whole)
     assert rows[-1]["dp-epsilon"] == pytest.approx(epsilon([(1.0, 3, 3)] * 2, 1e-5, "no-amplification"))
 
 
@@ -434,7 +456,7 @@ def test_a_dp_client_node_refuses_a_seed_less_noise_or_a_larger_clip_than_its_ow
     from adaptfl.privacy.client import check_floor
 
     honest = Privacy(dp="client", dp_noise_multiplier=1.0, dp_clip_norm=1.0)
-    check_floor(honest, {})  # the default floor: z >= 1, C <= 1
+    check_floor(honest, 1, {})  # the default floor: z >= 1, C <= 1
     cases = [
         (Privacy(dp="client", dp_seed=7, dp_testing_reproducible_noise=True), {}, "dp-seed=7"),
         (Privacy(dp="client", dp_noise_multiplier=1e-9), {}, "dp-min-noise-multiplier=1"),
@@ -446,7 +468,7 @@ def test_a_dp_client_node_refuses_a_seed_less_noise_or_a_larger_clip_than_its_ow
     ]
     for privacy, node, named in cases:
         with pytest.raises(ValueError, match=f"refused by this node.*{named}"):
-            check_floor(privacy, node)
-    check_floor(Privacy(dp="client", dp_seed=7, dp_testing_reproducible_noise=True),
+            check_floor(privacy, 1, node)
+    check_floor(Privacy(dp="client", dp_seed=7, dp_testing_reproducible_noise=True), 1,
                 {"dp-testing-reproducible-noise": "true"})
-    check_floor(Privacy(dp="central", dp_noise_multiplier=1e-9), {})  # central: the server's noise
+    check_floor(Privacy(dp="central", dp_noise_multiplier=1e-9), 1, {})  # central: the server's noise

@@ -52,7 +52,7 @@ def test_a_dp_run_releases_only_the_whitelist_and_keeps_the_rest_confidential(
         out = run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
     rows = metric_rows(out, initial=True)
     assert [r["round"] for r in rows] == [0, 1] and "dp-epsilon" in rows[-1]
-    assert rows[-1]["replies-accepted"] == 2, _confidential(out)[-1].get("rejected")
+    assert _confidential(out)[-1]["replies-accepted"] == 2, _confidential(out)[-1].get("rejected")
     for row in rows:
         assert set(row) <= RELEASED, sorted(set(row) - RELEASED)
         assert all(isinstance(v, int | float) for v in row.values())  # no ids, lists, reasons
@@ -135,3 +135,44 @@ def test_a_dp_run_resumes_from_its_confidential_rows(tmp_path, tiny_data, monkey
     rows = metric_rows(out, initial=True)
     assert [r["round"] for r in rows] == [0, 1, 2] and all(set(r) <= RELEASED for r in rows)
     assert stat.S_IMODE((out / CONFIDENTIAL_FILE).stat().st_mode) == 0o600
+
+
+MODEL_DEPENDENT = {"test-accuracy", "test-loss", "eval-seconds"}  # of the noised model, fresh noise
+PUBLIC_FILES = {"metrics.jsonl", "metrics.csv", "config.json", "model.pt", "plot.png", "diagnostics.png",
+                "data-summary.json"}  # under dp the task alone
+
+
+@needs_fashion_mnist
+def test_the_release_does_not_change_with_which_node_was_slow_or_failed(tmp_path, tiny_data,
+                                                                         monkeypatch) -> None:
+    """dp='client', 4 nodes, min-replies=3, 2 rounds: node 4 fails every round, or node 2
+    does, or none fails and node 1 is slow. Every released value but the noised model's
+    evaluation is the same in the three runs; the files that name participation (the
+    confidential rows, state.pt's ownership map) are 0600 and the rest is public."""
+    import time
+
+    from adaptfl.client_app.app import train_or_refuse
+
+    def slow(msg, context):  # noqa: ANN001, ANN202
+        if context.node_id == 1:
+            time.sleep(0.3)
+        return train_or_refuse(msg, context)
+
+    released_rows = {}
+    for name, failing in (("node-4-fails", 4), ("node-2-fails", 2), ("node-1-slow", None)):
+        cfg = _config(tmp_path, tiny_data, "fedavg", "client", run_name=name, num_server_rounds=2,
+                      min_replies=3, dp_ledger=str(tmp_path / f"{name}.jsonl"))  # each its own total
+        grid = InProcessGrid(4, cfg.to_flower(), handler=slow)
+        if failing is not None:
+            grid.contexts[failing].node_config["dp-min-noise-multiplier"] = 100.0  # refuses z = 1
+        out = run_federated(grid, cfg)
+        accepted = [r["replies-accepted"] for r in _confidential(out) if r["round"] >= 1]
+        assert accepted == ([3, 3] if failing else [4, 4])  # the runs did differ
+        released_rows[name] = [{k: v for k, v in r.items() if k not in MODEL_DEPENDENT}
+                               for r in metric_rows(out, initial=True)]
+        for path in out.iterdir():
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert path.name in PUBLIC_FILES or mode == 0o600, (path.name, oct(mode))
+        assert stat.S_IMODE((out / "state.pt").stat().st_mode) == 0o600
+    first, *others = released_rows.values()
+    assert all(rows == first for rows in others), released_rows

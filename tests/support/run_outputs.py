@@ -22,6 +22,12 @@ def metric_rows(run_dir: Path, initial: bool = False) -> list[dict]:
     return rows if initial else [r for r in rows if r["round"] >= 1]
 
 
+def confidential_rows(run_dir: Path) -> list[dict]:
+    """A dp run's whole per-round rows (server-confidential.jsonl), in round order, round 0 left out."""
+    rows = [json.loads(line) for line in (run_dir / "server-confidential.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["round"] >= 1]
+
+
 def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "model.pt", weights_only=True)
 
