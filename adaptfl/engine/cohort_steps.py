@@ -33,6 +33,7 @@ from adaptfl.client_app.train import autocast_dtype, preload_partition, round_se
 from adaptfl.core.stage import ClientPart
 from adaptfl.local_update.reference import Chain, elementwise_step, refresh_hessian, supports
 from adaptfl.local_update.rules import Step
+from adaptfl.local_update.trust import rows_diagnostics
 from adaptfl.workloads import sample_batches
 
 log = logging.getLogger(__name__)
@@ -258,10 +259,11 @@ def train_cohort(jobs: Sequence[LocalJob], form: str = "auto") -> str:
         if hats is not None:
             state = refresh_hessian(rule, state, hats)
         rows.settle(x, state)
+        measured = rows_diagnostics(scores) if scores is not None else {}
         for i, job in enumerate(jobs):
             own = job.session.optimizer
             for p in rows.params[i]:
                 own.state[p]["step"] = k
-            if due[i] and scores is not None:
-                own.record_scores(scores[i])
+            if due[i] and measured:
+                own.record_diagnostics({name: values[i] for name, values in measured.items()})
     return form

@@ -75,10 +75,13 @@ class Diagnostics:
         g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("diag.g", n, like))
         return g.mul_(u)
 
-    def record_scores(self, scores: torch.Tensor) -> None:
-        """Add one step's PosRatio and TopMass of the flat scores s = u ⊙ g (a step taken
-        elsewhere on this optimizer's behalf: the cohort engine's, engine/cohort.py)."""
-        self._record(scores)
+    def record_diagnostics(self, values: dict[str, torch.Tensor]) -> None:
+        """Add one step's PosRatio and TopMass measured elsewhere on this optimizer's behalf
+        (the cohort engine's, for all its clients at once: trust.rows_diagnostics)."""
+        for k, v in values.items():
+            v = torch.as_tensor(v, dtype=torch.float64)
+            self._diag[k] = self._diag[k] + v if k in self._diag else v
+        self._diag_count += 1
 
     def _record(self, scores: torch.Tensor) -> None:
         values = {"pos-ratio": pos_ratio(scores, self.work), "top-mass": top_mass(scores, ws=self.work)}

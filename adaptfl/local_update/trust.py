@@ -93,3 +93,15 @@ def top_mass(scores: torch.Tensor, p: float = 0.01, ws: Workspace | None = None)
     top = topk_sum_positive(scores, math.ceil(p * n), ws)
     share = top.double() / positive.double()  # nan where positive == 0, replaced below
     return torch.where(positive > 0, share, 0.0)
+
+
+def rows_diagnostics(scores: torch.Tensor, p: float = 0.01) -> dict[str, torch.Tensor]:
+    """PosRatio and TopMass_p of each row of `scores` [C, D] (C clients' s = u ⊙ g at once, the
+    cohort engine's): float64 [C] each, the same quantities as `pos_ratio` and `top_mass`."""
+    n = scores.shape[1]
+    positive = scores.clamp(min=0).double().sum(dim=1)
+    k = min(n, math.ceil(p * n))
+    top = torch.topk(scores, k, dim=1, sorted=False).values.clamp(min=0).double().sum(dim=1)
+    share = torch.where(positive > 0, top / positive.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
+    return {"pos-ratio": (scores > 0).sum(dim=1).double() / max(n, 1),
+            "top-mass": share if n else torch.zeros_like(positive)}
