@@ -58,6 +58,8 @@ GOALS: dict[str, tuple[str, dict[str, str]]] = {
                                                                  "codec-delta-g": "nf4", "v-sync": "none"}),
     # SparseLoCo's regime: top-5 % with 2-bit values, Elias-Fano positions, error feedback
     "fedavg ≥50× fewer up": ("fedavg", {"codec": "fp32", "codec-delta": "top5%:int2+ef"}),
+    "diloco fp32": ("diloco", {"codec": "fp32"}),
+    "diloco ≥50× fewer up": ("diloco", {"codec": "fp32", "codec-delta": "top5%:int2+ef"}),
 }
 PARTS = ("goals", "pareto", "lora")
 SETTINGS = ("v-sync",)  # keys beside the codecs that tell the goal runs apart
@@ -135,8 +137,8 @@ def goal_row(rows: list[dict[str, str]], label: str) -> dict[str, str] | None:
 def verdicts(rows: list[dict[str, str]]) -> list[str]:
     """The goals in plain words, from the goal runs (or what is missing): fedact at or under
     fedavg's bytes within 0.5 points; fedact with >= 10x fewer bytes up within 1.5 points (and
-    the total both ways against 0.65x fedavg's); fedavg with >= 50x fewer up within 1.5 points
-    of its own fp32 run."""
+    the total both ways against 0.65x fedavg's); fedavg or diloco with >= 50x fewer up within
+    1.5 points of its own fp32 run."""
     got = {label: goal_row(rows, label) for label in GOALS}
     avg, act = got["fedavg fp32"], got["fedact fp32"]
     if avg is None or act is None:
@@ -147,7 +149,11 @@ def verdicts(rows: list[dict[str, str]]) -> list[str]:
         if row is None:
             out.append(f"- **{label}**: not run.")
             continue
-        out.append(_verdict(label, row, avg, avg if label.startswith("fedavg") else act))
+        base = got.get(f"{GOALS[label][0]} fp32")
+        if base is None:
+            out.append(f"- **{label}**: its algorithm's fp32 run is missing.")
+            continue
+        out.append(_verdict(label, row, avg, base))
     return out
 
 
