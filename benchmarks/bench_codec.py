@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--codecs", default=",".join(CODECS), help="comma-separated codecs to measure")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = build_model(args.model, 10, 1, 28).to(args.device)
@@ -102,7 +103,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     delta = {n: torch.randn_like(p) * 1e-3 for n, p in params.items()}
     v = {n: torch.rand_like(p) * 1e-6 for n, p in params.items()}
-    for text in CODECS:
+    for text in args.codecs.split(","):
         size, client_s, server_s = measure(text, spec, delta, v)
         share = client_s / compute
         print(f"| {text} | {size / 1e3:.1f} KB (fp32 {2 * spec_bytes(spec) / 1e3:.1f}) | "
@@ -112,7 +113,7 @@ def main() -> None:
 
 def measure(text: str, spec: dict, delta: dict, v: dict) -> tuple[int, float, float]:
     """(the reply's bytes, a client's decode + encode seconds, the server's decode seconds)."""
-    compression = Compression(codec=text)
+    compression = Compression(codec_delta=text, codec_v=text)  # the replies' codec (rand: replies only)
     codec = compression.of(wire.DELTA)  # positions as the run would send them (codec-positions)
     # the broadcast: the same codec without +ef (random-k is for replies: top-k there)
     down = dataclasses.replace(codec, ef=False, select="top" if codec.select == "rand" else codec.select)
