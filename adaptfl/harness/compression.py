@@ -269,8 +269,8 @@ def section(rows: list[dict[str, str]], host: str = "", lora_skipped: str = "") 
         lines.append(f"| {label} | {_keys(keys)} | {float(row['final-test-accuracy']):.4f} | {down:.2f} | "
                      f"{up:.2f} | {down + up:.2f} | {float(row['seconds']):.0f} s |")
     lines += ["", "Per-round bytes: down, the last round's (round 1 broadcasts no Δ_G or v̄ yet); up, "
-              "the mean over the rounds. Run wall times depend on the load: the int2 and top5%:int2 "
-              "rows ran at a load of 12-15 on the 2 shared cores, the others at about 0.1. The "
+              "the mean over the rounds. Run wall times depend on the load: the int2, top5%:int2 and "
+              "diloco rows ran at a load of 5-15 on the 2 shared cores, the others at about 0.1. The "
               "goals:", "", *verdicts(rows), "",
               "### LoRA (docs/llm-lora.md's setting: FedACT, SmolLM2-135M-Instruct, r=32 on all seven "
               "projections, 4 clients, 2 rounds of 2 local steps of 2 examples; 1 seed)", ""]
