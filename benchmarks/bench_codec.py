@@ -16,6 +16,7 @@ tracemalloc-free arithmetic: the largest decoded record next to the encoded repl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from adaptfl.codec.codec import Codec, spec_bytes
+from adaptfl.codec.codec import spec_bytes
 from adaptfl.codec.feedback import encode_reply
 from adaptfl.codec.settings import Compression
 from adaptfl.core import wire
@@ -36,7 +37,8 @@ from adaptfl.workloads import build_model
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe  # noqa: E402
 
-CODECS = ("fp32", "bf16", "int8", "nf4", "fp4", "top10%+ef", "top1%:fp4+ef")
+CODECS = ("fp32", "bf16", "int8", "nf4", "fp4", "top10%+ef", "top1%:fp4+ef", "int2+ef", "top5%:int2+ef",
+          "rtop5%:int2+ef", "rand5%:int2+ef")
 GOAL = 0.05
 
 
@@ -87,6 +89,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--codecs", default=",".join(CODECS), help="comma-separated codecs to measure")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = build_model(args.model, 10, 1, 28).to(args.device)
@@ -100,7 +103,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     delta = {n: torch.randn_like(p) * 1e-3 for n, p in params.items()}
     v = {n: torch.rand_like(p) * 1e-6 for n, p in params.items()}
-    for text in CODECS:
+    for text in args.codecs.split(","):
         size, client_s, server_s = measure(text, spec, delta, v)
         share = client_s / compute
         print(f"| {text} | {size / 1e3:.1f} KB (fp32 {2 * spec_bytes(spec) / 1e3:.1f}) | "
@@ -110,9 +113,10 @@ def main() -> None:
 
 def measure(text: str, spec: dict, delta: dict, v: dict) -> tuple[int, float, float]:
     """(the reply's bytes, a client's decode + encode seconds, the server's decode seconds)."""
-    compression = Compression(codec=text)
-    codec = Codec.parse(text)
-    down = Codec(codec.values, codec.top)  # the broadcast: the same codec without +ef
+    compression = Compression(codec_delta=text, codec_v=text)  # the replies' codec (rand: replies only)
+    codec = compression.of(wire.DELTA)  # positions as the run would send them (codec-positions)
+    # the broadcast: the same codec without +ef (random-k is for replies: top-k there)
+    down = dataclasses.replace(codec, ef=False, select="top" if codec.select == "rand" else codec.select)
     broadcast = {wire.DELTA_G: down.encode(delta, 64), wire.V_BAR: down.encode(v, 64)}
     store = Store()
 

@@ -39,6 +39,7 @@ from adaptfl.algorithms.settings import (
     Runtime,
     check_llm_keys,
 )
+from adaptfl.codec import presets
 from adaptfl.codec.settings import CompressionBase, check_shared
 from adaptfl.core.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
 from adaptfl.core.secagg_settings import SecAggBase
@@ -122,6 +123,9 @@ class RunConfig:
             raise _unknown_key_error(unknown, sorted(declared))
         values = secagg_defaults(dict(run_config))
         selection = Selection.build(values)
+        values = presets.expand(  # codec='lean' and the like, written out before anything reads them
+            values, lambda v: get_algorithm(selection.algorithm).configured(v).moments.synced,
+            lambda v: get_algorithm(selection.algorithm).configured(v).shared_records())
         algorithm = get_algorithm(selection.algorithm).configured(values)
         settings = {s: s.build(values) for s in SETTINGS}
         read = algorithm.keys() | {f.key for s in (Selection, *SETTINGS) for f in fields_of(s)}

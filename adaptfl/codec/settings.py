@@ -7,7 +7,9 @@
                      codec-v='int8', codec-delta-g='nf4'
     codec-rounding   nearest, or stochastic (unbiased; seeded by the run seed, the round, the
                      sender and the record, so a run replays)
-    codec-block      values per absmax block of int8 / nf4 / fp4 (64, as QLoRA)
+    codec-block      values per absmax block of int8 / nf4 / fp4 / int2 (64, as QLoRA)
+    codec-positions  how top-k's positions travel (positions.py): auto (the smallest of the
+                     three for each array's size and k), int32, bitmap, elias-fano
 
 The model broadcast is always exact: a sampled client may have missed the last one.
 """
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from adaptfl.codec.codec import FP32, Codec
+from adaptfl.codec.positions import LAYOUTS
 from adaptfl.core import wire
 from adaptfl.core.domain import Domain
 from adaptfl.core.params import Component, component, param
@@ -37,11 +40,16 @@ class CompressionBase(Component):
     """What every record's codec is (the per-record fields are added below, from wire.py)."""
 
     codec: str = param("fp32", "wire codec of every shared record, both directions (not the model): "
-                       "fp32 (lossless), bf16, fp16, int8, nf4, fp4, or top<P>%[:<values>] (top-k); "
-                       "+ef: error feedback on the replies' records. docs/compression.md")
+                       "fp32 (lossless), bf16, fp16, int8, nf4, fp4, int2, or top<P>%[:<values>] "
+                       "(top-k per array), rtop<P>%[:<values>] (per record), rand<P>%[:<values>] "
+                       "(seeded random-k, replies only); +ef: error feedback on the replies' "
+                       "records; or the preset lean (replies int2+ef, broadcasts nf4, v kept local). "
+                       "docs/compression.md")
     codec_rounding: str = param("nearest", "rounding of the lossy codecs: nearest, or stochastic "
                                 "(unbiased, seeded: a run replays)", choices=("nearest", "stochastic"))
-    codec_block: int = param(64, "values per absmax scale of int8 / nf4 / fp4", within=(2, 1 << 20))
+    codec_block: int = param(64, "values per absmax scale of int8 / nf4 / fp4 / int2", within=(2, 1 << 20))
+    codec_positions: str = param("auto", "how top-k's positions travel: auto (the smallest for each "
+                                 "array), int32, bitmap, elias-fano", choices=LAYOUTS)
 
     def check(self) -> None:
         Codec.parse(self.codec)
@@ -52,6 +60,11 @@ class CompressionBase(Component):
                 if codec.ef and record in wire.SHARED_DOWN:
                     raise ValueError(f"invalid {record_key(record)}={text!r}: error feedback (+ef) is "
                                      "a client's, for what it sends; the server's broadcast has none")
+            if record in wire.SHARED_DOWN and self.of(record).select == "rand" and self.of(record).top:
+                raise ValueError(f"invalid {record_key(record) if text else 'codec'}={text or self.codec!r}: "
+                                 f"random-k (rand) is for replies; the broadcast {record!r} must decode to "
+                                 "the server's state every round (use top or rtop there, or set "
+                                 f"{record_key(record)})")
 
     def raw(self, record: str) -> str:
         return str(getattr(self, "codec_" + record.replace("-", "_")))
@@ -63,6 +76,8 @@ class CompressionBase(Component):
             return FP32
         own = self.raw(record)
         codec = Codec.parse(own or self.codec, record_key(record) if own else "codec")
+        if codec.top:  # the positions' layout: only a sparse codec has positions
+            codec = dataclasses.replace(codec, positions=self.codec_positions)
         return dataclasses.replace(codec, ef=False) if record in wire.SHARED_DOWN else codec
 
     def set_keys(self) -> list[str]:

@@ -9,6 +9,8 @@ absmax quantization to 8 or 4 bits. Pure functions: `quantize` (client or server
     int8   blocks of `block` values; per block its absmax s (float32) and q = round(127·x/s)
     nf4    the same blocks, each value the nearest of NormalFloat4's 16 levels × s (QLoRA)
     fp4    the same with FP4 E2M1's 16 levels (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}/6) × s
+    int2   the same blocks at 2 bits, four per byte: the levels ±{1/4, 1} × s (SparseLoCo's
+           2-bit values, Sarfi et al. 2025, meant for error feedback, which repays the error)
 
 The absmax of each block is kept exactly (the largest value decodes to ±s, since every
 codebook ends at ±1): so re-encoding decoded values gives back the same codes and scales, and
@@ -39,8 +41,13 @@ NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
 # FP4 E2M1 (OCP Microscaling spec v1.0): codes 0-7 positive, 8-15 their negatives (8 is -0)
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 FP4 = tuple(v / 6.0 for v in _E2M1) + tuple(-v / 6.0 for v in _E2M1)
-CODEBOOKS = {"nf4": NF4, "fp4": FP4}
-KINDS = ("fp32", "bf16", "fp16", "int8", "nf4", "fp4")
+# 2 bits: symmetric, no zero level (a zero goes to +1/4·s, so v >= 0 stays >= 0); an all-zero
+# block gets the smallest subnormal scale 2^-149, so it decodes to 2^-151 rounded: exactly 0
+INT2 = (-1.0, -0.25, 0.25, 1.0)
+CODEBOOKS = {"nf4": NF4, "fp4": FP4, "int2": INT2}
+BITS = {"nf4": 4, "fp4": 4, "int2": 2}
+KINDS = ("fp32", "bf16", "fp16", "int8", "nf4", "fp4", "int2")
+_TINY = 2.0 ** -149  # int2's scale of an all-zero block
 INT8_MAX = 127
 
 
@@ -60,7 +67,7 @@ def parts_spec(kind: str, numel: int, block: int) -> Spec:
     if kind == "int8":
         return {"q": ((numel,), torch.int8), "s": (blocks, torch.float32)}
     if kind in CODEBOOKS:
-        return {"q": ((math.ceil(numel / 2),), torch.uint8), "s": (blocks, torch.float32)}
+        return {"q": ((math.ceil(numel * BITS[kind] / 8),), torch.uint8), "s": (blocks, torch.float32)}
     raise ValueError(f"unknown value codec {kind!r}: choose one of {list(KINDS)}")
 
 
@@ -73,14 +80,15 @@ def quantize(x: torch.Tensor, kind: str, block: int, generator: torch.Generator 
         dtype = torch.bfloat16 if kind == "bf16" else torch.float16
         y = _round_float(x, dtype, generator)
         return {"bf16": y.view(torch.int16)} if kind == "bf16" else {"fp16": y}
-    t, scales = _normalized(x, block)
+    t, scales = _normalized(x, block, _TINY if kind == "int2" else 1.0)
     if kind == "int8":
         scaled = t * INT8_MAX
         q = torch.round(scaled) if generator is None else torch.floor(scaled + _uniform(scaled, generator))
         return {"q": q.clamp(-INT8_MAX, INT8_MAX).to(torch.int8)[:x.numel()], "s": scales}
     levels = torch.tensor(CODEBOOKS[kind], dtype=torch.float32, device=x.device)
-    codes = _nearest_code(t, levels) if generator is None else _stochastic_code(t, levels, generator)
-    return {"q": _pack(codes[:x.numel()]), "s": scales}
+    codes = _nearest_code(t, levels, kind == "int2") if generator is None \
+        else _stochastic_code(t, levels, generator)
+    return {"q": _pack(codes[:x.numel()], BITS[kind]), "s": scales}
 
 
 def dequantize(parts: dict[str, torch.Tensor], kind: str, numel: int, block: int) -> torch.Tensor:
@@ -102,19 +110,20 @@ def dequantize(parts: dict[str, torch.Tensor], kind: str, numel: int, block: int
             raise MalformedEncoding(f"int8 code {int(q.min())} outside [-127, 127]")
         return (q.to(torch.float32) / INT8_MAX) * expanded
     levels = torch.tensor(CODEBOOKS[kind], dtype=torch.float32, device=scales.device)
-    return levels[_unpack(parts["q"], numel)] * expanded
+    return levels[_unpack(parts["q"], numel, BITS[kind])] * expanded
 
 
 # --- the pieces ---------------------------------------------------------------------------------
 
-def _normalized(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x padded to whole blocks and divided by each block's absmax (1 for an all-zero block)."""
+def _normalized(x: torch.Tensor, block: int, zero_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """x padded to whole blocks and divided by each block's absmax (`zero_scale` for an all-zero
+    block)."""
     n = x.numel()
     padded = torch.zeros(math.ceil(n / block) * block, dtype=torch.float32, device=x.device)
     padded[:n] = x
     rows = padded.view(-1, block)
     absmax = rows.abs().amax(dim=1)
-    scales = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    scales = torch.where(absmax > 0, absmax, torch.full_like(absmax, zero_scale))
     # the absmax value itself must map to exactly ±1 (x / x == 1 in IEEE arithmetic)
     return (rows / scales[:, None]).reshape(-1), scales
 
@@ -123,12 +132,13 @@ def _uniform(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.rand(like.shape, generator=generator, dtype=torch.float32).to(like.device)
 
 
-def _nearest_code(t: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+def _nearest_code(t: torch.Tensor, levels: torch.Tensor, up: bool = False) -> torch.Tensor:
     """The code of the nearest level: the number of midpoints below t among the sorted levels,
-    mapped back to the codebook's order (FP4's codes 8-15 are its negatives)."""
+    mapped back to the codebook's order (FP4's codes 8-15 are its negatives). `up`: a value on
+    a midpoint takes the upper level (int2's 0 goes to +1/4, never below)."""
     order = torch.argsort(levels, stable=True)
     ranked = levels[order]
-    return _first_codes(levels)[order[torch.bucketize(t, (ranked[1:] + ranked[:-1]) / 2)]]
+    return _first_codes(levels)[order[torch.bucketize(t, (ranked[1:] + ranked[:-1]) / 2, right=up)]]
 
 
 def _first_codes(levels: torch.Tensor) -> torch.Tensor:
@@ -164,15 +174,20 @@ def _round_float(x: torch.Tensor, dtype: torch.dtype, generator: torch.Generator
     return torch.where(_uniform(x, generator) < up, above, below)
 
 
-def _pack(codes: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit codes per byte: even positions in the low nibble."""
+def _pack(codes: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """8/bits codes per byte, the first in the lowest bits (4 bits: even positions low nibble)."""
+    per = 8 // bits
     c = codes.to(torch.uint8)
-    if c.numel() % 2:
-        c = torch.cat([c, c.new_zeros(1)])
-    pairs = c.view(-1, 2)
-    return pairs[:, 0] | (pairs[:, 1] << 4)
+    if c.numel() % per:
+        c = torch.cat([c, c.new_zeros(per - c.numel() % per)])
+    groups = c.view(-1, per)
+    out = groups[:, 0].clone()
+    for j in range(1, per):
+        out |= groups[:, j] << (bits * j)
+    return out
 
 
-def _unpack(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    both = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)
-    return both[:numel].to(torch.int64)
+def _unpack(packed: torch.Tensor, numel: int, bits: int = 4) -> torch.Tensor:
+    mask = (1 << bits) - 1
+    every = torch.stack([(packed >> (bits * j)) & mask for j in range(8 // bits)], dim=1).reshape(-1)
+    return every[:numel].to(torch.int64)

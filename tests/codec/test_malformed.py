@@ -24,7 +24,8 @@ V = {"w": torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5, 0.25, 8.0, 1.5]), "b": torch.te
 def _strategy() -> AdaptiveStrategy:
     strategy = AdaptiveStrategy(RunConfig.of(
         algorithm="fedact", local_steps=2, lr=0.5, lr_schedule="constant", num_server_rounds=4,
-        fraction_train=1.0, min_replies=1, codec="int8", codec_delta="top50%:nf4", codec_block=4))
+        fraction_train=1.0, min_replies=1, codec="int8", codec_delta="top50%:nf4", codec_block=4,
+        codec_positions="int32"))
     strategy.initialize(MODEL, SPEC)
     return strategy
 

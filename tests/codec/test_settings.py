@@ -38,6 +38,9 @@ def _refused(match: str, **kw) -> str:
     (dict(codec="int9"), r"^invalid codec='int9': choose fp32, bf16"),
     (dict(codec_v="nf5", algorithm="fedact"), r"^invalid codec-v='nf5'"),
     (dict(codec_rounding="up"), r"^invalid codec-rounding='up'"),
+    (dict(algorithm="fedact", codec_delta_g="rand10%"), r"^invalid codec-delta-g='rand10%': random-k"),
+    (dict(algorithm="fedact", codec="rand10%:int2"), r"^invalid codec='rand10%:int2': random-k .* 'delta-g'"),
+    (dict(codec_positions="gamma"), r"^invalid codec-positions='gamma'"),
 ])
 def test_refused_in_one_line_naming_the_key(kw, match) -> None:
     _refused(match, **kw)
