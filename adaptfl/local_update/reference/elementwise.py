@@ -126,7 +126,7 @@ def move(x: torch.Tensor, u: torch.Tensor, phi: torch.Tensor | None, ref_lr: flo
          decay: float) -> torch.Tensor:
     """x = (1-δ)·x - L·φ ⊙ u (φ = 1 without trust)."""
     step = u if phi is None else phi * u
-    return (1.0 - decay) * x - ref_lr * step
+    return x.mul(1.0 - decay).sub_(step, alpha=ref_lr)  # a new tensor: x itself is not written
 
 
 def elementwise_step(rule: Preconditioner, x: torch.Tensor, g: torch.Tensor, state: State,
