@@ -48,6 +48,7 @@ from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
 from adaptfl.server_app.run_checks import check_frozen, check_model, check_nodes, check_settings
 from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.contribution import small_round_note
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
 
@@ -209,6 +210,9 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
             summary = summarize(task, cfg, strategy.num_nodes)
             log.info("%s", summary_line(summary))
             write_summary(summary, outputs.dir)
+            small = small_round_note(cfg, len(messages), strategy.num_nodes)
+            if small:
+                log.warning("%s", small)
         if cfg.secagg.on:  # four exchanges; the strategy sees only the sum (secagg/)
             missing = secure_round(strategy, grid, server_round, messages, timeout)[2]
         else:

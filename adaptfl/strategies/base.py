@@ -45,7 +45,7 @@ from adaptfl.server_rules.aggregators import AggregationRefused, Combine, memory
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.ownership import Ownership
-from adaptfl.strategies.screen import REFERENCE, reference_record
+from adaptfl.strategies.screen import HISTORY, reference_record
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply
 
@@ -80,7 +80,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
-        self.screen_reference: dict[str, tuple[float, int]] = {}  # set by _screen each round
+        self.screen_reference: dict[str, list[float]] = {}  # set by _screen each round
         self.ownership_next = Ownership()  # set by _bind each round
 
     # --- state ----------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         new.extras.update({**moments, **agg.new_extras, **combine.slots()})
         self._as_broadcast(new)
         if self.screen_reference:  # for the next lone reply (screen.py)
-            new.extras[REFERENCE] = reference_record(self.screen_reference)
+            new.extras[HISTORY] = reference_record(self.screen_reference)
         new.ownership = self.ownership_next  # the round's partition claims (ownership.py)
         check_state(new, self.contract(), algorithm)
         return new, agg

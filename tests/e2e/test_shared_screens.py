@@ -17,7 +17,7 @@ from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import run_federated
-from adaptfl.strategies.screen import REFERENCE
+from adaptfl.strategies.screen import HISTORY
 from adaptfl.strategies.state import ServerState
 from tests.e2e.test_hostile_e2e import Rewrite
 from tests.e2e.test_hostile_e2e import hostile as hostile_handler
@@ -110,4 +110,4 @@ def test_a_reply_alone_in_its_round_is_screened_against_the_reference(tiny_data,
     assert rows[1]["replies-accepted"] == 0
     weights = final_model(out)
     assert max(float(t.abs().max()) for t in weights.values() if t.is_floating_point()) < 100.0
-    assert wire.DELTA in ServerState.load(out / STATE_FILE).extras[REFERENCE]
+    assert wire.DELTA in ServerState.load(out / STATE_FILE).extras[HISTORY]
