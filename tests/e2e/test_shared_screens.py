@@ -4,8 +4,8 @@ of five, through the in-process engine on small real data, rewrites one uploaded
 Δc of 1e30 went into c, every honest reply of rounds 2-4 was then non-finite and the run
 aborted (exit 3); Θ = 1e30 (fedpac-sophia) and f̂ = -1e30 (HaFedHo) went into the state too.
 Now the reply is dropped with a reason naming the record, and the run ends within MARGIN of
-the clean run's accuracy. A reply alone in its round is screened against the screen reference
-(the last round's median norm, kept in the server state)."""
+the clean run's accuracy. A reply alone in its round is screened against the screen history
+(the median size of the last kept replies, kept in the server state)."""
 
 from __future__ import annotations
 
