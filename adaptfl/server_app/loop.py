@@ -46,7 +46,13 @@ from adaptfl.server_app.data_summary import summarize, summary_line, write_summa
 from adaptfl.server_app.evaluate import evaluate_all
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
-from adaptfl.server_app.run_checks import check_frozen, check_model, check_nodes, check_settings
+from adaptfl.server_app.run_checks import (
+    check_frozen,
+    check_model,
+    check_nodes,
+    check_settings,
+    partition_sizes,
+)
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.contribution import small_round_note
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
@@ -172,7 +178,10 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     """
     strategy, model, task = build_run(cfg)
     if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
-        check_nodes(cfg, task, cast("InProcessGrid", grid).node_configs())  # the grid with static_nodes
+        node_configs = cast("InProcessGrid", grid).node_configs()  # the grid with static_nodes
+        check_nodes(cfg, task, node_configs)
+        # the partitioning is the server's own here: |D| and the ids the nodes may claim
+        strategy.partition_sizes = partition_sizes(cfg, task, len(node_configs))
     outputs = restore_or_start(cfg, strategy)
     try:
         train_rounds(grid, cfg, strategy, model, task, outputs, on_round)

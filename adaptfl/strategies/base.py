@@ -77,6 +77,9 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.state: ServerState | None = None
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
+        # each partition's examples where the server knows the partitioning (the in-process
+        # engine): HaFedHo's |D|, and the partition ids a reply may claim; None: a deployment's
+        self.partition_sizes: list[int] | None = None
         self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
@@ -296,7 +299,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
                                                    server_round)
         agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
                           self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
-                          model, self.num_nodes, combine)
+                          model, self.num_nodes, combine,
+                          federation_examples=float(sum(self.partition_sizes or [])))
         for stage in algorithm.stages():
             stage.aggregate(agg)
         new = self.state.clone()

@@ -62,6 +62,7 @@ class ReplyIntake:
     _connected: set[int]  # nodes connected at the last sampling
     screen_reference: dict[str, list[float]]  # the next round's history, committed with this round's state
     ownership_next: Ownership  # the partition ledger after this round's claims, committed likewise
+    partition_sizes: list[int] | None  # where the server knows the partitioning (AdaptiveStrategy)
 
     def contract(self) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
@@ -125,12 +126,24 @@ class ReplyIntake:
         partition-map where given, else the rule for claims. On a copy of the state's ledger,
         `ownership_next`: a skipped or refused round leaves the state as it was, ledger too."""
         assert self.state is not None
-        claims = {node: reply.metrics for node, reply in accepted.items()}
+        outside = self._outside_partitioning(accepted)
+        claims = {node: reply.metrics for node, reply in accepted.items() if node not in outside}
         self.ownership_next = self.state.ownership.clone()
         mapping = parse_partition_map(self.cfg.federation.partition_map)  # checked before round 1
         if mapping:
-            return bind_by_map(claims, mapping, self.ownership_next)
-        return bind_by_claims(claims, self.ownership_next, self._connected)
+            return {**outside, **bind_by_map(claims, mapping, self.ownership_next)}
+        return {**outside, **bind_by_claims(claims, self.ownership_next, self._connected)}
+
+    def _outside_partitioning(self, accepted: Mapping[int, DecodedReply]) -> dict[int, str]:
+        """node -> why: a partition id that the server's partitioning does not have (known where
+        the server holds it, the in-process engine: ids 0..N-1); such a claim binds nothing."""
+        sizes = self.partition_sizes
+        if sizes is None:
+            return {}
+        return {node: f"{wire.PARTITION_ID}={int(reply.metrics[wire.PARTITION_ID])} is outside the "
+                      f"partitioning's ids 0..{len(sizes) - 1}"
+                for node, reply in accepted.items() if wire.PARTITION_ID in reply.metrics
+                and not 0 <= int(reply.metrics[wire.PARTITION_ID]) < len(sizes)}
 
     def _by_node(self, replies: Iterable[Message]) -> dict[int | None, list[Message]]:
         """Replies by the sampled node they answer for; a forged one (sent by another node) is

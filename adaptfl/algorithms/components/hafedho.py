@@ -77,8 +77,10 @@ class HaFedHo(Stage):
     rectify: str = param("objective", "objective (the term in the loss) or gradient (μh on ∇)",
                          choices=("objective", "gradient"))
     total_examples: float = param(0.0, "the federation's examples (p_i's denominator) as a "
-                                  "public constant the operator declares; 0: the server sums the "
-                                  "replies' num-examples, which dp refuses (broadcast un-noised)",
+                                  "public constant the operator declares; 0: the partitions' "
+                                  "examples where the server holds the partitioning (the "
+                                  "in-process engine), else the replies' num-examples summed, "
+                                  "which dp refuses (broadcast un-noised)",
                                   within=(0.0, None))
 
     up_metrics = (Metric(wire.F_HAT, FINITE, "f̂_i, the mean local loss (finite at float32)"),)
@@ -90,8 +92,9 @@ class HaFedHo(Stage):
 
     def records_down(self) -> tuple[Record, ...]:
         g = Record(wire.HAFEDHO_G, doc="g^{t-1}, mean of the clients' summed local gradients")
-        n = Record(wire.HAFEDHO_N_TOTAL, _size_shape, "|D|: the num-examples of round t-1's replies, "
-                   "summed (p_i = |D_i| / |D|)", NONNEG)
+        n = Record(wire.HAFEDHO_N_TOTAL, _size_shape, "|D| (p_i = |D_i| / |D|): total-examples, or the "
+                   "partitions' examples where the server holds the partitioning, else the "
+                   "num-examples of round t-1's replies summed", NONNEG)
         if self.rectify == "gradient":  # μh on ∇: the constant f enters nothing the client computes
             return (g, n)
         return (g, Record(wire.HAFEDHO_F_HAT, scalar_shape("f-hat"), "f̂^{t-1}, the mean local loss"), n)
