@@ -54,7 +54,7 @@ from adaptfl.server_app.run_checks import (
     partition_sizes,
 )
 from adaptfl.strategies.base import AdaptiveStrategy
-from adaptfl.strategies.contribution import small_round_note
+from adaptfl.strategies.contribution import small_round_note, tolerance_note
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
 
@@ -219,6 +219,8 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
             summary = summarize(task, cfg, strategy.num_nodes)
             log.info("%s", summary_line(summary))
             write_summary(summary, outputs.dir)
+            if not (cfg.privacy.on or cfg.secagg.on):  # neither screens nor bounds a reply there
+                log.info("%s", tolerance_note(cfg, len(messages)))
             small = small_round_note(cfg, len(messages), strategy.num_nodes)
             if small:
                 log.warning("%s", small)

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import torch
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.sampling import hostile_count
 from adaptfl.server_rules.aggregators.median import coordinate_median
 from adaptfl.strategies.screen import CLAIMS, MIN_SAMPLES, WINDOW, history_median, record_sizes
 from adaptfl.strategies.validation import DecodedReply
@@ -135,3 +136,19 @@ def small_round_note(cfg: RunConfig, sampled: int, nodes: int) -> str | None:
             "direction (a flipped reply can still cancel or reverse its round), and the replies "
             "before that by their value domains alone (docs/robustness.md, 'Rounds of one and two "
             "replies')")
+
+
+def tolerance_note(cfg: RunConfig, sampled: int) -> str:
+    """One line, before round 1: how many hostile replies of a round the run's aggregator holds,
+    and which setting holds more (docs/robustness.md, "Colluders at the bound")."""
+    fed, rule = cfg.federation, cfg.algorithm.aggregator.name
+    if rule in ("trimmed-mean", "krum") and fed.hostile_fraction > 0:
+        held = hostile_count(fed.hostile_fraction, sampled)
+        return (f"aggregator={rule!r} hostile-fraction={fed.hostile_fraction:g} tolerates {held} "
+                f"hostile replies of the {sampled} a round samples")
+    if rule == "median":
+        return f"aggregator='median' tolerates fewer than half of the {sampled} replies a round hostile"
+    more = hostile_count(0.3, sampled)
+    return (f"aggregator={rule!r} bounds one hostile reply a round, not several colluding ones; "
+            f"aggregator='trimmed-mean' hostile-fraction=0.3 tolerates {more} of the {sampled} a "
+            "round samples (docs/robustness.md, 'Colluders at the bound')")

@@ -17,6 +17,7 @@ from adaptfl.strategies.contribution import (
     clip_contributions,
     clip_to_history,
     small_round_note,
+    tolerance_note,
 )
 from adaptfl.strategies.screen import CLAIMS
 from adaptfl.strategies.validation import DecodedReply
@@ -140,3 +141,15 @@ def test_the_small_round_note_says_what_bounds_a_reply_before_round_1() -> None:
                                         max_contribution_ratio=0.0), 1, 5)
     assert off is not None and off.endswith("no reply bound is on: one hostile reply can set a "
                                             "round's whole update")
+
+
+def test_the_tolerance_note_says_what_the_aggregator_holds_and_what_holds_more() -> None:
+    from adaptfl.algorithms.config import RunConfig
+
+    line = tolerance_note(RunConfig.of(algorithm="fedact"), 7)
+    assert line == ("aggregator='mean' bounds one hostile reply a round, not several colluding ones; "
+                    "aggregator='trimmed-mean' hostile-fraction=0.3 tolerates 3 of the 7 a round samples "
+                    "(docs/robustness.md, 'Colluders at the bound')")
+    sized = RunConfig.of(algorithm="fedact", aggregator="trimmed-mean", hostile_fraction=0.2)
+    assert tolerance_note(sized, 7) == ("aggregator='trimmed-mean' hostile-fraction=0.2 tolerates 2 "
+                                        "hostile replies of the 7 a round samples")
