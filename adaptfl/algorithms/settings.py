@@ -49,13 +49,15 @@ class Federation(Component):
                                     "krum-byzantine)", within=(0.0, 0.5), open_high=True)
     screen_ratio: float = param(10.0, "drop a reply whose norm in some shared record (Δ, each "
                                 "upload) exceeds this many times the median of the round's "
-                                "other replies' (a lone reply: of the last earlier round's; its "
+                                "other replies' (a lone reply: of the last 32 kept replies'; its "
                                 "capped weight × norm if its claim was capped); 0: off",
                                 within=(0.0, None))
     max_contribution_ratio: float = param(2.0, "clip each reply's weighted deviation from the round's "
                                           "coordinate-wise median (its weight over the median weight × "
                                           "the distance of its Δ, and Δc) to this many times the round's "
-                                          "median one (docs/robustness.md, 'Contribution bound'); 0: off",
+                                          "median one; in a round of one or two replies, its weighted size "
+                                          "to the median of the last 32 kept replies' (docs/robustness.md, "
+                                          "'Contribution bound'); 0: off",
                                           within=(0.0, None))
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds (also under Flower's Strategy.start)",

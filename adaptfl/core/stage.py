@@ -141,6 +141,7 @@ class Aggregation:
     mean: Callable[[Sequence[Mapping[str, torch.Tensor]], str], Tensors]
     new_extras: dict[str, Tensors] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)  # extra per-round metrics
+    federation_examples: float = 0.0  # |D| where the server knows the partitioning; 0: unknown
 
     def reply_arrays(self, record: str) -> list[Tensors]:
         return [r.arrays[record] for r in self.replies]

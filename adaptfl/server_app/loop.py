@@ -54,8 +54,10 @@ from adaptfl.server_app.run_checks import (
     check_nodes,
     check_secure_sample,
     check_settings,
+    partition_sizes,
 )
 from adaptfl.strategies.base import AdaptiveStrategy
+from adaptfl.strategies.contribution import small_round_note, tolerance_note
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
 
@@ -181,7 +183,10 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     """
     strategy, model, task = build_run(cfg)
     if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
-        check_nodes(cfg, task, cast("InProcessGrid", grid).node_configs())  # the grid with static_nodes
+        node_configs = cast("InProcessGrid", grid).node_configs()  # the grid with static_nodes
+        check_nodes(cfg, task, node_configs)
+        # the partitioning is the server's own here: |D| and the ids the nodes may claim
+        strategy.partition_sizes = partition_sizes(cfg, task, len(node_configs))
     outputs = restore_or_start(cfg, strategy)
     try:
         train_rounds(grid, cfg, strategy, model, task, outputs, on_round)
@@ -244,16 +249,29 @@ def start_round(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, task: Ta
         log.warning("%s", reached)
         return None
     if server_round == 1:
-        summary = summarize(task, cfg, strategy.num_nodes)
-        log.info("%s", summary_line(summary))
-        write_summary(summary, outputs.dir)
-        if cfg.secagg.on:
-            check_secure_sample(len(messages), strategy.num_nodes)
-        if cfg.privacy.on:
-            check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
-            log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,
-                                                          strategy.num_nodes)))
+        first_round_notes(cfg, strategy, task, outputs, len(messages))
     return messages
+
+
+def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, outputs: RunOutputs,
+                      sampled: int) -> None:
+    """What round 1 knows before anything is sent, under Flower too: the nodes. The data summary;
+    SecAgg+'s and dp's checks (dp's plan in one line, refused past dp-accept-epsilon); what the
+    aggregator tolerates and what small rounds leave unbounded."""
+    summary = summarize(task, cfg, strategy.num_nodes)
+    log.info("%s", summary_line(summary))
+    write_summary(summary, outputs.dir)
+    if cfg.secagg.on:
+        check_secure_sample(sampled, strategy.num_nodes)
+    if cfg.privacy.on:
+        check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
+        log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,
+                                                      strategy.num_nodes)))
+    if not (cfg.privacy.on or cfg.secagg.on):  # neither screens nor bounds a reply there
+        log.info("%s", tolerance_note(cfg, sampled))
+    small = small_round_note(cfg, sampled, strategy.num_nodes)
+    if small:
+        log.warning("%s", small)
 
 
 def exchange(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_round: int,

@@ -124,10 +124,17 @@ def check_nodes(cfg: RunConfig, task: Task, node_configs: Sequence[Mapping[str, 
             refusals.append(str(err))
     if num_nodes - len(refusals) < needed:  # a node or two without it still lets rounds run
         raise ValueError(f"{len(refusals)} of {num_nodes} nodes cannot run: {refusals[0]}")
-    sizes = [len(partition_indices(task.train.labels, num_nodes, pid, data.partitioning,
-                                   data.dirichlet_alpha, fed.seed, data.classes_per_client))
-             for pid in range(num_nodes)]
+    sizes = partition_sizes(cfg, task, num_nodes)
     empty = [pid for pid, size in enumerate(sizes) if size == 0]
     if empty:
         raise ValueError(f"partitioning={data.partitioning!r} leaves partitions {empty[:5]} of "
                          f"{num_nodes} without examples; use fewer nodes or another partitioning")
+
+
+def partition_sizes(cfg: RunConfig, task: Task, num_nodes: int) -> list[int]:
+    """The examples of each of the `num_nodes` partitions, as the nodes of the in-process engine
+    (partition ids 0..N-1 of the run's partitioning) hold them."""
+    data = cfg.data
+    return [len(partition_indices(task.train.labels, num_nodes, pid, data.partitioning,
+                                  data.dirichlet_alpha, cfg.federation.seed, data.classes_per_client))
+            for pid in range(num_nodes)]

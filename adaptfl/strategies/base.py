@@ -45,7 +45,7 @@ from adaptfl.server_rules.aggregators import AggregationRefused, Combine, memory
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.ownership import Ownership
-from adaptfl.strategies.screen import REFERENCE, reference_record
+from adaptfl.strategies.screen import HISTORY, reference_record
 from adaptfl.strategies.skips import SkipGuard
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.validation import DecodedReply
@@ -78,11 +78,14 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.state: ServerState | None = None
         self.report = RoundReport()
         self.num_nodes = 0  # connected nodes at the last sampling
+        # each partition's examples where the server knows the partitioning (the in-process
+        # engine): HaFedHo's |D|, and the partition ids a reply may claim; None: a deployment's
+        self.partition_sizes: list[int] | None = None
         self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
         self.data_key = ""  # the data's identity: its per-user dp ledger (privacy/ledger.py)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
-        self.screen_reference: dict[str, tuple[float, int]] = {}  # set by _screen each round
+        self.screen_reference: dict[str, list[float]] = {}  # set by _screen each round
         self.ownership_next = Ownership()  # set by _bind each round
         self.skip_guard: SkipGuard | None = None  # under Flower's start(): aborts as adaptfl's loop does
 
@@ -318,7 +321,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
                                                    server_round)
         agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
                           self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
-                          model, self.num_nodes, combine)
+                          model, self.num_nodes, combine,
+                          federation_examples=float(sum(self.partition_sizes or [])))
         for stage in algorithm.stages():
             stage.aggregate(agg)
         new = self.state.clone()
@@ -326,7 +330,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         new.extras.update({**moments, **agg.new_extras, **combine.slots()})
         self._as_broadcast(new)
         if self.screen_reference:  # for the next lone reply (screen.py)
-            new.extras[REFERENCE] = reference_record(self.screen_reference)
+            new.extras[HISTORY] = reference_record(self.screen_reference)
         new.ownership = self.ownership_next  # the round's partition claims (ownership.py)
         check_state(new, self.contract(), algorithm)
         return new, agg

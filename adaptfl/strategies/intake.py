@@ -20,14 +20,18 @@ from adaptfl.core import wire
 from adaptfl.core.contract import ArraySpec, Contract, ModelSpec
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
-from adaptfl.strategies.contribution import clip_contributions
+from adaptfl.strategies import contribution
+from adaptfl.strategies.contribution import clip_contributions, clip_to_history
 from adaptfl.strategies.ownership import Ownership, bind_by_claims, bind_by_map
 from adaptfl.strategies.screen import (
+    CLAIMS,
+    HISTORY,
     cap_to_median,
     capped_factors,
-    next_reference,
+    is_young,
+    next_history,
     reference_of,
-    round_reference,
+    round_sizes,
     screened,
 )
 from adaptfl.strategies.state import RoundReport, ServerState
@@ -56,8 +60,9 @@ class ReplyIntake:
     report: RoundReport
     _messages: list[Message]  # this round's instructions
     _connected: set[int]  # nodes connected at the last sampling
-    screen_reference: dict[str, tuple[float, int]]  # the next round's, committed with this round's state
+    screen_reference: dict[str, list[float]]  # the next round's history, committed with this round's state
     ownership_next: Ownership  # the partition ledger after this round's claims, committed likewise
+    partition_sizes: list[int] | None  # where the server knows the partitioning (AdaptiveStrategy)
 
     def contract(self) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
@@ -108,8 +113,10 @@ class ReplyIntake:
             accepted.pop(node)
             self._reject(str(node), why)
         pairs = sorted(accepted.items(), key=summation_order(accepted))
-        kept = [pairs[i] for i in self._screen(pairs)]
+        indices, restart = self._screen(pairs)
+        kept = [pairs[i] for i in indices]
         self._clip([r for _, r in kept])
+        self._remember([r for _, r in kept], restart)
         for node, reply in kept:  # only now: a dropped claimer of another's partition id notes nothing
             self.report.note_client(node, reply.metrics)
         return kept
@@ -119,12 +126,24 @@ class ReplyIntake:
         partition-map where given, else the rule for claims. On a copy of the state's ledger,
         `ownership_next`: a skipped or refused round leaves the state as it was, ledger too."""
         assert self.state is not None
-        claims = {node: reply.metrics for node, reply in accepted.items()}
+        outside = self._outside_partitioning(accepted)
+        claims = {node: reply.metrics for node, reply in accepted.items() if node not in outside}
         self.ownership_next = self.state.ownership.clone()
         mapping = parse_partition_map(self.cfg.federation.partition_map)  # checked before round 1
         if mapping:
-            return bind_by_map(claims, mapping, self.ownership_next)
-        return bind_by_claims(claims, self.ownership_next, self._connected)
+            return {**outside, **bind_by_map(claims, mapping, self.ownership_next)}
+        return {**outside, **bind_by_claims(claims, self.ownership_next, self._connected)}
+
+    def _outside_partitioning(self, accepted: Mapping[int, DecodedReply]) -> dict[int, str]:
+        """node -> why: a partition id that the server's partitioning does not have (known where
+        the server holds it, the in-process engine: ids 0..N-1); such a claim binds nothing."""
+        sizes = self.partition_sizes
+        if sizes is None:
+            return {}
+        return {node: f"{wire.PARTITION_ID}={int(reply.metrics[wire.PARTITION_ID])} is outside the "
+                      f"partitioning's ids 0..{len(sizes) - 1}"
+                for node, reply in accepted.items() if wire.PARTITION_ID in reply.metrics
+                and not 0 <= int(reply.metrics[wire.PARTITION_ID]) < len(sizes)}
 
     def _by_node(self, replies: Iterable[Message]) -> dict[int | None, list[Message]]:
         """Replies by the sampled node they answer for; a forged one (sent by another node) is
@@ -185,44 +204,64 @@ class ReplyIntake:
         return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics,
                             detail_level(self.cfg.privacy.on), self.reply_codecs())
 
-    def _screen(self, pairs: list[tuple[int, DecodedReply]]) -> list[int]:
+    def _squared(self) -> set[str]:
+        """The records compared by the square root of their norm (v ≥ 0, PSD statistics)."""
+        return {r for r, doms in self.contract().domains.items()
+                if any(d.nonneg or d.psd for d in doms.values())}
+
+    def _screen(self, pairs: list[tuple[int, DecodedReply]]) -> tuple[list[int], bool]:
         """Indices of `pairs` that pass the screen against the round's others (screen.py): every
-        shared record (Δ and the contract's `up`), a lone reply against the
-        screen reference in the server state; `self.screen_reference` becomes the kept replies'
-        medians, for aggregate_train to commit with the round's state."""
+        shared record (Δ and the contract's `up`), a lone reply against the screen history in
+        the server state; and whether that history was young and screened a lone reply (so it
+        restarts: screen.py next_history)."""
         assert self.state is not None
         replies = [r for _, r in pairs]
         factors = capped_factors(self._claims(replies, capped=False), self._claims(replies))
         # under dp, clipping bounds every reply; a screen that drops by value would leak
         limit = 0.0 if self.cfg.privacy.on else self.cfg.federation.screen_ratio
-        contract = self.contract()
-        squared = {r for r, doms in contract.domains.items()
-                   if any(d.nonneg or d.psd for d in doms.values())}
         reference = reference_of(self.state.extras)
         # the records of the contract, not its metrics: f̂_i (HaFedHo) is a constant of the local
         # objective, so it moves no gradient, and honest losses of two non-IID clients came
         # 8.8× apart in the hafedho grid; its domain bound (|f̂| < 1.8e19) holds it
         kept, screened_out, self.report.screen_ratio_max = screened(
-            replies, factors, limit, squared, reference=reference)
+            replies, factors, limit, self._squared(), reference=reference)
         for i, why in screened_out.items():
-            self._reject(str(pairs[i][0]), why)
+            self._reject(str(pairs[i][0]), why + (" (a screen reference of fewer than 3 replies: "
+                                                  "restarted)" if len(replies) == 1 and
+                                                  is_young(reference) else ""))
         self.report.screened = len(screened_out)
-        # no reference under dp: the median norms of the replies are not part of the release
-        self.screen_reference = {} if self.cfg.privacy.on else next_reference(reference, round_reference(
-            [replies[i] for i in kept], squared))
-        return kept
+        return kept, len(replies) == 1 and bool(screened_out) and is_young(reference)
+
+    def _remember(self, kept: list[DecodedReply], restart: bool) -> None:
+        """`self.screen_reference`: the history with the kept replies' sizes (after the bound)
+        and capped claims, for aggregate_train to commit with the round's state; none under dp
+        (the replies' norms are not part of the release)."""
+        assert self.state is not None
+        fed = self.cfg.federation
+        if self.cfg.privacy.on or (fed.screen_ratio <= 0.0 and fed.max_contribution_ratio <= 0.0):
+            self.screen_reference = {}  # nothing reads it: the state is the papers' own
+            return
+        if restart:  # on the state itself: the round is skipped (its one reply screened), and a
+            self.state.extras.pop(HISTORY, None)  # kept young history would screen every later one
+        sizes = {**round_sizes(kept, self._squared()), CLAIMS: self._claims(kept)} if kept else {}
+        self.screen_reference = next_history(reference_of(self.state.extras), sizes)
 
     def _clip(self, replies: list[DecodedReply]) -> None:
         """Each kept reply's weighted deviation from the round's coordinate-wise median at most
         max-contribution-ratio × the round's median one, per record that moves a mean the clients
-        steer: Δ, and SCAFFOLD's Δc, which a flipped client sends too (contribution.py); off
-        under dp, whose clipping bounds every reply."""
+        steer: Δ, and SCAFFOLD's Δc, which a flipped client sends too (contribution.py); in a
+        round of one or two replies, each one's weighted size against the history of earlier
+        kept replies instead; off under dp, whose clipping bounds every reply."""
+        assert self.state is not None
         ratio = 0.0 if self.cfg.privacy.on else self.cfg.federation.max_contribution_ratio
         weights = self._claims(replies)
+        history = reference_of(self.state.extras)
+        small = min(ratio, contribution.SMALL_ROUND_RATIO)
         clipped: set[int] = set()
         for record in CLIPPED_RECORDS:
             if replies and all(record in r.arrays for r in replies):
-                clipped |= clip_contributions(replies, weights, ratio, record)
+                clipped |= clip_contributions(replies, weights, ratio, record) if len(replies) >= 3 \
+                    else clip_to_history(replies, weights, small, record, history)
         self.report.clipped = len(clipped)
 
     def _latency(self, node: int, reply: Message) -> float:

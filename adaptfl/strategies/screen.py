@@ -12,14 +12,14 @@ compared with the round's other replies.
              screened without a line here (issue 32 §2: one Δc of 1e30 made SCAFFOLD's c poison
              every later round). Squared statistics (v ≥ 0, SOAP's PSD G·Gᵀ) by sqrt of their
              norm. The median of the OTHER replies, so with two replies each is judged against
-             the other; a reply alone in its round against the screen reference: per record,
-             the median of the last committed round with two or more kept replies (until there
-             is one, the last lone round's size), kept in the server state (`REFERENCE`,
-             checkpointed and resumed). Not a refusal: honest lone rounds (fraction-train × few
-             nodes) are normal, and the last multi-reply median is the closest honest scale the
-             server has (norms shrink as training converges, so an older one is lenient, not
-             strict); a lone reply of round 1 has no reference and is held by the domain
-             bounds alone;
+             the other; a reply alone in its round against the screen history: per record,
+             the median size of the last WINDOW kept replies of earlier rounds, kept in the
+             server state (`HISTORY`, checkpointed and resumed). Not a refusal: honest lone
+             rounds (fraction-train × few nodes) are normal. A median over several replies, so
+             that no single reply sets it: a history of fewer than MIN_SAMPLES is young, and a
+             young history that screens a lone reply is restarted (the first sample may be the
+             liar: a hostile lone reply of round 1 would otherwise screen every honest one after
+             it); a lone reply of round 1 has no history and is held by the domain bounds alone;
              f_i = 1, or for a reply whose claim was capped the cap over the median: its pull
              on the mean is its weight times its size, so Δ = -x of a modest norm claiming
              2**62 examples is screened as surely as a Δ × -20 of an honest weight)
@@ -46,7 +46,10 @@ from adaptfl.core import wire
 from adaptfl.server_rules.aggregators import flat
 from adaptfl.strategies.validation import DecodedReply
 
-REFERENCE = "screen/reference"  # server-state extras: record -> [median size, replies it came from]
+HISTORY = "screen/history"  # server-state extras: record -> the sizes of the last WINDOW kept replies
+WINDOW = 32  # replies: a few rounds of ten, or 32 lone rounds
+MIN_SAMPLES = 3  # below it a history is young: one hostile sample of three cannot be its median
+CLAIMS = "claims"  # the history's pseudo-record of the kept replies' capped weights (contribution.py)
 
 
 def shared(reply: DecodedReply, only: Collection[str] | None = None,
@@ -73,12 +76,12 @@ def record_sizes(records: Sequence[Mapping[str, dict]], squared: Collection[str]
 
 
 def pull_ratios(records: Sequence[Mapping[str, dict]], factors: Sequence[float],
-                squared: Collection[str] = (), reference: Mapping[str, tuple[float, int]] | None = None
+                squared: Collection[str] = (), reference: Mapping[str, Sequence[float]] | None = None
                 ) -> list[tuple[float, str, float, float]]:
     """Per reply: its largest ratio f_i·||t_i|| / median_{j≠i} f_j·||t_j|| over the records,
     which record, f_i·||t_i|| and that median (0 where the median is 0). A reply alone in its
-    round is compared with `reference` instead (record -> (the median size of an earlier
-    round, of how many replies); not screened for a record without one)."""
+    round is compared with the median of `reference` instead (record -> the sizes of earlier
+    kept replies; not screened for a record without any)."""
     sizes = record_sizes(records, squared)
     pulls = {r: [f * s for s, f in zip(values, factors, strict=True)] for r, values in sizes.items()}
     out = []
@@ -88,7 +91,7 @@ def pull_ratios(records: Sequence[Mapping[str, dict]], factors: Sequence[float],
             if len(values) >= 2:
                 others = statistics.median(values[:i] + values[i + 1:])
             else:
-                others = (reference or {}).get(record, (0.0, 0))[0]
+                others = history_median((reference or {}).get(record, ()))
             ratio = values[i] / others if others > 0.0 else 0.0
             worst = max(worst, (ratio if math.isfinite(ratio) else math.inf, record, values[i], others))
         out.append(worst)
@@ -103,7 +106,7 @@ def _size(tensors: dict, squared: bool) -> float:
 def screened(replies: Sequence[DecodedReply], factors: Sequence[float], limit: float,
              squared: Collection[str] = (), only: Collection[str] | None = None,
              metrics: Collection[str] = (),
-             reference: Mapping[str, tuple[float, int]] | None = None
+             reference: Mapping[str, Sequence[float]] | None = None
              ) -> tuple[list[int], dict[int, str], float]:
     """(indices kept, index -> why screened, the largest ratio among the kept); limit 0: off;
     `only`: the records compared (None: all shared ones), `metrics`: the required metrics
@@ -111,7 +114,7 @@ def screened(replies: Sequence[DecodedReply], factors: Sequence[float], limit: f
     records = [shared(r, only, metrics) for r in replies]
     ratios = pull_ratios(records, factors, squared, reference)
     against = "the median of the round's other replies" if len(replies) >= 2 else \
-        "the screen reference (the median of an earlier round's kept replies)"
+        "the screen reference (the median of earlier rounds' kept replies)"
     dropped = {i: f"screened: {record} {'norm' if factors[i] == 1.0 else 'capped weight × norm'} "
                   f"{ratio:.3g}× {against}: {size:.3g} > screen-ratio={limit:g} × {median:.3g}"
                for i, (ratio, record, size, median) in enumerate(ratios)
@@ -120,35 +123,42 @@ def screened(replies: Sequence[DecodedReply], factors: Sequence[float], limit: f
     return kept, dropped, max((ratios[i][0] for i in kept), default=0.0)
 
 
-def round_reference(replies: Sequence[DecodedReply], squared: Collection[str] = (),
-                    only: Collection[str] | None = None, metrics: Collection[str] = ()
-                    ) -> dict[str, tuple[float, int]]:
-    """record -> (the median size among a round's kept replies, how many), for the next lone
-    reply; {} without replies."""
+def history_median(sizes: Sequence[float]) -> float:
+    """The median of a history of sizes; 0 (nothing to compare with) when empty."""
+    return float(statistics.median(sizes)) if sizes else 0.0
+
+
+def is_young(history: Mapping[str, Sequence[float]]) -> bool:
+    """Fewer than MIN_SAMPLES kept replies behind the history: its median may be one reply's."""
+    return min((len(v) for v in history.values()), default=0) < MIN_SAMPLES
+
+
+def round_sizes(replies: Sequence[DecodedReply], squared: Collection[str] = (),
+                only: Collection[str] | None = None, metrics: Collection[str] = ()
+                ) -> dict[str, list[float]]:
+    """record -> the finite sizes of a round's kept replies, for the history."""
     sizes = record_sizes([shared(r, only, metrics) for r in replies], squared)
-    medians = {r: statistics.median(v) for r, v in sizes.items()}
-    return {r: (m, len(replies)) for r, m in medians.items() if math.isfinite(m)}
+    return {r: [v for v in values if math.isfinite(v)] for r, values in sizes.items()}
 
 
-def next_reference(old: Mapping[str, tuple[float, int]], new: Mapping[str, tuple[float, int]]
-                   ) -> dict[str, tuple[float, int]]:
-    """A round of two or more kept replies replaces the reference; a lone one only a reference
-    from a lone round (or none): as its own reference a client alone in successive rounds could
-    grow it screen-ratio× a round, so the last multi-reply median stays once there is one."""
-    out = dict(old)
-    for record, (median, count) in new.items():
-        if count >= 2 or old.get(record, (0.0, 0))[1] < 2:
-            out[record] = (median, count)
-    return out
+def next_history(old: Mapping[str, Sequence[float]], new: Mapping[str, Sequence[float]]
+                 ) -> dict[str, list[float]]:
+    """The history after a round: its kept replies' sizes appended, the last WINDOW kept per
+    record (a young history that screened a lone reply is dropped instead: intake.py, since its
+    median may be a liar's and only kept replies join it)."""
+    out = {r: list(v) for r, v in old.items()}
+    for record, sizes in new.items():
+        out[record] = (out.get(record, []) + list(sizes))[-WINDOW:]
+    return {r: v for r, v in out.items() if v}
 
 
-def reference_of(extras: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, tuple[float, int]]:
-    """The screen reference kept in the server state: record -> (median size, replies)."""
-    return {r: (float(t[0]), int(t[1])) for r, t in extras.get(REFERENCE, {}).items()}
+def reference_of(extras: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, list[float]]:
+    """The screen history kept in the server state: record -> sizes, oldest first."""
+    return {r: [float(v) for v in t.tolist()] for r, t in extras.get(HISTORY, {}).items()}
 
 
-def reference_record(reference: Mapping[str, tuple[float, int]]) -> dict[str, torch.Tensor]:
-    return {r: torch.tensor([m, float(n)], dtype=torch.float64) for r, (m, n) in reference.items()}
+def reference_record(history: Mapping[str, Sequence[float]]) -> dict[str, torch.Tensor]:
+    return {r: torch.tensor(list(v), dtype=torch.float64) for r, v in history.items()}
 
 
 def capped_factors(claimed: Sequence[float], capped: Sequence[float]) -> list[float]:

@@ -4,8 +4,8 @@ of five, through the in-process engine on small real data, rewrites one uploaded
 Δc of 1e30 went into c, every honest reply of rounds 2-4 was then non-finite and the run
 aborted (exit 3); Θ = 1e30 (fedpac-sophia) and f̂ = -1e30 (HaFedHo) went into the state too.
 Now the reply is dropped with a reason naming the record, and the run ends within MARGIN of
-the clean run's accuracy. A reply alone in its round is screened against the screen reference
-(the last round's median norm, kept in the server state)."""
+the clean run's accuracy. A reply alone in its round is screened against the screen history
+(the median size of the last kept replies, kept in the server state)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import run_federated
-from adaptfl.strategies.screen import REFERENCE
+from adaptfl.strategies.screen import HISTORY
 from adaptfl.strategies.state import ServerState
 from tests.e2e.test_hostile_e2e import Rewrite
 from tests.e2e.test_hostile_e2e import hostile as hostile_handler
@@ -110,4 +110,4 @@ def test_a_reply_alone_in_its_round_is_screened_against_the_reference(tiny_data,
     assert rows[1]["replies-accepted"] == 0
     weights = final_model(out)
     assert max(float(t.abs().max()) for t in weights.values() if t.is_floating_point()) < 100.0
-    assert wire.DELTA in ServerState.load(out / STATE_FILE).extras[REFERENCE]
+    assert wire.DELTA in ServerState.load(out / STATE_FILE).extras[HISTORY]

@@ -11,7 +11,15 @@ import torch
 
 from adaptfl.core import wire
 from adaptfl.strategies import contribution
-from adaptfl.strategies.contribution import center, clip_contributions
+from adaptfl.strategies.contribution import (
+    SMALL_ROUND_RATIO,
+    center,
+    clip_contributions,
+    clip_to_history,
+    small_round_note,
+    tolerance_note,
+)
+from adaptfl.strategies.screen import CLAIMS
 from adaptfl.strategies.validation import DecodedReply
 
 
@@ -96,3 +104,52 @@ def test_a_ratio_below_1_is_refused_in_one_line_and_0_turns_it_off() -> None:
         RunConfig.of(max_contribution_ratio=0.5)
     assert RunConfig.of(max_contribution_ratio=0).federation.max_contribution_ratio == 0.0
     assert RunConfig.of().federation.max_contribution_ratio == 2.0  # the default robustness.md measures
+
+
+def test_a_small_round_is_bounded_by_the_history_median_of_sizes_and_claims() -> None:
+    # history: sizes 1, 2, 3 (median 2), claims 10, 10, 40 (median 10); ratio 1 (SMALL_ROUND_RATIO)
+    history = {wire.DELTA: [1.0, 2.0, 3.0], CLAIMS: [10.0, 10.0, 40.0]}
+    replies = _replies([3.0, 4.0], [0.0, 1.0])  # sizes 5 and 1
+    assert clip_to_history(replies, [10.0, 90.0], SMALL_ROUND_RATIO, wire.DELTA, history) == {0, 1}
+    # reply 0: weight 1× the median claim, size 5 > 2: scaled to 2; reply 1: 9× the median claim
+    # times size 1 is 9 > 2: scaled to 2 / 9, so its term in the mean is a median reply's
+    assert torch.allclose(replies[0].arrays[wire.DELTA]["w"], torch.tensor([1.2, 1.6]))
+    assert torch.allclose(replies[1].arrays[wire.DELTA]["w"], torch.tensor([0.0, 2.0 / 9.0]))
+    assert torch.equal(replies[1].arrays[wire.DELTA]["steps"], torch.tensor(3))
+    lone = _replies([0.6, 0.8])  # size 1 at the median claim: under the bound, the same tensor
+    before = lone[0].arrays[wire.DELTA]["w"]
+    assert clip_to_history(lone, [10.0], SMALL_ROUND_RATIO, wire.DELTA, history) == set()
+    assert lone[0].arrays[wire.DELTA]["w"] is before
+
+
+def test_a_young_history_or_the_bound_off_bounds_no_small_round() -> None:
+    young = {wire.DELTA: [1.0, 2.0], CLAIMS: [10.0, 10.0]}  # one liar of two could be its median
+    assert clip_to_history(_replies([30.0, 40.0]), [10.0], 1.0, wire.DELTA, young) == set()
+    grown = {wire.DELTA: [1.0, 2.0, 3.0], CLAIMS: [10.0, 10.0, 10.0]}
+    assert clip_to_history(_replies([30.0, 40.0]), [10.0], 0.0, wire.DELTA, grown) == set()
+    assert clip_to_history(_replies([30.0, 40.0]), [10.0], 1.0, wire.DELTA, grown) == {0}
+
+
+def test_the_small_round_note_says_what_bounds_a_reply_before_round_1() -> None:
+    from adaptfl.algorithms.config import RunConfig
+
+    assert small_round_note(RunConfig.of(algorithm="fedavg"), 3, 5) is None
+    line = small_round_note(RunConfig.of(algorithm="fedavg", fraction_train=0.4), 2, 5)
+    assert line is not None and line.startswith("fraction-train=0.4 samples 2 of 5 nodes a round: "
+                                                 "no round median")
+    off = small_round_note(RunConfig.of(algorithm="fedavg", fraction_train=0.2, screen_ratio=0.0,
+                                        max_contribution_ratio=0.0), 1, 5)
+    assert off is not None and off.endswith("no reply bound is on: one hostile reply can set a "
+                                            "round's whole update")
+
+
+def test_the_tolerance_note_says_what_the_aggregator_holds_and_what_holds_more() -> None:
+    from adaptfl.algorithms.config import RunConfig
+
+    line = tolerance_note(RunConfig.of(algorithm="fedact"), 7)
+    assert line == ("aggregator='mean' bounds one hostile reply a round, not several colluding ones; "
+                    "aggregator='trimmed-mean' hostile-fraction=0.3 tolerates 3 of the 7 a round samples "
+                    "(docs/robustness.md, 'Colluders at the bound')")
+    sized = RunConfig.of(algorithm="fedact", aggregator="trimmed-mean", hostile_fraction=0.2)
+    assert tolerance_note(sized, 7) == ("aggregator='trimmed-mean' hostile-fraction=0.2 tolerates 2 "
+                                        "hostile replies of the 7 a round samples")

@@ -95,7 +95,9 @@ def test_p_i_is_the_share_of_the_federation_the_server_knows(nodes, tmp_path, ha
     pkg, dirs = nodes
     cfg = RunConfig.of(algorithm="hafedho", task=f"{pkg}:load", model=f"{pkg}:build", mu=MU, lr=LR,
                        lr_schedule="constant", local_steps=K, batch_size=64, weight_decay=0.0,
-                       num_server_rounds=ROUNDS, client_state_dir=str(tmp_path / "state"))
+                       num_server_rounds=ROUNDS, client_state_dir=str(tmp_path / "state"),
+                       max_contribution_ratio=0.0)  # the paper's plain mean (a round of two replies
+    # is otherwise bounded against the history of earlier ones: docs/robustness.md)
     grid = InProcessGrid(len(SIZES), cfg.to_flower(), handler=handler)
     for context, folder in zip(grid.contexts.values(), dirs, strict=True):
         context.node_config[wire.NODE_DATA_DIR] = folder  # each node trains on all of its own rows

@@ -17,10 +17,14 @@ from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
 from adaptfl.strategies.screen import (
+    CLAIMS,
+    HISTORY,
+    WINDOW,
     cap_to_median,
     capped_factors,
-    next_reference,
-    round_reference,
+    is_young,
+    next_history,
+    round_sizes,
     screened,
 )
 from adaptfl.strategies.validation import DecodedReply
@@ -81,22 +85,22 @@ def test_the_screen_reads_every_shared_record_and_names_it() -> None:
         f"screened: {wire.METRICS}[{wire.F_HAT}] norm 1e+06×")
 
 
-def test_a_lone_reply_is_screened_against_the_reference() -> None:
+def test_a_lone_reply_is_screened_against_the_history_median() -> None:
     lone = [_reply(1e30)]
-    assert screened(lone, [1.0], 10.0)[1] == {}  # no reference yet: nothing to compare with
-    reference = next_reference({}, round_reference([_reply(1.0), _reply(2.0), _reply(3.0)]))
-    assert reference == {wire.DELTA: (2.0, 3)}
-    why = screened(lone, [1.0], 10.0, reference=reference)[1][0]
+    assert screened(lone, [1.0], 10.0)[1] == {}  # no history yet: nothing to compare with
+    history = next_history({}, round_sizes([_reply(1.0), _reply(2.0), _reply(3.0)]))
+    assert history == {wire.DELTA: [1.0, 2.0, 3.0]} and not is_young(history)
+    why = screened(lone, [1.0], 10.0, reference=history)[1][0]
     assert why.startswith("screened: delta norm 5e+29× the screen reference"), why
-    assert screened([_reply(19.0)], [1.0], 10.0, reference=reference)[1] == {}
-    # a lone round replaces only a lone round's reference: a client alone in successive rounds
-    # cannot walk a multi-reply median up screen-ratio× a round
-    assert next_reference(reference, round_reference([_reply(19.0)])) == reference
-    lone_ref = next_reference({}, round_reference([_reply(19.0)]))
-    assert lone_ref == {wire.DELTA: (19.0, 1)}
-    assert next_reference(lone_ref, round_reference([_reply(30.0)])) == {wire.DELTA: (30.0, 1)}
-    assert next_reference(lone_ref, round_reference([_reply(1.0), _reply(3.0)])) == \
-        {wire.DELTA: (2.0, 2)}
+    assert screened([_reply(19.0)], [1.0], 10.0, reference=history)[1] == {}
+    # a client alone in successive rounds cannot walk the median up screen-ratio× a round: one
+    # of three samples is never the median
+    walked = next_history(history, round_sizes([_reply(19.0)]))
+    assert screened([_reply(26.0)], [1.0], 10.0, reference=walked)[1] != {}  # median 2.5
+    assert is_young(next_history({}, round_sizes([_reply(19.0)])))
+    # the last WINDOW replies per record
+    many = next_history({}, {wire.DELTA: [float(i) for i in range(WINDOW + 5)]})
+    assert many[wire.DELTA] == [float(i) for i in range(5, WINDOW + 5)]
 
 
 @pytest.mark.parametrize("ratio", [0.05, 1.0, 1.99])
@@ -181,7 +185,10 @@ def test_honest_rounds_are_bit_identical_with_and_without_the_screens(algorithm)
         _round(plain, replies)
     assert screened_run.report.rejected == {} and "weights-capped" not in screened_run.report.metrics
     assert screened_run.report.metrics["screen-ratio-max"] == pytest.approx(1.5 / 1.25, rel=1e-6)
+    history = screened_run.state.extras.pop(HISTORY)  # the screen's own, beside the same state
+    assert history[wire.DELTA].numel() == 10 and history[CLAIMS].tolist() == [10, 20, 30, 40, 40] * 2
     assert _same_state(screened_run, plain)
+    screened_run.state.extras[HISTORY] = history
     replies[HOSTILE]["metrics"][wire.NUM_EXAMPLES] = 30 * 30  # the median is 30
     _round(screened_run, replies)  # capped at 10 × 30: its pull 10 × 1.5 is 12× the others'
     assert "capped weight × norm 12×" in screened_run.report.rejected[str(HOSTILE)]

@@ -14,7 +14,7 @@ from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted
 from adaptfl.strategies import AdaptiveStrategy, FedACT, FedAvg
-from adaptfl.strategies.screen import REFERENCE
+from adaptfl.strategies.screen import HISTORY
 from adaptfl.strategies.state import ServerState
 
 F32 = torch.float32
@@ -103,7 +103,7 @@ def test_uniform_weighting_and_fedavg_keeps_no_extras() -> None:
     strategy = _strategy(algorithm="fedavg", weighting="uniform", lr="preset")
     _one_round(strategy, 1, (1, {**GOOD_A, "v": None}), (2, {**GOOD_B, "v": None}))
     assert _tensors(strategy.state.model) == {"w": [1.0, 4.0], "b": [4.0]}
-    assert list(strategy.state.extras) == [REFERENCE]  # the screen's, for a lone reply (screen.py)
+    assert list(strategy.state.extras) == [HISTORY]  # the screen's, for a lone reply (screen.py)
 
 
 def test_extra_client_metrics_are_averaged_and_recorded() -> None:

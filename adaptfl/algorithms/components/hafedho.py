@@ -16,12 +16,16 @@ plain SGD). The client keeps g_i, f̂_i, its reported |D_i| (num-examples) and t
 durable state; lost state means "did not take part". Server: x <- x + mean Δ_i,
 g^t = -mean Δ_i / lr, f̂^t = mean f̂_i, |D| = Σ num-examples of the round's replies, or the
 public constant `total-examples` (what dp requires: the sum would be broadcast un-noised).
+Where the server knows the partitioning (the in-process engine: partition ids 0..N-1 of the
+run's own partitioning), |D| is the partitions' examples summed: the paper's federation size,
+whichever clients a round samples.
 
 Only the server can know |D|: a node training on its own data-dir, or a user's ClientSession,
-sees its own rows alone (p_i would be 1). The server sums the num-examples its replies of round
-t-1 report (federation_size): with full participation that is the federation's size, the
-paper's rule; under partial participation it is the cohort's, so p_i is the client's share of
-g^{t-1} (examples weighting), exactly what its own g_i contributed to it.
+sees its own rows alone (p_i would be 1). In a deployment without `total-examples` the server
+sums the num-examples its replies of round t-1 report (federation_size): with full
+participation that is the federation's size, the paper's rule; under partial participation it
+is the cohort's, so p_i is the client's share of g^{t-1} (examples weighting), not the paper's
+|D_i| / |D| (declare total-examples there).
 """
 
 from __future__ import annotations
@@ -77,8 +81,10 @@ class HaFedHo(Stage):
     rectify: str = param("objective", "objective (the term in the loss) or gradient (μh on ∇)",
                          choices=("objective", "gradient"))
     total_examples: float = param(0.0, "the federation's examples (p_i's denominator) as a "
-                                  "public constant the operator declares; 0: the server sums the "
-                                  "replies' num-examples, which dp refuses (broadcast un-noised)",
+                                  "public constant the operator declares; 0: the partitions' "
+                                  "examples where the server holds the partitioning (the "
+                                  "in-process engine), else the replies' num-examples summed, "
+                                  "which dp refuses (broadcast un-noised)",
                                   within=(0.0, None))
 
     up_metrics = (Metric(wire.F_HAT, FINITE, "f̂_i, the mean local loss (finite at float32)"),)
@@ -90,8 +96,9 @@ class HaFedHo(Stage):
 
     def records_down(self) -> tuple[Record, ...]:
         g = Record(wire.HAFEDHO_G, doc="g^{t-1}, mean of the clients' summed local gradients")
-        n = Record(wire.HAFEDHO_N_TOTAL, _size_shape, "|D|: the num-examples of round t-1's replies, "
-                   "summed (p_i = |D_i| / |D|)", NONNEG)
+        n = Record(wire.HAFEDHO_N_TOTAL, _size_shape, "|D| (p_i = |D_i| / |D|): total-examples, or the "
+                   "partitions' examples where the server holds the partitioning, else the "
+                   "num-examples of round t-1's replies summed", NONNEG)
         if self.rectify == "gradient":  # μh on ∇: the constant f enters nothing the client computes
             return (g, n)
         return (g, Record(wire.HAFEDHO_F_HAT, scalar_shape("f-hat"), "f̂^{t-1}, the mean local loss"), n)
@@ -107,9 +114,9 @@ class HaFedHo(Stage):
                   for r in agg.replies]
         f_hat = agg.mean(f_hats, wire.HAFEDHO_F_HAT)["f-hat"]
         agg.new_extras[wire.HAFEDHO_F_HAT] = {"f-hat": f_hat.to(torch.float32)}
-        declared = torch.tensor([self.total_examples], dtype=torch.float64)
+        known = self.total_examples or agg.federation_examples  # the paper's |D|, where known
         agg.new_extras[wire.HAFEDHO_N_TOTAL] = {
-            "n-total": declared if self.total_examples > 0 else federation_size(agg)}
+            "n-total": torch.tensor([known], dtype=torch.float64) if known > 0 else federation_size(agg)}
 
     def released_bare(self) -> str:
         return "" if self.total_examples > 0 else \
