@@ -12,7 +12,8 @@ Each contender trains the same sampled clients for K local steps of batch B on F
   cohort        the same with --cohort C = all sampled clients (engine/cohort.py)
   bare-loop     a plain loop over the clients: load the global weights, torch.optim.SGD
                 (fedavg) / AdamW (other algorithms), K steps on preloaded batches, average
-  bare-vmap     the same clients' steps under torch.func.vmap (fedavg: SGD only)
+  bare-vmap     the same clients' steps under torch.func.vmap (fedavg: SGD only; left out where a
+                partition is smaller than a batch: the batches would not stack)
   pfl           (--pfl, where PyPI's `pfl` is installed: not an adaptfl dependency) Apple's
                 pfl-research 0.6, FedAvg with local SGD, in one process
 A round's time is the median over rounds 2..R of the engine's `seconds` less its `eval-seconds`
@@ -142,7 +143,7 @@ def main() -> None:
         times.setdefault("cohort", []).append(engine_round(args, args.clients))
         times.setdefault("bare-loop", []).append(statistics.median(
             bare.loop_round(r) for r in range(args.rounds)))
-        if args.algorithm == "fedavg":
+        if args.algorithm == "fedavg" and min(len(y) for _, y in bare.parts) >= args.batch:
             times.setdefault("bare-vmap", []).append(statistics.median(
                 bare.vmap_round(r) for r in range(args.rounds)))
         if args.pfl:
