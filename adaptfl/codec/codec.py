@@ -143,20 +143,30 @@ class Codec:
         return out.reshape(shape)
 
     # --- one record -------------------------------------------------------------------------
+    @property
+    def whole_record(self) -> bool:
+        """rtop: one top-k over the record's float arrays joined (one threshold for all)."""
+        return self.select == "rtop" and bool(self.top)
+
+    @property
+    def seeded(self) -> bool:
+        """rand: the positions come from one seed that travels with the record."""
+        return self.select == "rand" and bool(self.top)
+
     def record_spec(self, spec: ArraySpec, block: int) -> ArraySpec:
         """The encoded record's arrays, from the decoded record's (contract.py's ArraySpec)."""
         if self.lossless:
             return dict(spec)
         out: ArraySpec = {n: s for n, s in spec.items() if s[1] != torch.float32}
         floats = {n: math.prod(shape) for n, (shape, dtype) in spec.items() if dtype == torch.float32}
-        if self.select == "rtop" and self.top:
-            if floats:
-                out.update({SEP + p: s for p, s in self.parts(sum(floats.values()), block).items()})
+        if not floats:
             return out
+        if self.whole_record:
+            return {**out, **{SEP + p: s for p, s in self.parts(sum(floats.values()), block).items()}}
         for name, numel in floats.items():
             for part, part_spec in self.parts(numel, block).items():
                 out[f"{name}{SEP}{part}" if part else name] = part_spec
-        if self.select == "rand" and self.top and floats:
+        if self.seeded:
             out[SEP + SEED] = ((1,), torch.int64)
         return out
 
@@ -166,17 +176,23 @@ class Codec:
             return dict(tensors)
         out: Tensors = {n: t for n, t in tensors.items() if t.dtype != torch.float32}
         floats = {n: t for n, t in tensors.items() if t.dtype == torch.float32}
-        if self.select == "rtop" and self.top:
-            if floats:
-                flat = torch.cat([floats[n].detach().reshape(-1) for n in sorted(floats)])
-                out.update({SEP + p: t.cpu() for p, t in self.encode_array(flat, block, generator).items()})
+        if not floats:
             return out
-        seed = self._seed(floats, generator) if self.select == "rand" and self.top else None
+        if self.whole_record:
+            flat = torch.cat([floats[n].detach().reshape(-1) for n in sorted(floats)])
+            return {**out, **{SEP + p: t.cpu() for p, t in self.encode_array(flat, block, generator).items()}}
+        return {**out, **self._encode_arrays(floats, block, generator)}
+
+    def _encode_arrays(self, floats: Mapping[str, torch.Tensor], block: int,
+                       generator: torch.Generator | None) -> Tensors:
+        """Each float array on its own (and rand's one seed for the record's positions)."""
+        out: Tensors = {}
+        seed = self._seed(floats, generator) if self.seeded else None
         for name, t in floats.items():
             chooser = _chooser(seed, name) if seed is not None else None
             for part, encoded in self.encode_array(t, block, generator, chooser).items():
                 out[f"{name}{SEP}{part}" if part else name] = encoded.cpu()
-        if seed is not None and floats:
+        if seed is not None:
             out[SEP + SEED] = torch.tensor([seed], dtype=torch.int64)
         return out
 
@@ -197,15 +213,11 @@ class Codec:
             return dict(arrays)
         out: Tensors = {n: arrays[n] for n, (_, dtype) in spec.items() if dtype != torch.float32}
         floats = {n: shape for n, (shape, dtype) in spec.items() if dtype == torch.float32}
-        if self.select == "rtop" and self.top:
-            if floats:
-                sizes = [math.prod(floats[n]) for n in sorted(floats)]
-                parts = {p: arrays[SEP + p] for p in self.parts(sum(sizes), block)}
-                flat = self.decode_array(parts, (sum(sizes),), block)
-                for name, piece in zip(sorted(floats), torch.split(flat, sizes), strict=True):
-                    out[name] = piece.reshape(floats[name])
+        if not floats:
             return out
-        seed = int(arrays[SEP + SEED][0]) if self.select == "rand" and self.top and floats else None
+        if self.whole_record:
+            return {**out, **self._decode_whole(arrays, floats, block)}
+        seed = int(arrays[SEP + SEED][0]) if self.seeded else None
         for name, shape in floats.items():
             parts = {p: arrays[f"{name}{SEP}{p}" if p else name] for p in self.parts(math.prod(shape), block)}
             try:
@@ -214,6 +226,15 @@ class Codec:
             except MalformedEncoding as why:
                 raise MalformedEncoding(f"[{name}]: {why}") from None
         return out
+
+    def _decode_whole(self, arrays: Mapping[str, torch.Tensor], floats: Mapping[str, tuple[int, ...]],
+                      block: int) -> Tensors:
+        """rtop's float arrays: one flat decode, cut back into the record's arrays by name."""
+        sizes = [math.prod(floats[n]) for n in sorted(floats)]
+        parts = {p: arrays[SEP + p] for p in self.parts(sum(sizes), block)}
+        flat = self.decode_array(parts, (sum(sizes),), block)
+        return {name: piece.reshape(floats[name])
+                for name, piece in zip(sorted(floats), torch.split(flat, sizes), strict=True)}
 
     def round_trip(self, tensors: Mapping[str, torch.Tensor], block: int,
                    generator: torch.Generator | None = None) -> Tensors:

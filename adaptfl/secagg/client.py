@@ -18,6 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 
 from adaptfl.algorithms.recipe import algorithm_from_recipe, privacy_from_recipe
 from adaptfl.core import wire
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.client import check_floor
 from adaptfl.privacy.mechanism import start_bound
 from adaptfl.secagg import crypto, fixedpoint, noise
@@ -192,32 +193,44 @@ def own_noise(recipe: ConfigRecord, cfg: ConfigRecord, slots: list[fixedpoint.Sl
     privacy, sampled = privacy_from_recipe(recipe)
     requested = _float(cfg, p.NOISE_STD)
     shared = _shared_names(recipe) if "algorithm" in recipe else None
+    _check_layout(slots, shared)
+    reply_z = check_floor(privacy, sampled, node_config)  # the cohort n and z against the floor
+    if privacy.dp != "client":
+        return requested
+    if shared is None:
+        raise ValueError("secagg: a dp='client' recipe without its algorithm")
+    _check_ranges_and_bound(privacy, slots, bits, bound, sampled, len(shared[0]))
+    own = reply_z * fixedpoint.sensitivity(bound, slots)
+    if requested < own * (1.0 - 1e-9):
+        raise ValueError(f"secagg: noise std {requested:.6g} is below this node's own {own:.6g} "
+                         f"(z/√n={reply_z:.4g} of its integers' reach)")
+    return max(requested, own)
+
+
+def _check_layout(slots: list[fixedpoint.Slot], shared: tuple[set[str], set[str]] | None) -> None:
+    """The layout masks exactly the algorithm's shared records (its averaged metrics among
+    them: one left out would go up in the clear), each with a range > 0."""
     layout = {s.record for s in slots}
     if shared is not None and not (layout <= shared[0] and shared[1] <= layout):
         raise ValueError(f"secagg: the layout's records {sorted(layout)} are not this algorithm's shared "
                          f"records (its averaged metrics {sorted(shared[1])} among them)")
     if not all(math.isfinite(s.clip) and s.clip > 0.0 for s in slots):
         raise ValueError("secagg: a record's range is not a number > 0")
-    reply_z = check_floor(privacy, sampled, node_config)  # the cohort n and z against the floor
-    if privacy.dp != "client":
-        return requested
-    if shared is None:
-        raise ValueError("secagg: a dp='client' recipe without its algorithm")
+
+
+def _check_ranges_and_bound(privacy: Privacy, slots: list[fixedpoint.Slot], bits: int, bound: int,
+                            sampled: int, records: int) -> None:
+    """Each range at least its record's clipping norm, and B the one this node derives from the
+    modulus, n and z (a smaller range or another B would shrink the noise the node adds)."""
     for slot in slots:
         if not slot.clip >= start_bound(privacy, slot.record):
             raise ValueError(f"secagg: the range {slot.clip:g} of {slot.record!r} is below its clipping "
                              f"norm {start_bound(privacy, slot.record):g}: it would shrink the noise")
-    k = len(shared[0])
-    expected = fixedpoint.budget(bits, sampled, privacy.dp_noise_multiplier * math.sqrt(k),
+    expected = fixedpoint.budget(bits, sampled, privacy.dp_noise_multiplier * math.sqrt(records),
                                  fixedpoint.rounding_width(slots)) if 16 <= bits <= 64 else -1
     if bound != expected or bound < fixedpoint.MIN_BOUND:
         raise ValueError(f"secagg: B={bound} at modulus 2^{bits} is not the B of {sampled} nodes at "
                          f"z={privacy.dp_noise_multiplier:g} ({expected}), or below {fixedpoint.MIN_BOUND}")
-    own = reply_z * fixedpoint.sensitivity(bound, slots)
-    if requested < own * (1.0 - 1e-9):
-        raise ValueError(f"secagg: noise std {requested:.6g} is below this node's own {own:.6g} "
-                         f"(z/√n={reply_z:.4g} of its integers' reach)")
-    return max(requested, own)
 
 
 def _shared_names(recipe: ConfigRecord) -> tuple[set[str], set[str]]:

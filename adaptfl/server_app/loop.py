@@ -185,8 +185,10 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
     if getattr(grid, "static_nodes", False):  # the nodes are known now: check what needs them
         node_configs = cast("InProcessGrid", grid).node_configs()  # the grid with static_nodes
         check_nodes(cfg, task, node_configs)
-        # the partitioning is the server's own here: |D| and the ids the nodes may claim
-        strategy.partition_sizes = partition_sizes(cfg, task, len(node_configs))
+        # the partitioning is the server's own here (|D| and the ids the nodes may claim), unless
+        # a node trains on data of its own (data-dir): then no partitioning covers the federation
+        if not any(wire.NODE_DATA_DIR in c for c in node_configs):
+            strategy.partition_sizes = partition_sizes(cfg, task, len(node_configs))
     outputs = restore_or_start(cfg, strategy)
     try:
         train_rounds(grid, cfg, strategy, model, task, outputs, on_round)

@@ -21,7 +21,12 @@ from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.privacy.mechanism import GaussianMean
 from adaptfl.server_app.loop import build_run, run_federated
-from tests.support.run_outputs import assert_same_model, die_before_checkpoint, final_model, metric_rows
+from tests.support.run_outputs import (
+    assert_model_within_rounding,
+    die_before_checkpoint,
+    final_model,
+    metric_rows,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +149,7 @@ def test_a_resumed_run_with_residuals_equals_an_uninterrupted_one(tiny_data, tmp
     disk = int(client_state.StateSource.DISK)
     assert [(r, found) for r, found, _ in residual_loads] == [(2, True), (2, True), (3, True), (3, True)]
     assert [source for r, _, source in residual_loads if r == 2] == [disk, disk]
-    assert_same_model(final_model(out), expected)
+    assert_model_within_rounding(final_model(out), expected)  # MKL: see the helper
 
 
 @pytest.mark.xdist_group("codec-engine-ef-run")
@@ -182,7 +187,7 @@ def test_dp_central_clips_and_noises_the_decoded_replies(tiny_data, tmp_path, mo
     recording = Recording()
     cfg = _cfg(tiny_data, tmp_path, algorithm="fedavg", weighting="uniform", dp="central", dp_seed=1,
                dp_testing_reproducible_noise=True, dp_accounting="no-amplification", codec="int8",
-               num_server_rounds=1)
+               num_server_rounds=1, dp_accept_epsilon=1e3)  # two nodes: far past the default bound
     out = run_federated(InProcessGrid(2, cfg.to_flower(), handler=recording), cfg)
     rows = metric_rows(out)
     assert "dp-epsilon" in rows[0] and "replies-accepted" not in rows[0]  # who fared how: confidential

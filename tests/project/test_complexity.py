@@ -30,7 +30,6 @@ OVER_THE_LIMIT = {
     "algorithms/config.py:from_flower": 17,
     "algorithms/algorithm.py:contract": 17,
     "workloads/hub.py:_labels": 16,
-    "harness/compression.py:verdicts": 16,
 }
 
 

@@ -63,13 +63,14 @@ def test_one_package_tree_with_the_top_level_folders_as_links_into_it() -> None:
 
 
 def test_the_flower_app_bundle_is_the_package_alone() -> None:
-    """`flwr run` ships the FAB Flower builds from the checkout: the package and pyproject.toml,
-    none of tests/, docs/, benchmarks/, examples/, scripts/ (the root links are not followed)."""
+    """`flwr run` ships the FAB Flower builds from the checkout: the package, pyproject.toml and
+    the license file Flower Hub's FAB format asks for, none of tests/, docs/, benchmarks/,
+    examples/, scripts/ (the root links are not followed)."""
     from flwr.cli.build import build_fab_from_disk  # noqa: PLC0415 - test-only
 
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
     tops = {n.split("/")[0] for n in names}
-    assert tops == {"adaptfl", "pyproject.toml", ".info"}, tops
+    assert tops == {"adaptfl", "pyproject.toml", "LICENSE.md", ".info"}, tops
     assert "adaptfl/strategies/base.py" in names and "adaptfl/server_app/app.py" in names
     assert not any(n.startswith(("strategies/", "deploy/")) for n in names)
 
