@@ -30,6 +30,7 @@ from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
 from adaptfl.engine.cohort_steps import FORMS, CohortDeclined, signature, train_cohort
 from adaptfl.engine.inprocess import ClientHandler, InProcessGrid
+from adaptfl.local_update import native
 from adaptfl.server_app.loop import run_federated
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,22 @@ def fitting_cohort(job: LocalJob, sampled: int) -> int:
     else:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return max(1, min(sampled, int(MEMORY_SHARE * free // per_client)))
+
+
+def alone_reason(job: LocalJob, uncovered: bool, form: str) -> str:
+    """Why `job`'s group trains one client at a time ("" where it is batched): a rule the
+    batched reference lacks; or, with form auto, FedACT's trust step on a CPU where the native
+    loops run (float32): one client at a time they beat the batched reference there
+    (benchmarks/bench_cohort.py --algorithm fedact: 0.78x on an Intel Xeon, docs/scale.md)."""
+    opt = job.session.optimizer
+    if uncovered:
+        return f"its local rule {opt.rule(opt.param_groups[0]).name} has no batched step here"
+    params = opt.param_groups[0]["params"]
+    if form == "auto" and opt.trust.active and job.session.device.type == "cpu" \
+            and params[0].dtype == torch.float32 and native.library() is not None:
+        return ("on this CPU its trust step one client at a time (the native loops) is faster "
+                "than the batched reference")
+    return ""
 
 
 class CohortGrid(InProcessGrid):
@@ -142,8 +159,9 @@ class CohortGrid(InProcessGrid):
             groups.setdefault(signature(job), []).append(i)
         done: dict[int, Message | None] = {}
         for key, members in groups.items():
-            if key is None:
-                done.update(self._alone(messages, members, jobs))
+            why = alone_reason(jobs[members[0]], key is None, self.form)
+            if why:
+                done.update(self._alone(members, jobs, why))
                 continue
             try:
                 form = train_cohort([jobs[i] for i in members], self.form)
@@ -164,15 +182,14 @@ class CohortGrid(InProcessGrid):
             return
         replies.update({i: r for i, r in done.items() if r is not None})
 
-    def _alone(self, messages: Sequence[Message], members: Sequence[int],
-               jobs: dict[int, LocalJob]) -> dict[int, Message | None]:
-        """Clients the batched reference does not cover: their own loop, as the ClientApp runs it."""
+    def _alone(self, members: Sequence[int], jobs: dict[int, LocalJob], why: str
+               ) -> dict[int, Message | None]:
+        """Clients that train one at a time (`alone_reason`): their own loop, as the ClientApp
+        runs it."""
         out: dict[int, Message | None] = {}
         for i in members:
             job = jobs[i]
-            self._say(f"cohort: {job.session.algorithm.name}'s local rule "
-                      f"{job.session.optimizer.rule(job.session.optimizer.param_groups[0]).name} "
-                      "has no batched step here: its clients train one at a time")
+            self._say(f"cohort: {job.session.algorithm.name}: {why}: its clients train one at a time")
             run_local_steps(job.session, job.split, job.loss, job.indices, job.client_id,
                             warn=job.warn, precision=job.precision)
             out[i] = reply_train(job, peak_memory_mb(job.session.device))

@@ -15,6 +15,8 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine import __main__ as engine_cli
 from adaptfl.engine.cohort import CohortGrid
 from adaptfl.engine.inprocess import InProcessGrid
+from adaptfl.local_update import native
+from adaptfl.local_update.reference import supports
 from adaptfl.server_app import outputs
 from adaptfl.server_app.loop import run_federated
 from tests.support.run_outputs import die_before_checkpoint, metric_rows
@@ -58,8 +60,10 @@ def _client_side(name: str) -> tuple:
     return (a.preconditioner, a.correction, a.trust, a.moments, a.sharing, a.terms, a.local_state)
 
 
-# one algorithm per client-side composition: FedAvgM, FedAdam, FedYogi, … run FedAvg's clients
-CLIENT_SIDES = sorted({_client_side(n): n for n in sorted(catalog(), reverse=True)}.values())
+# one algorithm per client-side composition that the batched reference steps (FedAvgM, FedAdam,
+# FedYogi, … run FedAvg's clients; Muon's and SOAP's train one at a time: the last test below)
+CLIENT_SIDES = sorted({_client_side(n): n for n in sorted(catalog(), reverse=True)
+                       if supports(catalog()[n].preconditioner, catalog()[n].trust)}.values())
 
 
 @pytest.mark.slow
@@ -117,7 +121,7 @@ def test_a_rule_without_a_batched_step_trains_one_at_a_time_and_says_so(tmp_path
                        torch.cat([t.reshape(-1) for t in together.values()]))
     assert "cohort-size" not in rows[-1]
     said = [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()]
-    assert said == ["cohort: local-muon's local rule muon has no batched step here: its clients "
+    assert said == ["cohort: local-muon: its local rule muon has no batched step here: its clients "
                     "train one at a time"]
 
 
@@ -128,3 +132,21 @@ def test_a_bad_cohort_is_refused_in_one_line(given: str, error: str, capsys) -> 
         engine_cli.main(["--cohort", given, "algorithm='fedavg'"])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip() == f"config error: {error}"
+
+
+def test_auto_leaves_fedact_on_a_cpu_to_the_native_loops(tiny_data, tmp_path, caplog) -> None:
+    """float32 FedACT on a CPU where the native loops build: one client at a time is faster than
+    the batched reference there (docs/scale.md), so --cohort-form auto says so and runs them;
+    an explicit form batches anyway."""
+    caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
+    cfg = RunConfig.of(algorithm="fedact", model="mlp", num_server_rounds=1, local_steps=2, batch_size=16,
+                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="auto")
+    rows = metric_rows(run_federated(CohortGrid(2, cfg.to_flower(), 2), cfg))
+    forced = metric_rows(run_federated(CohortGrid(2, cfg.to_flower(), 2, "vmap"),
+                                       cfg.replace(run_name="vmap")))
+    assert forced[-1]["step-path"] == "cohort-vmap"
+    if native.library() is None:  # no C compiler: nothing is faster than the batch
+        assert rows[-1]["step-path"] == "cohort-vmap"
+        return
+    assert rows[-1]["step-path"] == "native"
+    assert any("faster than the batched reference" in r.getMessage() for r in caplog.records)
