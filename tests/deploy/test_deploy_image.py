@@ -72,6 +72,7 @@ def context_files() -> list[str]:
 def test_the_ignore_rules_behave_as_docker_documents() -> None:
     """The evaluator above, on rules whose outcome Docker's documentation spells out."""
     assert in_context("adaptfl/algorithms/config.py") and in_context("adaptfl/deploy/fleet_proxy.py")
+    assert in_context("LICENSE.md")  # pyproject's license file: the installed package carries it
     for folder in ("deploy/wheelhouse", "deploy/wheelhouse-cuda"):  # the Dockerfiles' WHEELHOUSE
         assert in_context(f"{folder}/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
         assert in_context(f"{folder}/requirements.txt")
