@@ -209,3 +209,18 @@ def test_the_native_loops_are_the_reference_in_float32(monkeypatch: pytest.Monke
     near = (scores[0] - threshold).abs() <= 1e-5 * threshold.abs() + 1e-12
     torch.testing.assert_close(got[~near], want[0][~near], rtol=2e-6, atol=1e-7)
     assert int(near.sum()) < 50
+
+
+def test_rows_diagnostics_are_each_rows_pos_ratio_and_top_mass() -> None:
+    """The cohort's PosRatio/TopMass of C rows at once against trust.py's one-vector functions,
+    ties and an all-negative row included."""
+    from adaptfl.local_update.trust import pos_ratio, rows_diagnostics, top_mass
+
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(4, 3000, generator=gen, dtype=torch.float64)
+    scores[1] = torch.randint(-3, 4, (3000,), generator=gen).double()
+    scores[2] = -scores[2].abs()
+    got = rows_diagnostics(scores)
+    for i, row in enumerate(scores):
+        assert float(got["pos-ratio"][i]) == pytest.approx(float(pos_ratio(row)), rel=1e-12)
+        assert float(got["top-mass"][i]) == pytest.approx(float(top_mass(row)), rel=1e-9, abs=1e-12)
