@@ -9,12 +9,16 @@ after its own loop. What stays each client's own: its batches (the same position
 seed, as `client_app/train.py` draws), its random stream (the global RNG state is swapped per
 client), its stage hooks (loss terms, gradient corrections, durable state), its reply.
 
-Two forms of the gradients:
-  vmap  `torch.func.vmap(grad(loss))` over the stacked parameters and batches: one call for C
-        clients (PyTorch's model-ensembling recipe); for models without buffers or randomness,
-        algorithms without loss terms, and the first-order rules.
-  loop  each client's own forward and backward through its own model, whose parameters are
-        views of its row: every hook of the session runs as it does alone.
+Three forms of the gradients:
+  grouped  the C clients' models as one (engine/grouped.py: batched matmuls, grouped
+           convolutions) and one `autograd.grad` of their summed losses: for plain
+           `nn.Sequential` chains of Linear / Conv2d / pools / activations.
+  vmap     `torch.func.vmap(grad(loss))` over the stacked parameters and batches (PyTorch's
+           model-ensembling recipe): any model `torch.func` can call.
+  loop     each client's own forward and backward through its own model, whose parameters are
+           views of its row: every hook of the session runs as it does alone.
+grouped and vmap need models without buffers or randomness, algorithms without loss terms, and
+first-order rules; the loop takes the rest.
 Either way the optimizer step is one batched call: what a GPU would otherwise launch C times.
 """
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,13 +35,15 @@ from torch.func import functional_call, grad_and_value, vmap
 from adaptfl.client_app.app import LocalJob
 from adaptfl.client_app.train import autocast_dtype, preload_partition, round_seed
 from adaptfl.core.stage import ClientPart
+from adaptfl.core.wire import COHORT_FORMS
+from adaptfl.engine.grouped import GroupedModel
 from adaptfl.local_update.reference import Chain, elementwise_step, refresh_hessian, supports
 from adaptfl.local_update.rules import Step
 from adaptfl.local_update.trust import rows_diagnostics
 from adaptfl.workloads import sample_batches
 
 log = logging.getLogger(__name__)
-FORMS = ("auto", "vmap", "loop")
+FORMS = COHORT_FORMS
 
 
 class CohortDeclined(RuntimeError):
@@ -68,19 +74,25 @@ def signature(job: LocalJob) -> tuple | None:
 
 
 def pick_form(jobs: Sequence[LocalJob], form: str) -> str:
-    """vmap where it applies and `form` allows it; on a CPU not for convolutions (vmapped
-    convolutions ran 2.2x slower than the loop there: docs/scale.md), else loop."""
+    """The fastest form that applies and `form` allows: grouped, else vmap (not for convolutions
+    on a CPU: vmapped convolutions ran 2.2x slower than the loop there, docs/scale.md), else
+    the loop. A forced form that does not apply falls back the same way."""
     session = jobs[0].session
     model = session.model
     hooks = any(type(part).loss is not ClientPart.loss for j in jobs for part in j.session.parts)
     rule = session.optimizer.rule(session.optimizer.param_groups[0])
-    vmappable = not hooks and not rule.needs_loss and not any(True for _ in model.buffers())
-    if form == "loop" or not vmappable:
+    batched = not hooks and not rule.needs_loss and not any(True for _ in model.buffers())
+    if form == "loop" or not batched:
         return "loop"
+    if form in ("auto", "grouped") and GroupedModel.of(model) is not None:
+        return "grouped"
     if form == "vmap":
         return "vmap"
     convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
     return "loop" if convolutions and session.device.type == "cpu" else "vmap"
+
+
+GATHER_BYTES = 16 << 20  # the most a block of stacked batches holds (all clients, several steps)
 
 
 @dataclass
@@ -89,6 +101,7 @@ class Batches:
 
     data: list[tuple[torch.Tensor, torch.Tensor] | None]  # per client: its rows on the device
     positions: list[list[torch.Tensor]]  # per client: K index tensors into its rows
+    _block: tuple[int, int, torch.Tensor, torch.Tensor] | None = None  # (first step, steps, x, y)
 
     def of(self, jobs: Sequence[LocalJob], i: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         pre, batch = self.data[i], self.positions[i][k]
@@ -97,6 +110,31 @@ class Batches:
         job = jobs[i]
         x, y = job.split.batch(job.indices[batch])
         return x.to(job.session.device), y.to(job.session.device)
+
+    def stacked(self, jobs: Sequence[LocalJob], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step k's batches of all clients, [C, B, ...] (equal batch sizes: `signature`). Where
+        every partition is preloaded, gathered a block of steps at a time: one index per client
+        per block instead of one per client per step."""
+        if any(pre is None for pre in self.data):
+            pairs = [self.of(jobs, i, k) for i in range(len(jobs))]
+            return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        if self._block is None or not self._block[0] <= k < self._block[0] + self._block[1]:
+            self._block = self._gather(k)
+        first, _, x, y = self._block
+        return x[:, k - first], y[:, k - first]
+
+    def _gather(self, first: int) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        x0, y0 = self.data[0]  # type: ignore[misc]
+        c, batch = len(self.data), len(self.positions[0][first])
+        per_step = c * batch * (x0[0].nbytes + y0[0].nbytes)
+        steps = max(1, min(len(self.positions[0]) - first, GATHER_BYTES // max(per_step, 1)))
+        x = x0.new_empty(c, steps * batch, *x0.shape[1:])
+        y = y0.new_empty(c, steps * batch, *y0.shape[1:])
+        for i, (pre, positions) in enumerate(zip(self.data, self.positions, strict=True)):
+            rows = torch.cat(positions[first:first + steps])
+            torch.index_select(pre[0], 0, rows, out=x[i])  # type: ignore[index]
+            torch.index_select(pre[1], 0, rows, out=y[i])  # type: ignore[index]
+        return first, steps, x.view(c, steps, batch, *x.shape[2:]), y.view(c, steps, batch, *y.shape[2:])
 
 
 def draw_batches(jobs: Sequence[LocalJob]) -> tuple[Batches, list[torch.Tensor]]:
@@ -205,34 +243,58 @@ def loop_gradients(jobs: Sequence[LocalJob], rows: Stacked, batches: Batches,
     return torch.stack(hats) if hats else None
 
 
-class VmapGradients:
-    """Step j's gradients of all C clients in one `vmap(grad(loss))` call (no loss terms here:
-    `pick_form`); gradient corrections (SCAFFOLD, FedDyn) then edit each client's row."""
+class BatchedGradients:
+    """Step j's gradients of all C clients in one computation (no loss terms here: `pick_form`):
+    grouped (one model for all, plain autograd) or vmap(grad(loss)); gradient corrections
+    (SCAFFOLD, FedDyn) then edit each client's row."""
 
-    def __init__(self, jobs: Sequence[LocalJob], rows: Stacked) -> None:
+    def __init__(self, jobs: Sequence[LocalJob], rows: Stacked, form: str) -> None:
         model, loss_fn = jobs[0].session.model, jobs[0].loss
+        grouped = GroupedModel.of(model) if form == "grouped" else None
+        self.jobs, self.rows = jobs, rows
+        self.compute = self._grouped(grouped, loss_fn) if grouped is not None \
+            else self._vmapped(model, loss_fn)
+        self.corrected = [i for i, job in enumerate(jobs)
+                          if any(type(p).correct_ is not ClientPart.correct_ for p in job.session.parts)]
+
+    def _grouped(self, grouped: GroupedModel, loss_fn: Callable) -> Callable:
+        rows = self.rows
+        losses_of = vmap(loss_fn)  # each client's loss over its own batch (forward only)
+
+        def compute(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            leaf = rows.x.detach().requires_grad_()
+            parts = leaf.split(rows.sizes, dim=1)
+            params = [t.view(len(t), *s) for t, s in zip(parts, rows.shapes, strict=True)]
+            losses = losses_of(grouped.forward(params, x), y)
+            (grads,) = torch.autograd.grad(losses.sum(), leaf)  # client i's loss reaches row i only
+            rows.g.copy_(grads)
+            return losses.detach()
+        return compute
+
+    def _vmapped(self, model: torch.nn.Module, loss_fn: Callable) -> Callable:
+        rows = self.rows
 
         def loss_of(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return loss_fn(functional_call(model, params, (x,)), y)
 
-        self.fn = vmap(grad_and_value(loss_of), randomness="error")
-        self.jobs, self.rows = jobs, rows
-        self.corrected = [i for i, job in enumerate(jobs)
-                          if any(type(p).correct_ is not ClientPart.correct_ for p in job.session.parts)]
+        fn = vmap(grad_and_value(loss_of), randomness="error")
+
+        def compute(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            grads, losses = fn(rows.param_views(), x, y)
+            torch.cat([grads[n].reshape(len(x), -1) for n in rows.names], dim=1, out=rows.g)
+            return losses
+        return compute
 
     def __call__(self, batches: Batches, j: int) -> None:
-        jobs, rows = self.jobs, self.rows
-        pairs = [batches.of(jobs, i, j) for i in range(len(jobs))]
-        x = torch.stack([p[0] for p in pairs])  # [C, B, ...] each client's own batch
-        y = torch.stack([p[1] for p in pairs])
+        jobs = self.jobs
+        x, y = batches.stacked(jobs, j)  # [C, B, ...] each client's own batch
         cast = autocast_dtype(jobs[0].precision, jobs[0].session.device)
         with torch.autocast(x.device.type, dtype=cast or torch.float32, enabled=cast is not None):
-            grads, losses = self.fn(rows.param_views(), x, y)
-        torch.cat([grads[n].reshape(len(jobs), -1) for n in rows.names], dim=1, out=rows.g)
+            losses = self.compute(x, y)
         for i, job in enumerate(jobs):
             job.session.record_loss(losses[i])
         for i in self.corrected:
-            rows.lend_grads(i)
+            self.rows.lend_grads(i)
             jobs[i].session.correct_gradients()
 
 
@@ -247,9 +309,9 @@ def train_cohort(jobs: Sequence[LocalJob], form: str = "auto") -> str:
     chain = Chain(lr=group["lr"], weight_decay=group["weight_decay"], ref_lr=opt.ref_lr, rho=opt.rho,
                   correction=opt.correction, trust=opt.trust, sizes=rows.sizes, fast_selection=True)
     k0 = opt.state[group["params"][0]]["step"]
-    vmapped = VmapGradients(jobs, rows) if form == "vmap" else None
+    batched = BatchedGradients(jobs, rows, form) if form != "loop" else None
     for j in range(jobs[0].session.info.local_steps):
-        hats = loop_gradients(jobs, rows, batches, rng, j) if vmapped is None else vmapped(batches, j)
+        hats = loop_gradients(jobs, rows, batches, rng, j) if batched is None else batched(batches, j)
         k = k0 + j + 1
         at = Step(k, opt.step_offset + k, opt.mix_lambda, opt.bs)
         for job in jobs:  # each optimizer counts the step as its own `step` would

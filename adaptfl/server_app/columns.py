@@ -40,9 +40,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "local-steps": ("both", "local-epochs: the clients' mean K (each ran ceil(E·rows/batch-size) "
                     "steps; the server divides each reply by its own)"),
     "step-path": ("both", "the local-step paths the accepted replies took: native, eager, cuda, "
-                  "cohort-vmap or cohort-loop (python -m adaptfl.engine --cohort: the clients' steps "
-                  "stacked, their gradients by vmap or client by client), or e.g. eager+native where "
-                  "they differ"),
+                  "cohort-grouped, cohort-vmap or cohort-loop (python -m adaptfl.engine --cohort: "
+                  "the clients' steps stacked, their gradients by one grouped model, by vmap or "
+                  "client by client), or e.g. eager+native where they differ"),
     "cohort-size": ("both", "python -m adaptfl.engine --cohort: the most clients whose steps ran "
                     "stacked together this round; absent one client at a time"),
     "replies-sampled": ("both", "nodes sampled this round"),

@@ -76,8 +76,8 @@ def test_every_algorithm_ends_on_the_one_at_a_time_model(algorithm: str, tmp_pat
 
 
 @pytest.mark.parametrize("algorithm,form,ran", [
-    ("fedact", "vmap", "vmap"), ("fedact", "loop", "loop"), ("scaffold", "auto", "vmap"),
-    ("fedprox", "auto", "loop")])  # FedProx adds a loss term: its gradients go client by client
+    ("fedact", "vmap", "vmap"), ("fedact", "loop", "loop"), ("fedact", "grouped", "grouped"),
+    ("scaffold", "auto", "grouped"), ("fedprox", "auto", "loop")])  # FedProx adds a loss term: its gradients go client by client
 def test_the_forms_end_on_the_one_at_a_time_model(algorithm: str, form: str, ran: str, tmp_path) -> None:
     alone, alone_rows = _run(_config(algorithm, tmp_path, "alone"), None)
     together, rows = _run(_config(algorithm, tmp_path, "cohort"), 3, form)
@@ -87,6 +87,16 @@ def test_the_forms_end_on_the_one_at_a_time_model(algorithm: str, form: str, ran
     for mine, theirs in zip(rows, alone_rows, strict=True):  # the clients' metrics too
         for key in ("train-loss", "pos-ratio", "top-mass"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("form", ["grouped", "vmap"])
+def test_a_convolution_in_a_batched_form_ends_on_the_one_at_a_time_model(form: str, tmp_path) -> None:
+    """The float64 task read as an image: the grouped form's grouped convolution, and vmap's."""
+    model = {"model": f"{TASK}:build_cnn"}
+    alone, _ = _run(_config("scaffold", tmp_path, "alone", **model), None)
+    together, rows = _run(_config("scaffold", tmp_path, "cohort", **model), 3, form)
+    _assert_same_models(alone, together)
+    assert {r["step-path"] for r in rows} == {f"cohort-{form}"}
 
 
 def test_a_client_stream_does_not_depend_on_the_cohort_size(tmp_path) -> None:
