@@ -56,6 +56,13 @@ class SecAggServer:
         self.noise_std, self.timeout, self.round = noise_std, timeout, server_round
         self.seed = seed
         self.out = SecureRound()
+        # the round's state, stage by stage
+        self.neighbours: dict[int, set[int]] = {}
+        self.keys: dict[int, tuple[bytes, bytes]] = {}  # node -> (encryption, mask) public keys
+        self.sealed: dict[int, dict[int, bytes]] = {}
+        self.commits: dict[int, bytes] = {}
+        self.masked: dict[int, np.ndarray] = {}
+        self.length = 0
 
     # --- the exchanges ---------------------------------------------------------------------------
     def _exchange(self, grid: Grid, contents: dict[int, RecordDict], stage: str
@@ -90,14 +97,14 @@ class SecAggServer:
     def _config(self, stage: str, values: dict[str, Any]) -> RecordDict:
         return RecordDict({wire.SECAGG: ConfigRecord({p.STAGE: stage, p.ROUND: self.round, **values})})
 
-    def _prune(self, alive: set[int], neighbours: dict[int, set[int]], stage: str) -> set[int]:
+    def _prune(self, alive: set[int], stage: str) -> set[int]:
         """Drop nodes left with fewer than t - 1 live neighbours (their secrets could not be
         rebuilt), until none is; refuse the round below 3 nodes (a sum of two is each one's)."""
         changed = True
         while changed:
             changed = False
             for node in sorted(alive):
-                if len(neighbours[node] & alive) + 1 < self.threshold:
+                if len(self.neighbours[node] & alive) + 1 < self.threshold:
                     alive.discard(node)
                     self.out.dropped.setdefault(node, f"{stage}: fewer than {self.threshold - 1} live "
                                                 "neighbours")
@@ -108,16 +115,26 @@ class SecAggServer:
 
     def run(self, grid: Grid, nodes: list[int], instruction: RecordDict, layout: list[fixedpoint.Slot],
             clips: dict[str, float], admit: Admit | None = None) -> SecureRound:
-        """The round's sum; `admit(metrics by node)` names the masked replies to drop (their
-        plain metrics checked, partitions bound) before anything is unmasked."""
+        """The round's sum, one function per stage of protocol.py's table; `admit(metrics by
+        node)` names the masked replies to drop (their plain metrics checked, partitions bound)
+        before anything is unmasked."""
         if len(nodes) < 3:
             raise SecureRefused(f"secagg+: {len(nodes)} sampled nodes; a sum needs 3 or more")
-        neighbours = p.ring_neighbours(nodes, self.shares, self.seed)
-        # 1. setup: fresh keys
+        self.neighbours = p.ring_neighbours(nodes, self.shares, self.seed)
+        alive = self._setup(grid, nodes)
+        alive = self._share_keys(grid, alive)
+        live = self._masked_input(grid, alive, instruction, layout, clips, admit)
+        total = self._unmask(grid, live, alive - live)
+        self.out.total, self.out.live = fixedpoint.from_ring(total, self.bits), sorted(live)
+        return self.out
+
+    # --- the stages ------------------------------------------------------------------------------
+    def _setup(self, grid: Grid, nodes: list[int]) -> set[int]:
+        """Fresh keys. Drops: no reply, an error, keys that are not X25519 keys."""
         replies = self._exchange(grid, {n: self._config(p.SETUP, {
             p.SHARES: self.shares, p.THRESHOLD: self.threshold,
-            p.NEIGHBOURS: sorted(neighbours[n])}) for n in nodes}, p.SETUP)
-        keys: dict[int, tuple[bytes, bytes]] = {}
+            p.NEIGHBOURS: sorted(self.neighbours[n])}) for n in nodes}, p.SETUP)
+        self.keys = {}
         for node, content in replies.items():
             rec = content.config_records.get(wire.SECAGG, ConfigRecord())
             try:
@@ -126,55 +143,89 @@ class SecAggServer:
             except (KeyError, TypeError, ValueError):
                 self._drop(node, "setup: no valid public keys")
                 continue
-            keys[node] = pair
-        alive = self._prune(set(keys), neighbours, p.SETUP)
-        # 2. share keys
+            self.keys[node] = pair
+        return self._prune(set(self.keys), p.SETUP)
+
+    def _share_keys(self, grid: Grid, alive: set[int]) -> set[int]:
+        """The encrypted shares and the commitment to b. Drops: not one ciphertext per live
+        neighbour and a commitment."""
         replies = self._exchange(grid, {n: self._config(p.SHARE_KEYS, {
-            **{f"{p.PK_ENC}:{j}": keys[j][0] for j in neighbours[n] & alive},
-            **{f"{p.PK_MASK}:{j}": keys[j][1] for j in neighbours[n] & alive}}) for n in sorted(alive)},
-            p.SHARE_KEYS)
-        sealed: dict[int, dict[int, bytes]] = {}  # sender -> receiver -> ciphertext
-        commits: dict[int, bytes] = {}  # sender -> SHA-256 of its self-mask seed
+            **{f"{p.PK_ENC}:{j}": self.keys[j][0] for j in self.neighbours[n] & alive},
+            **{f"{p.PK_MASK}:{j}": self.keys[j][1] for j in self.neighbours[n] & alive}})
+            for n in sorted(alive)}, p.SHARE_KEYS)
+        self.sealed, self.commits = {}, {}  # sender -> receiver -> ciphertext; sender -> H(b)
         for node, content in replies.items():
             rec = content.config_records.get(wire.SECAGG, ConfigRecord())
-            expected = {p.key_of(j) for j in neighbours[node] & alive} | {p.COMMIT}
+            expected = {p.key_of(j) for j in self.neighbours[node] & alive} | {p.COMMIT}
             if set(rec) != expected or not all(isinstance(v, bytes) for v in rec.values()):
                 self._drop(node, "share-keys: not one encrypted share per live neighbour and a commitment")
                 continue
-            commits[node] = bytes(rec[p.COMMIT])  # type: ignore[arg-type]
-            sealed[node] = {int(k): bytes(v) for k, v in rec.items() if k != p.COMMIT}  # type: ignore[arg-type]
-        alive = self._prune(set(sealed), neighbours, p.SHARE_KEYS)
-        shared = set(alive)  # U2: nodes whose shares went out; their masks are in their peers' y
-        # 3. masked input, with the training instruction
+            self.commits[node] = bytes(rec[p.COMMIT])  # type: ignore[arg-type]
+            self.sealed[node] = {int(k): bytes(v) for k, v in rec.items() if k != p.COMMIT}  # type: ignore[arg-type]
+        return self._prune(set(self.sealed), p.SHARE_KEYS)  # U2: their masks are in their peers' y
+
+    def _masked_input(self, grid: Grid, alive: set[int], instruction: RecordDict,
+                      layout: list[fixedpoint.Slot], clips: dict[str, float], admit: Admit | None
+                      ) -> set[int]:
+        """y with the training instruction. Drops: a malformed y, no metrics, a reply `admit`
+        refuses (before anything is unmasked: a reply refused afterwards stays in the sum)."""
         setup: dict[str, Any] = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std,
-                                 p.SEED: self.seed,
-                 p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
-                 **{f"clip:{r}": c for r, c in clips.items()}}
+                                 p.SEED: self.seed, p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
+                                 **{f"clip:{r}": c for r, c in clips.items()}}
         contents = {}
         for n in sorted(alive):
             content = RecordDict(dict(instruction))
-            content[wire.SECAGG] = ConfigRecord({p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
-                                                 **{f"ct:{j}": sealed[j][n] for j in neighbours[n] & alive}})
+            content[wire.SECAGG] = ConfigRecord({
+                p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
+                **{f"ct:{j}": self.sealed[j][n] for j in self.neighbours[n] & alive}})
             contents[n] = content
         replies = self._exchange(grid, contents, p.MASKED_INPUT)
-        length, masked = fixedpoint.length(layout), {}
+        self.length, self.masked = fixedpoint.length(layout), {}
         for node, content in replies.items():
-            why = self._check_masked(content, length)
+            why = self._check_masked(content, self.length)
             if why:
                 self._drop(node, f"masked-input: {why}")
                 continue
-            masked[node] = content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
+            self.masked[node] = content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
             self.out.metrics[node] = dict(content.metric_records[wire.METRICS])
         for node, why in (admit(self.out.metrics) if admit is not None else {}).items():
             self._drop(node, f"masked-input: {why}")
-            masked.pop(node, None)
-        live = self._prune(set(masked), neighbours, p.MASKED_INPUT)
+            self.masked.pop(node, None)
+        live = self._prune(set(self.masked), p.MASKED_INPUT)
         self.out.metrics = {n: m for n, m in self.out.metrics.items() if n in live}
-        dead = shared - live
-        # 4. unmask
+        return live
+
+    def _unmask(self, grid: Grid, live: set[int], dead: set[int]) -> np.ndarray:
+        """Each live node's b and each dead node's mask key from t shares, checked against their
+        commitments; the masks removed. Refused: fewer than t shares, a secret that fails its
+        commitment (never a wrong sum)."""
         replies = self._exchange(grid, {n: self._config(p.UNMASK, {
-            p.ACTIVE: sorted((neighbours[n] & live) | {n}),
-            p.DEAD: sorted(neighbours[n] & dead)}) for n in sorted(live)}, p.UNMASK)
+            p.ACTIVE: sorted((self.neighbours[n] & live) | {n}),
+            p.DEAD: sorted(self.neighbours[n] & dead)}) for n in sorted(live)}, p.UNMASK)
+        b_shares, s_shares = self._shares_of(replies, live, dead)
+        total = np.zeros(self.length, dtype=np.uint64)
+        for node in sorted(live):
+            total += self.masked[node]
+        for node in sorted(live):  # remove each live node's self mask
+            seed = self._rebuild(b_shares[node], node, "self-mask seed")
+            if crypto.commitment(seed) != self.commits[node]:  # a spoiled share: refuse, never a wrong sum
+                raise SecureRefused(f"secagg+: node {node}'s self-mask seed does not match its commitment")
+            p.add_mask(total, crypto.self_mask_key(seed), -1, self.bits)
+        for node in sorted(dead):  # and the masks live peers shared with a node that vanished
+            peers = self.neighbours[node] & live
+            if not peers:
+                continue
+            secret = crypto.KeyPair.from_seed(self._rebuild(s_shares[node], node, "mask key"))
+            if secret.public != self.keys[node][1]:  # its public key is the mask seed's commitment
+                raise SecureRefused(f"secagg+: node {node}'s mask key does not match its public key")
+            for peer in sorted(peers):
+                p.add_mask(total, secret.agree(self.keys[peer][1]), -p.pair_sign(peer, node), self.bits)
+        return total
+
+    def _shares_of(self, replies: dict[int, RecordDict], live: set[int], dead: set[int]
+                   ) -> tuple[dict[int, list[bytes]], dict[int, list[bytes]]]:
+        """(b-shares of each live node, mask-key shares of each dead one): a node's answer counts
+        only for itself and its neighbours."""
         b_shares: dict[int, list[bytes]] = {n: [] for n in live}
         s_shares: dict[int, list[bytes]] = {n: [] for n in dead}
         for node, content in replies.items():
@@ -182,28 +233,10 @@ class SecAggServer:
             for k, v in rec.items():
                 kind, _, of = k.partition(":")
                 target = b_shares if kind == "b" else s_shares if kind == "s" else None
-                holds = of.isdigit() and (int(of) == node or int(of) in neighbours[node])  # its shares only
+                holds = of.isdigit() and (int(of) == node or int(of) in self.neighbours[node])
                 if target is not None and holds and int(of) in target and isinstance(v, bytes):
                     target[int(of)].append(v)
-        total = np.zeros(length, dtype=np.uint64)
-        for node in sorted(live):
-            total += masked[node]
-        for node in sorted(live):  # remove each live node's self mask
-            seed = self._rebuild(b_shares[node], node, "self-mask seed")
-            if crypto.commitment(seed) != commits[node]:  # a spoiled share: refuse, never a wrong sum
-                raise SecureRefused(f"secagg+: node {node}'s self-mask seed does not match its commitment")
-            p.add_mask(total, crypto.self_mask_key(seed), -1, self.bits)
-        for node in sorted(dead):  # and the masks live peers shared with a node that vanished
-            peers = neighbours[node] & live
-            if not peers:
-                continue
-            secret = crypto.KeyPair.from_seed(self._rebuild(s_shares[node], node, "mask key"))
-            if secret.public != keys[node][1]:  # its public key is the mask seed's commitment
-                raise SecureRefused(f"secagg+: node {node}'s mask key does not match its public key")
-            for peer in sorted(peers):
-                p.add_mask(total, secret.agree(keys[peer][1]), -p.pair_sign(peer, node), self.bits)
-        self.out.total, self.out.live = fixedpoint.from_ring(total, self.bits), sorted(live)
-        return self.out
+        return b_shares, s_shares
 
     def _check_masked(self, content: RecordDict, length: int) -> str:
         arrays = content.array_records
