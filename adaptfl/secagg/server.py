@@ -1,7 +1,8 @@
 """The server's side of SecAgg+ (protocol.py): one round's four exchanges over a Flower Grid,
 and the unmasked sum. A node that errs, is late or answers out of contract drops out (with its
 reason); the round goes on while every secret it needs has t shares, and otherwise ends with a
-reason and no sum (SecureRefused): never a wrong sum.
+reason and no sum (SecureRefused): never a wrong sum. A sum that no inputs in range could have
+made (fixedpoint.beyond_reach) is refused too.
 """
 
 from __future__ import annotations
@@ -124,8 +125,11 @@ class SecAggServer:
         alive = self._setup(grid, nodes)
         alive = self._share_keys(grid, alive)
         live = self._masked_input(grid, alive, instruction, layout, clips, admit)
-        total = self._unmask(grid, live, alive - live)
-        self.out.total, self.out.live = fixedpoint.from_ring(total, self.bits), sorted(live)
+        total = fixedpoint.from_ring(self._unmask(grid, live, alive - live), self.bits)
+        why = fixedpoint.beyond_reach(total, layout, self.bound, len(live), self.noise_std)
+        if why:  # what no len(live) inputs in range reach: a node lied about its input
+            raise SecureRefused(why)
+        self.out.total, self.out.live = total, sorted(live)
         return self.out
 
     # --- the stages ------------------------------------------------------------------------------
