@@ -47,18 +47,13 @@ def signed_up_keys(rec: ConfigRecord, node: int, neighbours: set[int], server: c
 def shared_keys(keys: Mapping[int, list[bytes]]) -> dict[int, str]:
     """Nodes whose proven keys repeat (their own, or another's): each holds a secret that an
     honest node generates fresh and never shows, so each is at fault."""
+    why = {n: "setup: the same public key twice" for n, held in keys.items() if len(set(held)) != len(held)}
     owners: dict[bytes, set[int]] = {}
     for node, held in keys.items():
-        if len(set(held)) != len(held):
-            owners.setdefault(b"", set()).add(node)
         for key in set(held):
             owners.setdefault(key, set()).add(node)
-    why: dict[int, str] = {}
-    for key, nodes in owners.items():
-        if not key:
-            why.update({n: "setup: the same public key twice" for n in nodes})
-        elif len(nodes) > 1:
-            why.update({n: f"setup: a public key nodes {sorted(nodes)} all prove they hold" for n in nodes})
+    for nodes in (n for n in owners.values() if len(n) > 1):
+        why.update({n: f"setup: a public key nodes {sorted(nodes)} all prove they hold" for n in nodes})
     return why
 
 

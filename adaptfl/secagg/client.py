@@ -144,6 +144,20 @@ def _open(cfg: ConfigRecord, state: ConfigRecord, src: int, own: int) -> tuple[b
     return b_share, s_share
 
 
+def _open_all(cfg: ConfigRecord, state: ConfigRecord, senders: list[int], own: int
+              ) -> tuple[list[int], ConfigRecord]:
+    """(the senders whose shares opened, kept in `state`; the blame of the others: each with
+    this node's key for that pair alone, so the server can check it and learns nothing else)."""
+    blamed = ConfigRecord()
+    for src in senders:
+        opened = _open(cfg, state, src, own)
+        if opened is None:
+            blamed[f"{p.BLAME}:{src}"] = _bytes(state, f"sk-enc:{src}")
+            continue
+        state[f"b:{src}"], state[f"s:{src}"] = opened
+    return [j for j in senders if f"{p.BLAME}:{j}" not in blamed], blamed
+
+
 def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context: Context,
                   train: Train) -> Message:
     own, threshold = context.node_id, _int(state, p.THRESHOLD)
@@ -151,14 +165,7 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     if not set(senders) <= set(_ids(state["peers"])) or len(senders) + 1 < threshold:
         raise ValueError(f"secagg: shares from {len(senders)} peers, not {threshold - 1} or more of "
                          "this node's peers")
-    blamed = ConfigRecord()
-    for src in senders:
-        opened = _open(cfg, state, src, own)
-        if opened is None:  # reported with this pair's key alone, so the server can check it
-            blamed[f"{p.BLAME}:{src}"] = _bytes(state, f"sk-enc:{src}")
-            continue
-        state[f"b:{src}"], state[f"s:{src}"] = opened
-    senders = [j for j in senders if f"{p.BLAME}:{j}" not in blamed]  # masked with those alone
+    senders, blamed = _open_all(cfg, state, senders, own)
     if len(senders) + 1 < threshold:  # fewer masks than the protocol hides an input behind
         raise ValueError(f"secagg: shares from nodes {sorted(int(k[6:]) for k in blamed)[:3]} do not "
                          f"open, leaving {len(senders)} peers, fewer than {threshold - 1}")
