@@ -135,7 +135,7 @@ def run(name: str, data: str, out: pathlib.Path) -> dict:
     return {"attack": name, "accuracy": accuracy, "skipped": sum(bool(r["skipped"]) for r in rows),
             "rounds": len(rows), "named": named, "aborted": aborted,
             "seconds": time.perf_counter() - started,
-            "why": next((r.get("skip-reason", "") for r in rows if r["skipped"]), "")[:100]}
+            "why": next((r.get("skip-reason", "") for r in rows if r["skipped"]), "")}
 
 
 def main() -> None:
