@@ -93,14 +93,17 @@ def test_one_garbage_ciphertext_of_seven_nodes_leaves_the_others_sum(position: s
     _only(state.dropped, 4, "its shares to node 6 do not decrypt")
 
 
+@pytest.mark.parametrize("spoil", ["bit-flip", "garbage"])
 @pytest.mark.parametrize("position", POSITIONS)
 @pytest.mark.parametrize("liar", [1, 3, 5])
-def test_a_bit_flipped_unmask_share_names_its_holder_and_the_sum_is_exact(liar: int, position: str) -> None:
+def test_a_spoiled_unmask_share_names_its_holder_and_the_sum_is_exact(liar: int, position: str,
+                                                                      spoil: str) -> None:
     def tamper(stage: str, node: int, reply: Message) -> Message:
         if stage == p.UNMASK and node == liar:
             rec = reply.content.config_records[wire.SECAGG]
             for key, value in list(rec.items()):
-                rec[key] = value[:-1] + bytes([value[-1] ^ 0x01])
+                rec[key] = value[:-1] + bytes([value[-1] ^ 0x01]) if spoil == "bit-flip" \
+                    else secrets.token_bytes(len(value) + 3)
         return reply
 
     out, state, why, bound, _ = run(tamper, liar, POSITIONS[position])
