@@ -103,9 +103,10 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             sampling_rng=torch.Generator().manual_seed(self.cfg.federation.seed).get_state())
         check_domains(self.cfg.compression, self.contract().domains)  # before round 1
 
-    def contract(self) -> Contract:
+    def contract(self, server_round: int | None = None) -> Contract:
+        """The algorithm's contract; with `server_round`, the replies of that round (v-sync-every)."""
         assert self.spec is not None, "initialize() first"
-        return self.cfg.algorithm.contract(self.spec)
+        return self.cfg.algorithm.contract(self.spec, server_round)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
@@ -242,7 +243,7 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         assert self.state is not None and self.spec is not None
-        result = self.aggregate_accepted(server_round, [r for _, r in self._accept(replies)])
+        result = self.aggregate_accepted(server_round, [r for _, r in self._accept(replies, server_round)])
         if self.skip_guard is not None:  # under start(); adaptfl's loop keeps its own guard
             private = self.cfg.privacy.on  # under dp the abort names no node (release.py)
             self.skip_guard.after_round(server_round, self.report.skipped, self.report.skip_reason,
@@ -337,7 +338,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
 
     def _as_broadcast(self, state: ServerState) -> None:
         """The records the server sends, as its codecs deliver them: the server keeps what its
-        clients decode, bit for bit (values whose re-encoding decodes to themselves: Codec.settled)."""
+        clients decode, bit for bit (values whose re-encoding decodes to themselves: Codec.settled;
+        so a kept record, v̄ in a round without v, settles to itself)."""
         compression, server_round = self.cfg.compression, state.server_round
         for name in self.contract().down:
             codec = compression.of(name)

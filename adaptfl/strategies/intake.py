@@ -64,7 +64,7 @@ class ReplyIntake:
     ownership_next: Ownership  # the partition ledger after this round's claims, committed likewise
     partition_sizes: list[int] | None  # where the server knows the partitioning (AdaptiveStrategy)
 
-    def contract(self) -> Contract:  # AdaptiveStrategy's
+    def contract(self, server_round: int | None = None) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
 
     def reply_codecs(self) -> Codecs:
@@ -102,12 +102,12 @@ class ReplyIntake:
         if meta.message_type != MessageType.TRAIN:
             raise ReplyRejected(f"message type {meta.message_type!r}, expected {MessageType.TRAIN!r}")
 
-    def _accept(self, replies: Iterable[Message]) -> list[tuple[int, DecodedReply]]:
+    def _accept(self, replies: Iterable[Message], server_round: int) -> list[tuple[int, DecodedReply]]:
         """The round's replies that count, in summation order: grouped by the node they answer
-        for, each decoded against the contract, partition ids bound, screened, then each one's
-        weighted contribution clipped (`_clip`)."""
+        for, each decoded against the round's contract, partition ids bound, screened, then each
+        one's weighted contribution clipped (`_clip`)."""
         by_node = self._by_node(replies)
-        accepted = self._decode_all(by_node)
+        accepted = self._decode_all(by_node, server_round)
         assert self.state is not None
         for node, why in self._bind(accepted).items():
             accepted.pop(node)
@@ -167,10 +167,12 @@ class ReplyIntake:
                                    for node, msgs in by_node.items())
         return by_node
 
-    def _decode_all(self, by_node: Mapping[int | None, list[Message]]) -> dict[int, DecodedReply]:
+    def _decode_all(self, by_node: Mapping[int | None, list[Message]], server_round: int
+                    ) -> dict[int, DecodedReply]:
         contract = self.contract()
         assert self.spec is not None
-        expected = contract.reply_spec(self.spec)
+        # this round's records: a reply with v in a round without it is refused (v-sync-every)
+        expected = self.contract(server_round).reply_spec(self.spec)
         domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
         metrics = metric_domains(contract, self.cfg.privacy)
         max_bytes = reply_bound(self.cfg.federation.max_reply_mb, self.wire_reply_spec())
