@@ -200,3 +200,16 @@ def test_a_resumed_server_goes_on_mid_schedule_as_the_uninterrupted_one(tiny_dat
 
 def _arrays(msg: Message) -> dict[str, dict[str, bytes]]:
     return {name: {k: a.data for k, a in rec.items()} for name, rec in msg.content.array_records.items()}
+
+
+def test_error_feedback_keeps_each_records_residual_across_rounds_without_v(tiny_data, tmp_path,
+                                                                            caplog) -> None:  # noqa: ANN001
+    """Δ and v at int8+ef, v every 2 rounds: no round finds its kept residual unusable (one entry
+    holds both records' residuals, and round 2's reply has no v: codec/feedback.py)."""
+    cfg = _cfg(tiny_data, tmp_path, v_sync_every=2, num_server_rounds=3, codec="int8+ef",
+               client_state_dir=str(tmp_path / "state"))
+    with caplog.at_level("WARNING"):
+        rows = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
+    assert [set(r["bytes"]["up"]) for r in rows] == [{wire.DELTA, wire.V_LOCAL}, {wire.DELTA},
+                                                     {wire.DELTA, wire.V_LOCAL}]
+    assert not [r.message for r in caplog.records if "unusable" in r.message or "from zero" in r.message]
