@@ -67,17 +67,17 @@ class ReplyIntake:
     def contract(self, server_round: int | None = None) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
 
-    def reply_codecs(self) -> Codecs:
-        """Each reply record's codec (adaptfl/codec/), and the block size."""
+    def reply_codecs(self, server_round: int = 1) -> Codecs:
+        """Each reply record's codec in that round (adaptfl/codec/; codec-warmup), and the block size."""
         assert self.spec is not None
-        compression = self.cfg.compression
+        compression = self.cfg.compression.for_round(server_round)
         return {name: compression.of(name) for name in self.contract().reply_spec(self.spec)}, \
             compression.codec_block
 
-    def wire_reply_spec(self) -> dict[str, ArraySpec]:
+    def wire_reply_spec(self, server_round: int = 1) -> dict[str, ArraySpec]:
         """The reply's records as they come over the wire (encoded), what the size bound counts."""
         assert self.spec is not None
-        codecs, block = self.reply_codecs()
+        codecs, block = self.reply_codecs(server_round)
         return {name: codecs[name].record_spec(spec, block)
                 for name, spec in self.contract().reply_spec(self.spec).items()}
 
@@ -175,11 +175,12 @@ class ReplyIntake:
         expected = self.contract(server_round).reply_spec(self.spec)
         domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
         metrics = metric_domains(contract, self.cfg.privacy)
-        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, self.wire_reply_spec())
+        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, self.wire_reply_spec(server_round))
+        codecs = self.reply_codecs(server_round)
         accepted: dict[int, DecodedReply] = {}
         for node, msgs in by_node.items():
             try:
-                decoded = self._decode_one(node, msgs, expected, max_bytes, domains, metrics)
+                decoded = self._decode_one(node, msgs, expected, max_bytes, domains, metrics, codecs)
             except ReplyRejected as why:
                 self._reject("unknown" if node is None else str(node), str(why))
                 continue
@@ -195,7 +196,7 @@ class ReplyIntake:
         return accepted
 
     def _decode_one(self, node: int | None, msgs: list[Message], expected, max_bytes: int,  # noqa: ANN001
-                    domains, metrics) -> DecodedReply:  # noqa: ANN001
+                    domains, metrics, codecs: Codecs) -> DecodedReply:  # noqa: ANN001
         if node is None:
             raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
                                 "instruction of this round")
@@ -204,7 +205,7 @@ class ReplyIntake:
         self._check_identity(node, msgs[0])
         self.report.latency[str(node)] = self._latency(node, msgs[0])
         return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics,
-                            detail_level(self.cfg.privacy.on), self.reply_codecs())
+                            detail_level(self.cfg.privacy.on), codecs)
 
     def _squared(self) -> set[str]:
         """The records compared by the square root of their norm (v ≥ 0, PSD statistics)."""
