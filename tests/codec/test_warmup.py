@@ -53,6 +53,8 @@ def test_each_rounds_codecs() -> None:
     ({"codec": "nf4", "codec_warmup": 1, "codec_warmup_codec": "top9"}, "invalid codec-warmup-codec='top9'"),
     ({"codec": "nf4", "codec_warmup": 1, "codec_warmup_codec": "rand5%"},
      "codec-warmup-codec='rand5%': invalid codec='rand5%': random-k (rand) is for replies"),
+    ({"codec_delta_g": "nf4", "codec_warmup": 1, "codec_warmup_codec": "int8", "secagg": "secagg+"},
+     "secagg='secagg+' with the lossy codec 'int8' on 'delta'"),
 ])
 def test_bad_warmups_are_refused_in_one_line(keys, message) -> None:  # noqa: ANN001
     with pytest.raises(ValueError) as err:
