@@ -64,6 +64,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "bytes-up": ("both", "bytes of the accepted replies' records as they came over the wire"),
     "compression-ratio": ("both", "with a lossy codec: the round's bytes (both directions, the model "
                           "included) at fp32 over its bytes on the wire; absent under fp32"),
+    "codec-warmup": ("both", "with codec-warmup=R: 1 in rounds 1..R (every shared record at "
+                     "codec-warmup-codec), 0 after; absent without"),
     "ef-residual-norm": ("both", "with error feedback (+ef): the clients' mean ‖residual‖ after their "
                          "reply (what is still to be sent)"),
     "skipped": ("both", "true when the round changed nothing (too few replies, or the round refused)"),
