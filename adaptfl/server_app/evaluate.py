@@ -2,19 +2,52 @@
 
 from __future__ import annotations
 
+import copy
 import math
+import weakref
 
 import torch
 
+from adaptfl.client_app.device import select_device
 from adaptfl.workloads import Task
+
+# the server model's copy on the evaluation device, per model (refreshed from it each round)
+_twins: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
+
+
+def evaluation_device(choice: str) -> torch.device:
+    """Where the server evaluates: the run's `device` where this process has it (a GPU in the
+    in-process engine or on a GPU server), else the CPU; never a reason to fail a run."""
+    try:
+        return select_device(choice)
+    except ValueError:
+        return torch.device("cpu")
+
+
+def on_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`model` itself where it is on `device`, else its twin there with `model`'s current
+    weights (made once, then refreshed by one copy of the state a round)."""
+    here = next(model.parameters()).device
+    if here == device:
+        return model
+    twin = _twins.get(model)
+    if twin is None:
+        _twins[model] = twin = copy.deepcopy(model).to(device)
+    else:
+        twin.load_state_dict(model.state_dict())
+    return twin
 
 
 @torch.no_grad()
-def evaluate_all(model: torch.nn.Module, task: Task) -> dict[str, float]:
+def evaluate_all(model: torch.nn.Module, task: Task, device: torch.device | None = None
+                 ) -> dict[str, float]:
     """test-accuracy and test-loss per prediction (top-1 accuracy for classifiers, token
     accuracy for language models); for sequence tasks with `example_nll` (SFT) also
     test-perplexity = exp(test-loss) and test-response-nll, the mean over examples of each
-    example's mean response-token NLL (test-loss weights examples by their response length)."""
+    example's mean response-token NLL (test-loss weights examples by their response length).
+    `device`: evaluate there (`evaluation_device`), the model's own device where None."""
+    if device is not None:
+        model = on_device(model, device)
     model.eval()
     data = task.test
     devices = {p.device for p in model.parameters()}
