@@ -99,7 +99,7 @@ stage bench-round 100 "ratio without" python3 benchmarks/bench_round.py --device
   --data-dir "$data"
 stage bench-topk 30 "this device's path|radix \(accel" python3 benchmarks/bench_topk.py --device $dev "${topk[@]}"
 stage bench-cohort 60 "^  cohort" python3 benchmarks/bench_cohort.py --device $dev "${cohort[@]}" \
-  --data-dir "$data"
+  --forms auto vmap --data-dir "$data"
 
 run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' results-dir='$out/runs'"
 if python3 -c "import ray" 2>/dev/null; then

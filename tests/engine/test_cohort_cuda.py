@@ -15,7 +15,8 @@ from tests.support.run_outputs import metric_rows
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.parametrize("algorithm,model", [("fedavg", "cnn"), ("fedadamw", "mlp"), ("scaffold", "mlp")])
+@pytest.mark.parametrize("algorithm,model", [("fedavg", "cnn"), ("fedadamw", "mlp"), ("scaffold", "mlp"),
+                                             ("fedact", "mlp")])
 def test_on_cuda_the_cohort_ends_on_the_one_at_a_time_model(algorithm: str, model: str, tiny_data,
                                                             tmp_path) -> None:
     def run(name: str, cohort: int | None) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -29,6 +30,6 @@ def test_on_cuda_the_cohort_ends_on_the_one_at_a_time_model(algorithm: str, mode
 
     alone, _ = run("alone", None)
     together, rows = run("cohort", 3)
-    assert {r["step-path"] for r in rows} <= {"cohort-vmap", "cohort-loop"}
+    assert {r["step-path"] for r in rows} <= {"cohort-grouped", "cohort-vmap", "cohort-loop"}
     for name in alone:  # float32 round-off of a batched GEMM against per-client ones, 2 rounds
         torch.testing.assert_close(together[name], alone[name], rtol=1e-4, atol=1e-5, msg=name)
