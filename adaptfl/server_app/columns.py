@@ -33,8 +33,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "fed-eval-sampled": ("both", "nodes sent an evaluate message this round"),
     "fed-eval-replies": ("both", "evaluate replies that entered the fed-eval values"),
     "fed-eval-seconds": ("both", "the round's federated evaluation alone (sending to the last reply)"),
-    "fed-eval-clients": (JSONL, "node -> its evaluate reply's values (num-examples, partition-id, "
-                         "eval-accuracy, eval-loss, personal-accuracy, personal-loss); under dp in "
+    "fed-eval-clients": (JSONL, "partition -> its evaluate reply's values (num-examples, node-id, "
+                         "eval-accuracy, eval-loss, personal-accuracy, personal-loss; node-<id> for a "
+                         "reply without a partition id of its own); under dp in "
                          "server-confidential.jsonl only, as every fed-eval column"),
     "fed-eval-rejected": (JSONL, "node -> why its evaluate reply was dropped; absent when none"),
     "train-loss": ("both", "the clients' mean local training loss over their K steps (weighted as "

@@ -56,7 +56,7 @@ class EvaluationReport:
 
     sampled: int = 0
     metrics: dict[str, float] = field(default_factory=dict)  # the row's fed-eval-* means and deciles
-    clients: dict[str, dict[str, float]] = field(default_factory=dict)  # node id -> its scores
+    clients: dict[str, dict[str, float]] = field(default_factory=dict)  # partition id -> its scores
     rejected: dict[str, str] = field(default_factory=dict)  # node id -> why its reply was dropped
 
     def row(self, seconds: float) -> dict[str, Any]:
@@ -130,6 +130,18 @@ def aggregate_scores(clients: Sequence[dict[str, float]], max_weight_ratio: floa
     return out
 
 
+def client_table(ordered: Sequence[tuple[int, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Partition id -> a reply's values and its node id, as the training row's `clients`; a reply
+    without a partition id, or whose id another reply took, under "node-<node id>"."""
+    table: dict[str, dict[str, float]] = {}
+    for node, values in ordered:
+        key = str(int(values[wire.PARTITION_ID])) if wire.PARTITION_ID in values else f"node-{node}"
+        ints = (wire.PARTITION_ID, wire.NUM_EXAMPLES)
+        table[f"node-{node}" if key in table else key] = \
+            {**{k: int(v) if k in ints else v for k, v in values.items()}, "node-id": node}
+    return table
+
+
 class FederatedEvaluation:
     """configure_evaluate / aggregate_evaluate of `AdaptiveStrategy`, on its state."""
 
@@ -165,9 +177,11 @@ class FederatedEvaluation:
             return None
         accepted = self._accept_scores(replies)
         report = self.eval_report
-        scores = [accepted[node] for node in sorted(accepted)]
-        report.clients = {str(node): {k: int(v) if k in (wire.PARTITION_ID, wire.NUM_EXAMPLES) else v
-                                      for k, v in accepted[node].items()} for node in sorted(accepted)}
+        # in partition order: the same sums under any transport (Flower's node ids are random)
+        ordered = sorted(accepted.items(),
+                         key=lambda item: (item[1].get(wire.PARTITION_ID, math.inf), item[0]))
+        scores = [s for _, s in ordered]
+        report.clients = client_table(ordered)
         report.metrics = aggregate_scores(scores, self.cfg.federation.max_weight_ratio) if scores else {}
         private = self.cfg.privacy.on
         log.log(detail_level(private, logging.INFO), "round %d: federated evaluation, %d of %d "

@@ -46,7 +46,8 @@ FLOWER_CLIENT = (20, 0.8, 0.4)
 
 def _replies(sent: dict[int, Message]) -> list[Message]:
     out = [_scores(sent[node], **{wire.NUM_EXAMPLES: n, wire.EVAL_ACCURACY: acc, wire.EVAL_LOSS: loss,
-                                  wire.PERSONAL_ACCURACY: pa, wire.PERSONAL_LOSS: pl})
+                                  wire.PERSONAL_ACCURACY: pa, wire.PERSONAL_LOSS: pl,
+                                  wire.PARTITION_ID: node - 1})
            for node, (n, acc, loss, pa, pl) in CLIENTS.items()]
     n, acc, loss = FLOWER_CLIENT
     return [*out, _scores(sent[5], **{"num-examples": n, "eval_acc": acc, "eval_loss": loss})]
@@ -68,8 +69,10 @@ def test_the_aggregate_is_the_weighted_mean_and_the_worst_decile_by_hand() -> No
                 "fed-eval-personal-accuracy-p10": 0.63}
     assert report.metrics == pytest.approx(expected, abs=1e-12)
     assert dict(record) == pytest.approx(expected, abs=1e-12)  # what Flower's start() logs
-    assert not report.rejected and sorted(report.clients) == ["1", "2", "3", "4", "5"]
-    assert report.clients["5"] == {wire.NUM_EXAMPLES: 20, wire.EVAL_ACCURACY: 0.8, wire.EVAL_LOSS: 0.4}
+    assert not report.rejected and sorted(report.clients) == ["0", "1", "2", "3", "node-5"]
+    assert report.clients["2"][wire.PERSONAL_ACCURACY] == 0.8 and report.clients["2"]["node-id"] == 3
+    assert report.clients["node-5"] == {wire.NUM_EXAMPLES: 20, wire.EVAL_ACCURACY: 0.8, wire.EVAL_LOSS: 0.4,
+                                        "node-id": 5}
     row = report.row(seconds=0.5)
     assert row["fed-eval-replies"] == 5 and row["fed-eval-sampled"] == 5 and "fed-eval-rejected" not in row
 
