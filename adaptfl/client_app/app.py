@@ -13,7 +13,7 @@ import hashlib
 import logging
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -117,10 +117,10 @@ class LocalJob:
     task: Task | None = None  # the whole task (federated evaluation reads its test split)
 
 
-def prepare_train(msg: Message, context: Context, store: Any = None) -> LocalJob:
+def prepare_train(msg: Message, context: Context, evaluating: bool = False) -> LocalJob:
     """Everything of a round's local training but the K steps: the recipe read, this node's
     data and the model loaded, the session (global weights, optimizer, stage parts) built
-    (`store`: its durable client state; None: this node's own)."""
+    (`evaluating`: for federated evaluation's local steps, on a throwaway client state)."""
     recipe = msg.content.config_records.get(wire.RECIPE)
     if recipe is None:
         raise ValueError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
@@ -143,8 +143,9 @@ def prepare_train(msg: Message, context: Context, store: Any = None) -> LocalJob
     client_data = ClientData(num_examples=len(indices), full_batches=batches, loss=task.loss,
                              batches_of=batches_of, sample_seed=client_id)
     reset_peak_memory(device)
-    session = ClientSession(msg, model, context=context, data=client_data, device=device, store=store)
-    warn = session.info.batch_size > len(indices) and first_time(context, "batch-size")
+    session = ClientSession(msg, model, context=context, data=client_data, device=device,
+                            store=MemoryStore() if evaluating else None)
+    warn = not evaluating and session.info.batch_size > len(indices) and first_time(context, "batch-size")
     return LocalJob(session, split, task.loss, indices, client_id, warn, runtime.precision,
                     privacy_from_recipe(recipe)[0].on, task)
 
@@ -209,7 +210,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     train split), scored on its own held-out rows (workloads/held_out.py; a node with data of
     its own: its whole test split). The steps run on a throwaway client state: the node's durable
     state (SCAFFOLD's c_i, kept optimizer state, error feedback) is neither read nor written."""
-    job = prepare_train(msg, context, store=MemoryStore())
+    job = prepare_train(msg, context, evaluating=True)
     task, session = job.task, job.session
     assert task is not None  # prepare_train sets it
     own = wire.NODE_DATA_DIR in context.node_config

@@ -192,15 +192,20 @@ class FederatedEvaluation:
 
     def _accept_scores(self, replies: Iterable[Message]) -> dict[int, dict[str, float]]:
         """node -> its scores, for the replies that answer this round's EVALUATE messages, one per
-        node, sent by that node; the others are in eval_report.rejected with why."""
+        node, sent by that node; the others are in eval_report.rejected with why. A reply sent in
+        another node's name is dropped alone (it cannot make the victim's own reply a second one)."""
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._eval_messages
                 if m.metadata.message_id}
         sampled = {m.metadata.dst_node_id for m in self._eval_messages}
         accepted: dict[int, dict[str, float]] = {}
         seen: set[int] = set()
         for msg in replies:
-            node = sent.get(msg.metadata.reply_to_message_id) if sent else \
-                (msg.metadata.src_node_id if msg.metadata.src_node_id in sampled else None)
+            src = msg.metadata.src_node_id
+            node = sent.get(msg.metadata.reply_to_message_id) if sent else (src if src in sampled else None)
+            if node is not None and not msg.has_error() and src != node:
+                self._reject_score(f"{src}->{node}", f"reply to node {node}'s evaluate message sent by "
+                                                     f"node {src}")
+                continue
             try:
                 if node in seen:  # one sampled node, one reply: neither of two is trusted
                     accepted.pop(cast(int, node), None)
@@ -222,9 +227,6 @@ class FederatedEvaluation:
         if msg.has_error():
             last = ((msg.error.reason or "").strip().splitlines() or ["no reason given"])[-1]
             raise ReplyRejected(f"the client failed: {last}")
-        if msg.metadata.src_node_id != node:
-            raise ReplyRejected(f"reply to node {node}'s evaluate message sent by node "
-                                f"{msg.metadata.src_node_id}")
         if msg.metadata.message_type != MessageType.EVALUATE:
             raise ReplyRejected(f"message type {msg.metadata.message_type!r}, expected "
                                 f"{MessageType.EVALUATE!r}")

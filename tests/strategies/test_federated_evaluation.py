@@ -126,6 +126,25 @@ def test_a_reply_from_no_evaluate_message_or_a_second_reply_is_not_trusted() -> 
                                              "2": "message type 'train', expected 'evaluate'"}
 
 
+def test_a_forged_reply_is_dropped_alone_and_a_stray_one_names_no_node() -> None:
+    """With message ids (as a SuperLink sets them): node 3 answers node 2's evaluate message in
+    its own name; node 2's own reply still counts. A reply to no message of ours is 'unknown'."""
+    strategy = _strategy()
+    sent = _evaluate(strategy, InProcessGrid(3, {}))
+    for node, msg in sent.items():
+        msg.metadata.__dict__["_message_id"] = f"evaluate-{node}"
+    forged = _scores(sent[2], **{wire.NUM_EXAMPLES: 10, wire.EVAL_ACCURACY: 1.0})
+    forged.metadata.__dict__["_src_node_id"] = 3
+    stray = _scores(sent[1], **{wire.NUM_EXAMPLES: 10, wire.EVAL_ACCURACY: 1.0})
+    stray.metadata.__dict__["_reply_to_message_id"] = "train-1"
+    honest = [_scores(sent[n], **{wire.NUM_EXAMPLES: 10, wire.EVAL_ACCURACY: 0.1 * n}) for n in (1, 2, 3)]
+    strategy.aggregate_evaluate(1, [forged, stray, *honest])
+    assert strategy.eval_report.rejected == {
+        "3->2": "reply to node 2's evaluate message sent by node 3",
+        "unknown": "a reply to no evaluate message of this round"}
+    assert strategy.eval_report.metrics["fed-eval-accuracy"] == pytest.approx(0.2)
+
+
 def test_nothing_is_sent_by_default_and_the_messages_are_the_rounds_model() -> None:
     off = _strategy(fraction_evaluate=0.0)
     assert _evaluate(off) == {} and off.aggregate_evaluate(1, []) is None
