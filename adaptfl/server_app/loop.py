@@ -271,6 +271,9 @@ def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, ou
         check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
         log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,
                                                       strategy.num_nodes)))
+        if cfg.federation.fraction_evaluate > 0:  # the clients' scores carry no noise
+            log.info("fraction-evaluate under dp: the fed-eval columns are not released (%s only)",
+                     CONFIDENTIAL_FILE)
     if not (cfg.privacy.on or cfg.secagg.on):  # neither screens nor bounds a reply there
         log.info("%s", tolerance_note(cfg, sampled))
     small = small_round_note(cfg, sampled, strategy.num_nodes)

@@ -5,6 +5,8 @@ from the per-client values; evaluation changes no training; under dp nothing of 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -81,12 +83,16 @@ def test_evaluate_local_steps_sets_the_personalised_models_steps(tmp_path, tiny_
 
 
 @needs_fashion_mnist
-def test_under_dp_nothing_of_it_is_released(tmp_path, tiny_data) -> None:
+def test_under_dp_nothing_of_it_is_released(tmp_path, tiny_data, caplog) -> None:
     cfg = RunConfig.of(data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="dp",
                        algorithm="fedavg", model="mlp", num_server_rounds=1, local_steps=1, batch_size=16,
                        weighting="uniform", dp="central", dp_accounting="no-amplification",
                        dp_accept_epsilon=1e3, fraction_evaluate=1.0)
-    out = run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    with caplog.at_level(logging.INFO):
+        out = run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
+    shared = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert any("the fed-eval columns are not released" in m for m in shared)
+    assert not [m for m in shared if "federated evaluation" in m or "held-out" in m]  # DEBUG only
     assert not [k for k in RELEASED if k.startswith("fed-eval")]
     assert not [k for r in metric_rows(out) for k in r if k.startswith("fed-eval")]
     assert "fed-eval-" not in (out / "metrics.csv").read_text()
