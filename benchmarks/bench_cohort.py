@@ -3,13 +3,14 @@ side by side in one process, with ratios.
 
     python benchmarks/bench_cohort.py [--model mlp|cnn] [--clients 10] [--nodes 10]
         [--steps 50] [--batch 50] [--rounds 5] [--algorithm fedavg] [--repeats 2]
-        [--device cpu|cuda] [--threads 1] [--pfl]
+        [--device cpu|cuda] [--threads 1] [--forms auto grouped vmap loop] [--pfl]
 
 Each contender trains the same sampled clients for K local steps of batch B on Fashion-MNIST
 (Dirichlet α = 0.3 partitions of `--nodes`):
   engine        python -m adaptfl.engine, one client after another (each through its
                 ClientApp's handler: message decode, session, K steps, reply)
-  cohort        the same with --cohort C = all sampled clients (engine/cohort.py)
+  cohort        the same with --cohort C = all sampled clients (engine/cohort.py), the form
+                it picks; cohort-<form> with --cohort-form forced (--forms)
   bare-loop     a plain loop over the clients: load the global weights, torch.optim.SGD
                 (fedavg) / AdamW (other algorithms), K steps on preloaded batches, average
   bare-vmap     the same clients' steps under torch.func.vmap (fedavg: SGD only; left out where a
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.core.wire import COHORT_FORMS
 from adaptfl.engine.cohort import run_cohort
 from adaptfl.engine.inprocess import run_inprocess
 from adaptfl.workloads import build_model, load_task, partition_indices, sample_batches
@@ -44,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe  # noqa: E402
 
 
-def engine_round(args: argparse.Namespace, cohort: int) -> float:
+def engine_round(args: argparse.Namespace, cohort: int, form: str = "auto") -> float:
     """Median training seconds of rounds 2..R of an in-process run."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig.of(algorithm=args.algorithm, model=args.model, num_server_rounds=args.rounds,
@@ -52,7 +54,7 @@ def engine_round(args: argparse.Namespace, cohort: int) -> float:
                            data_dir=args.data_dir, results_dir=tmp, run_name="bench",
                            client_state_dir=str(Path(tmp) / "s"),
                            fraction_train=args.clients / args.nodes, seed=1)
-        out = run_inprocess(cfg, args.nodes) if cohort == 1 else run_cohort(cfg, args.nodes, cohort)
+        out = run_inprocess(cfg, args.nodes) if cohort == 1 else run_cohort(cfg, args.nodes, cohort, form)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(r["seconds"] - r["eval-seconds"] for r in rows if r["round"] >= 2)
 
@@ -133,6 +135,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data-dir", default="", help="Fashion-MNIST (default: the system's)")
+    parser.add_argument("--forms", nargs="+", default=["auto"], choices=COHORT_FORMS,
+                        help="the cohort's gradient forms to time (auto: the one the engine picks)")
     parser.add_argument("--pfl", action="store_true", help="also pfl-research (PyPI pfl)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -140,7 +144,9 @@ def main() -> None:
     times: dict[str, list[float]] = {}
     for _ in range(args.repeats):  # in turn, so a change of load hits every contender
         times.setdefault("engine", []).append(engine_round(args, 1))
-        times.setdefault("cohort", []).append(engine_round(args, args.clients))
+        for form in args.forms:
+            times.setdefault("cohort" if form == "auto" else f"cohort-{form}", []).append(
+                engine_round(args, args.clients, form))
         times.setdefault("bare-loop", []).append(statistics.median(
             bare.loop_round(r) for r in range(args.rounds)))
         if args.algorithm == "fedavg" and min(len(y) for _, y in bare.parts) >= args.batch:

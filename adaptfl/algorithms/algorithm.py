@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from adaptfl.algorithms.components.local_state import Fresh
 from adaptfl.core import wire
-from adaptfl.core.contract import Contract, ModelSpec
+from adaptfl.core.contract import Contract, ModelSpec, Record
 from adaptfl.core.domain import bounded
 from adaptfl.core.params import PRESET, Component, component, fields_of, param, registry
 from adaptfl.core.stage import Stage
@@ -172,8 +172,19 @@ class Algorithm:
         return 1 + sum(len(s.records_up()) for s in stages) + \
             len({m.name for s in stages for m in s.up_metrics})
 
-    def contract(self, spec: ModelSpec) -> Contract:
-        """The records of this algorithm's messages, with the shapes of this model."""
+    def skips_uploads(self) -> bool:
+        """Whether some round's replies carry fewer records than the contract's `up` (v-sync-every,
+        v-sync-until)."""
+        return any(s.skips_uploads() for s in self.stages())
+
+    def _uploads(self, server_round: int | None) -> list[Record]:
+        """The records a reply carries: in that round, or (None) in any round."""
+        return [r for s in self.stages()
+                for r in (s.records_up() if server_round is None else s.records_up_on(server_round))]
+
+    def contract(self, spec: ModelSpec, server_round: int | None = None) -> Contract:
+        """The records of this algorithm's messages, with the shapes of this model; with
+        `server_round`, `up` holds only the records that round's replies carry."""
         stages = self.stages()
         records = [r for s in stages for r in (*s.records_down(), *s.records_up())]
         shapes = {r.name: r.shape(spec, self) for r in records}
@@ -185,7 +196,7 @@ class Algorithm:
         metrics = [m for s in stages for m in s.up_metrics]
         return Contract(
             down={r.name: shapes[r.name] for s in stages for r in s.records_down()},
-            up={r.name: shapes[r.name] for s in stages for r in s.records_up()},
+            up={r.name: shapes[r.name] for r in self._uploads(server_round)},
             up_metrics=frozenset(m.name for m in metrics), domains=domains,
             metric_domains={m.name: bounded(m.domain) for m in metrics})
 

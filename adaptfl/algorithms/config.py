@@ -138,6 +138,7 @@ class RunConfig:
         check_shared(config.compression, algorithm.shared_records(), algorithm.name)
         check_secagg(config)
         check_epochs(config)
+        check_upload_schedule(config)
         return config
 
     @classmethod
@@ -218,6 +219,19 @@ def check_epochs(cfg: RunConfig) -> None:
     if blocker:
         raise ValueError(f"local-epochs={cfg.local.local_epochs:g} with {blocker} on: each reply's own K "
                          "needs each reply's Δ and the plain mean; use local-steps (one K for all)")
+
+
+def check_upload_schedule(cfg: RunConfig) -> None:
+    """A reply that carries v only some rounds (v-sync-every, v-sync-until) changes the records
+    dp noises and SecAgg+ masks from round to round, which both fix per run."""
+    if not cfg.algorithm.skips_uploads():
+        return
+    blocker = "dp" if cfg.privacy.on else "secagg" if cfg.secagg.on else ""
+    if blocker:
+        moments = cfg.algorithm.moments
+        raise ValueError(f"v-sync-every={moments.v_sync_every} v-sync-until={moments.v_sync_until} "
+                         f"with {blocker} on: its records are fixed per run, so the replies must "
+                         "carry v every round; use v-sync-every=1 v-sync-until=0 or v-sync='none'")
 
 
 # --- docs derived from the declarations ------------------------------------------------------

@@ -48,6 +48,18 @@ def secagg_defaults(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, **switched}
 
 
+def _refuse_lossy_replies(cfg: RunConfig) -> None:
+    """SecAgg+ sends the replies as fixed-point integers: no lossy reply codec, the warm-up's
+    (codec-warmup: round 1's codecs) included."""
+    lossy = [(r, c) for r in wire.SHARED_UP for c in (cfg.compression, cfg.compression.for_round(1))
+             if not c.of(r).lossless]
+    if lossy:
+        record, compression = lossy[0]
+        raise ValueError(f"secagg='secagg+' with the lossy codec {str(compression.of(record))!r} "
+                         f"on {record!r}: SecAgg+ sends the replies as fixed-point integers; keep "
+                         "reply codecs at fp32 (broadcast codecs compose)")
+
+
 def check_secagg(cfg: RunConfig) -> None:
     secagg, fed = cfg.secagg, cfg.federation
     if not secagg.on:
@@ -74,11 +86,7 @@ def check_secagg(cfg: RunConfig) -> None:
         verb = "they read" if len(refused) > 1 else "it reads"
         raise ValueError(f"secagg='secagg+' with {settings}: {verb} each reply alone, and the server "
                          f"holds only their sum; use {instead}")
-    lossy = [r for r in wire.SHARED_UP if not cfg.compression.of(r).lossless]
-    if lossy:
-        raise ValueError(f"secagg='secagg+' with the lossy codec {str(cfg.compression.of(lossy[0]))!r} "
-                         f"on {lossy[0]!r}: SecAgg+ sends the replies as fixed-point integers; keep "
-                         "reply codecs at fp32 (broadcast codecs compose)")
+    _refuse_lossy_replies(cfg)
     shared = cfg.algorithm.shared_records()
     unread = [key for key in secagg.set_keys() if key[len(clip_key("")):] not in shared]
     if unread:

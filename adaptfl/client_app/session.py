@@ -134,7 +134,7 @@ class ClientSession:
         # x^r of what the server sent (never the frozen base: no second copy of it)
         state = model.state_dict()
         self.start_state = {n: state[n].detach().clone() for n in arrays}
-        self.compression = compression_from_recipe(recipe)
+        self.compression = compression_from_recipe(recipe).for_round(self.info.server_round)
         records = {name: {k: v.to(self.device) for k, v in self._decoded(name, rec).items()}
                    for name, rec in content.array_records.items() if name != wire.ARRAYS}
         if store is None:

@@ -10,6 +10,9 @@
     codec-block      values per absmax block of int8 / nf4 / fp4 / int2 (64, as QLoRA)
     codec-positions  how top-k's positions travel (positions.py): auto (the smallest of the
                      three for each array's size and k), int32, bitmap, elias-fano
+    codec-warmup     rounds 1..R send every shared record at codec-warmup-codec (fp32: dense),
+                     then the codecs above: top-k cells lose most in round 1 and never recover
+                     it (docs/compression.md), the rounds where the model moves most
 
 The model broadcast is always exact: a sampled client may have missed the last one.
 """
@@ -50,9 +53,14 @@ class CompressionBase(Component):
     codec_block: int = param(64, "values per absmax scale of int8 / nf4 / fp4 / int2", within=(2, 1 << 20))
     codec_positions: str = param("auto", "how top-k's positions travel: auto (the smallest for each "
                                  "array), int32, bitmap, elias-fano", choices=LAYOUTS)
+    codec_warmup: int = param(0, "rounds 1..R send every shared record at codec-warmup-codec, then "
+                              "the codecs above (0: no warm-up)", within=(0, None))
+    codec_warmup_codec: str = param("fp32", "the codec of every shared record in the codec-warmup "
+                                    "rounds (any codec above; fp32: dense)")
 
     def check(self) -> None:
         Codec.parse(self.codec)
+        self._check_warmup()
         for record in wire.SHARED_DOWN + wire.SHARED_UP:
             text = self.raw(record)
             if text:
@@ -65,6 +73,33 @@ class CompressionBase(Component):
                                  f"random-k (rand) is for replies; the broadcast {record!r} must decode to "
                                  "the server's state every round (use top or rtop there, or set "
                                  f"{record_key(record)})")
+
+    def _check_warmup(self) -> None:
+        if self.codec_warmup == 0:
+            if self.codec_warmup_codec != "fp32":
+                raise ValueError(f"codec-warmup-codec={self.codec_warmup_codec!r} with codec-warmup=0: "
+                                 "no round reads it; set codec-warmup=R or drop it")
+            return
+        Codec.parse(self.codec_warmup_codec, "codec-warmup-codec")
+        try:  # its own check: the warm-up codec on every record, the broadcasts too
+            warm = self.for_round(1)
+        except ValueError as why:
+            raise ValueError(f"codec-warmup-codec={self.codec_warmup_codec!r}: {why}") from None
+        if all(str(warm.of(r)) == str(self.of(r)) for r in wire.SHARED_DOWN + wire.SHARED_UP):
+            raise ValueError(f"codec-warmup={self.codec_warmup} with codec-warmup-codec="
+                             f"{self.codec_warmup_codec!r}: every record runs that codec after the "
+                             "warm-up too; set a lighter codec or drop codec-warmup")
+
+    def for_round(self, server_round: int) -> CompressionBase:
+        """The codecs of one round: in rounds 1..codec-warmup, codec-warmup-codec on every shared
+        record (both sides derive it from the round: the recipe carries the settings)."""
+        if server_round > self.codec_warmup:
+            return self
+        # Any: the per-record fields are generated (below), mypy sees only the base's
+        records = wire.SHARED_DOWN + wire.SHARED_UP
+        blank: dict[str, Any] = {"codec_" + r.replace("-", "_"): "" for r in records}
+        return dataclasses.replace(self, codec=self.codec_warmup_codec, codec_warmup=0,
+                                   codec_warmup_codec="fp32", **blank)
 
     def raw(self, record: str) -> str:
         return str(getattr(self, "codec_" + record.replace("-", "_")))

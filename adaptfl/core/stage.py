@@ -176,6 +176,14 @@ class Stage(Component):
     def records_up(self) -> tuple[Record, ...]:
         return self.up
 
+    def records_up_on(self, server_round: int) -> tuple[Record, ...]:
+        """Those of `records_up` this round's replies carry (FedACT's v may skip rounds)."""
+        return self.records_up()
+
+    def skips_uploads(self) -> bool:
+        """Whether some round's replies carry fewer of its records than `records_up`."""
+        return False
+
     def optimizer_options(self, info: RoundInfo) -> dict[str, Any]:
         """Keyword arguments of `LocalUpdate` this stage decides (ρ, λ_r, …)."""
         return {}

@@ -45,9 +45,12 @@ RAY_NODE = "ray-node"  # int, the first 12 hex digits of the Ray node id a simul
 LOCAL_STATE_SOURCE = "local-state-source"  # int, where a kept inner optimizer state came from (same codes)
 LOCAL_STEPS = "local-steps"  # int, the K this client ran under local-epochs (ceil(E·rows/batch))
 STEP_PATH = "step-path"  # int code into STEP_PATHS: the local-step path this client's round took
-# step-path codes 0..4 (a metrics row holds the names); cohort-*: many clients' steps at once, the
-# reference step batched over them, gradients by vmap or client by client (engine/cohort.py)
-STEP_PATHS = ("eager", "native", "cuda", "cohort-loop", "cohort-vmap")
+# python -m adaptfl.engine --cohort-form: how the cohort computes its clients' gradients
+# (engine/cohort_steps.py); auto picks the fastest that applies
+COHORT_FORMS = ("auto", "grouped", "vmap", "loop")
+# step-path codes (a metrics row holds the names); cohort-*: many clients' steps at once, the
+# reference step batched over them, each form's gradients (engine/cohort.py). Codes only grow.
+STEP_PATHS = ("eager", "native", "cuda", "cohort-loop", "cohort-vmap", "cohort-grouped")
 COHORT_SIZE = "cohort-size"  # int, how many clients this one's steps were stacked with (itself included)
 EF_RESIDUAL = "ef-residual-norm"  # float, ‖residual‖ the client's error feedback keeps after this reply
 TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as the client applied it

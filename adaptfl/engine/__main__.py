@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
+from adaptfl.core.wire import COHORT_FORMS
 
 PROG = "python -m adaptfl.engine"
 
@@ -42,10 +43,11 @@ def parser() -> argparse.ArgumentParser:
                         help="train the round's sampled clients C at a time as one vectorised "
                              "computation (docs/scale.md); auto: as many as fit in half the free "
                              "memory; 1 (the default): one after another")
-    parser.add_argument("--cohort-form", default="auto", choices=("auto", "vmap", "loop"),
-                        help="the cohort's gradients: vmap over the clients, or client by client "
-                             "(auto: vmap unless the model has buffers, convolutions on a CPU, or "
-                             "the algorithm adds loss terms or Sophia's Hessian refresh)")
+    parser.add_argument("--cohort-form", default="auto", choices=COHORT_FORMS,
+                        help="the cohort's gradients: grouped (the clients' models as one: batched "
+                             "matmuls, grouped convolutions), vmap over the clients, or client by "
+                             "client (auto: the first that applies; the loop where the model has "
+                             "buffers or the algorithm adds loss terms or Sophia's Hessian refresh)")
     parser.add_argument("--print-config", action="store_true",
                         help="print every key the run reads, presets filled in, and where each "
                              "value came from (yours, the default, the algorithm's preset); run nothing")

@@ -5,7 +5,9 @@ Only the transport of the round's training messages changes: each client is set 
 ClientApp's own code (`prepare_train`), steps in a cohort, and replies with the Message its
 ClientApp would send (`reply_train`), so the server side is untouched. Clients whose optimizer
 the batched reference does not cover (Muon's and SOAP's per-tensor rules, a user's own rule)
-train one at a time, and the run says so once; SecAgg+'s message stages always run one at a time.
+share batched gradients and each takes its own optimizer step; where their gradients cannot be
+batched either (loss terms, buffers) they train one at a time, and the run says so once;
+SecAgg+'s message stages always run one at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from adaptfl.client_app.app import LocalJob, answer, prepare_train, reply_train
 from adaptfl.client_app.device import peak_memory_mb
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
-from adaptfl.engine.cohort_steps import FORMS, CohortDeclined, signature, train_cohort
+from adaptfl.engine.cohort_rows import CohortDeclined
+from adaptfl.engine.cohort_steps import FORMS, own_signature, pick_form, signature, train_cohort
 from adaptfl.engine.inprocess import ClientHandler, InProcessGrid
 from adaptfl.local_update import native
 from adaptfl.server_app.loop import run_federated
@@ -67,20 +70,26 @@ def fitting_cohort(job: LocalJob, sampled: int) -> int:
     return max(1, min(sampled, int(MEMORY_SHARE * free // per_client)))
 
 
-def alone_reason(job: LocalJob, uncovered: bool, form: str) -> str:
-    """Why `job`'s group trains one client at a time ("" where it is batched): a rule the
-    batched reference lacks; or, with form auto, FedACT's trust step on a CPU where the native
-    loops run (float32): one client at a time they beat the batched reference there
-    (benchmarks/bench_cohort.py --algorithm fedact: 0.78x on an Intel Xeon, docs/scale.md)."""
+def cohort_key(job: LocalJob, form: str) -> tuple:
+    """How `job`'s steps batch, and with whom: ("reference", …) where one reference step moves
+    every row, else ("own", …): batched gradients, each client's optimizer stepping itself (a
+    rule the reference lacks; or, with form auto, FedACT's trust step on a CPU where the native
+    loops run, float32: one client at a time they beat the batched reference there,
+    benchmarks/bench_cohort.py --algorithm fedact: 0.78x on an Intel Xeon, docs/scale.md)."""
+    key = signature(job)
     opt = job.session.optimizer
-    if uncovered:
-        return f"its local rule {opt.rule(opt.param_groups[0]).name} has no batched step here"
-    params = opt.param_groups[0]["params"]
-    if form == "auto" and opt.trust.active and job.session.device.type == "cpu" \
-            and params[0].dtype == torch.float32 and native.library() is not None:
-        return ("on this CPU its trust step one client at a time (the native loops) is faster "
-                "than the batched reference")
-    return ""
+    native_trust = form == "auto" and opt.trust.active and job.session.device.type == "cpu" \
+        and opt.param_groups[0]["params"][0].dtype == torch.float32 and native.library() is not None
+    return key if key is not None and not native_trust else ("own", *own_signature(job))
+
+
+def own_step_reason(job: LocalJob) -> str:
+    """Why a group takes its own optimizer steps (said once a run)."""
+    opt = job.session.optimizer
+    rules = sorted({opt.rule(group).name for group in opt.param_groups})
+    if signature(job) is None:
+        return f"its local rule {'+'.join(rules)} has no batched step here"
+    return "on this CPU its trust step (the native loops) is faster client by client"
 
 
 class CohortGrid(InProcessGrid):
@@ -156,23 +165,27 @@ class CohortGrid(InProcessGrid):
                 jobs[i] = job
         groups: dict[Any, list[int]] = {}
         for i, job in jobs.items():
-            groups.setdefault(signature(job), []).append(i)
+            groups.setdefault(cohort_key(job, self.form), []).append(i)
         done: dict[int, Message | None] = {}
         for key, members in groups.items():
-            why = alone_reason(jobs[members[0]], key is None, self.form)
-            if why:
-                done.update(self._alone(members, jobs, why))
+            own, first = key[0] == "own", jobs[members[0]]
+            why = own_step_reason(first) if own else ""
+            if own and pick_form([jobs[i] for i in members], self.form) == "loop":
+                done.update(self._alone(members, jobs, f"{why}, and its gradients need each "
+                                                       "client's own pass"))
                 continue
             try:
-                form = train_cohort([jobs[i] for i in members], self.form)
-            except CohortDeclined as why:  # before any reply: the clients' state is untouched
-                log.warning("cohort: %s; these %d clients train one at a time", why, len(members))
+                form = train_cohort([jobs[i] for i in members], self.form, own_steps=own)
+            except CohortDeclined as declined:  # before any reply: the clients' state is untouched
+                log.warning("cohort: %s; these %d clients train one at a time", declined, len(members))
                 done.update(zip(members, self._one_by_one([messages[i] for i in members], timeout),
                                 strict=True))
                 continue
-            device = jobs[members[0]].session.device
+            device = first.session.device
             peak = peak_memory_mb(device)
-            self._say(f"cohort: up to {len(members)} clients a step, {form} gradients, on {device}")
+            steps = f"each client's own optimizer step ({why})" if own else "one reference step"
+            self._say(f"cohort: {first.session.algorithm.name}: up to {len(members)} clients a step, "
+                      f"{form} gradients, {steps}, on {device}")
             for i in members:
                 done[i] = reply_train(jobs[i], peak, cohort=(len(members), form))
         took = time.perf_counter() - started

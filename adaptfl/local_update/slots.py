@@ -8,7 +8,7 @@ Torch's own `state_dict` keys parameters by position; names are how state crosse
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -192,6 +192,19 @@ class NamedSlots:
             self._flat[gi][slot] = row
             for p, view in zip(params, row.split(sizes), strict=True):
                 self.state[p][slot] = view.view_as(p)
+
+    def adopt_buckets(self, flats: Sequence[torch.Tensor]) -> None:
+        """Take one [D_g] tensor per param group, which that group's parameters already are
+        views of in order (the cohort engine's rows), as the groups' flat parameter buffers."""
+        for gi, (group, flat) in enumerate(zip(self.param_groups, flats, strict=True)):
+            params = group["params"]
+            at = flat.data_ptr()
+            for p in params:
+                if p.data_ptr() != at:
+                    raise ValueError(f"param group {gi}: its parameters are not views of the given "
+                                     "buffer in order")
+                at += p.numel() * p.element_size()
+            self._buckets[gi] = (flat, [p.data_ptr() for p in params])
 
     def _flat_grad(self, gi: int, params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The group's flat gradient buffer and its views shaped like the parameters (made once:

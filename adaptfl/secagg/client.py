@@ -83,12 +83,19 @@ def _setup(cfg: ConfigRecord, context: Context, server_round: int) -> ConfigReco
     if context.node_id in neighbours or len(set(neighbours)) != len(neighbours) \
             or len(neighbours) + 1 > shares:
         raise ValueError(f"secagg: {len(neighbours)} neighbours do not fit {shares} shares")
+    server = _bytes(cfg, p.SERVER_KEY)
+    crypto.public_key(server)
     seed = secrets.token_bytes(crypto.SEED_BYTES)  # the mask key's: Shamir shares it, not the key
-    enc, masks = crypto.KeyPair(), crypto.KeyPair.from_seed(seed)
+    pairs = {p.PK_MASK: crypto.KeyPair.from_seed(seed)}
+    pairs.update({p.enc_key(j): crypto.KeyPair() for j in neighbours})  # one per pair: see blame
     context.state[STATE] = ConfigRecord({
         p.ROUND: server_round, p.STAGE: p.SETUP, p.THRESHOLD: threshold, p.NEIGHBOURS: neighbours,
-        "sk-enc": enc.private, "mask-seed": seed})
-    return ConfigRecord({p.PK_ENC: enc.public, p.PK_MASK: masks.public})
+        "mask-seed": seed, **{f"sk-enc:{j}": pairs[p.enc_key(j)].private for j in neighbours}})
+    out = ConfigRecord({name: pair.public for name, pair in pairs.items()})
+    for name, pair in pairs.items():
+        label = p.label(server_round, context.node_id, name)
+        out[f"{p.PROOF}:{name}"] = crypto.possession(pair, server, label)
+    return out
 
 
 def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecord:
@@ -105,19 +112,50 @@ def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecor
     b_shares = crypto.create_shares(b, threshold, len(holders))
     s_shares = crypto.create_shares(_bytes(state, "mask-seed"), threshold, len(holders))
     out = ConfigRecord({p.COMMIT: crypto.commitment(b)})  # the mask key's is its public key
-    enc = crypto.KeyPair(_bytes(state, "sk-enc"))  # loaded once per stage
     for holder, b_share, s_share in zip(holders, b_shares, s_shares, strict=True):
+        out[f"{p.HASH_B}:{holder}"] = crypto.share_digest(own, holder, "b", b_share)
+        out[f"{p.HASH_S}:{holder}"] = crypto.share_digest(own, holder, "s", s_share)
         if holder == own:
             state["b:self"], state["s:self"] = b_share, s_share
             continue
         # kept: the same pair decrypts the holder's shares to this node in masked-input
-        key = state[f"k-enc:{holder}"] = enc.agree(_bytes(cfg, f"{p.PK_ENC}:{holder}"))
+        pair = crypto.KeyPair(_bytes(state, f"sk-enc:{holder}"))
+        key = state[f"k-enc:{holder}"] = pair.agree(_bytes(cfg, f"{p.PK_ENC}:{holder}"))
         plaintext = crypto.share_keys_plaintext_concat(own, holder, b_share, s_share)
         out[p.key_of(holder)] = crypto.encrypt(key, plaintext)
     for j in peers:
         state[f"pk-mask:{j}"] = cfg[f"{p.PK_MASK}:{j}"]
     state["b"], state["peers"], state[p.STAGE] = b, peers, p.SHARE_KEYS
     return out
+
+
+def _open(cfg: ConfigRecord, state: ConfigRecord, src: int, own: int) -> tuple[bytes, bytes] | None:
+    """The shares `src` sent this node, or None where they do not open, do not name src -> this
+    node, or are not the shares src hashed: src's fault, which this node reports (`_masked_input`)."""
+    try:
+        got_src, got_dst, b_share, s_share = crypto.share_keys_plaintext_separate(
+            crypto.decrypt(_bytes(state, f"k-enc:{src}"), _bytes(cfg, f"ct:{src}")))
+    except Exception:  # noqa: BLE001 - Fernet's InvalidToken, a short plaintext: all src's doing
+        return None
+    hashed = (crypto.share_digest(src, own, "b", b_share), crypto.share_digest(src, own, "s", s_share))
+    published = (cfg.get(f"{p.HASH_B}:{src}"), cfg.get(f"{p.HASH_S}:{src}"))
+    if (got_src, got_dst) != (src, own) or hashed != published:
+        return None
+    return b_share, s_share
+
+
+def _open_all(cfg: ConfigRecord, state: ConfigRecord, senders: list[int], own: int
+              ) -> tuple[list[int], ConfigRecord]:
+    """(the senders whose shares opened, kept in `state`; the blame of the others: each with
+    this node's key for that pair alone, so the server can check it and learns nothing else)."""
+    blamed = ConfigRecord()
+    for src in senders:
+        opened = _open(cfg, state, src, own)
+        if opened is None:
+            blamed[f"{p.BLAME}:{src}"] = _bytes(state, f"sk-enc:{src}")
+            continue
+        state[f"b:{src}"], state[f"s:{src}"] = opened
+    return [j for j in senders if f"{p.BLAME}:{j}" not in blamed], blamed
 
 
 def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context: Context,
@@ -127,13 +165,10 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     if not set(senders) <= set(_ids(state["peers"])) or len(senders) + 1 < threshold:
         raise ValueError(f"secagg: shares from {len(senders)} peers, not {threshold - 1} or more of "
                          "this node's peers")
-    for src in senders:
-        key = _bytes(state, f"k-enc:{src}")
-        got_src, got_dst, b_share, s_share = crypto.share_keys_plaintext_separate(
-            crypto.decrypt(key, _bytes(cfg, f"ct:{src}")))
-        if (got_src, got_dst) != (src, own):
-            raise ValueError(f"secagg: a share from node {src} names {got_src} -> {got_dst}")
-        state[f"b:{src}"], state[f"s:{src}"] = b_share, s_share
+    senders, blamed = _open_all(cfg, state, senders, own)
+    if len(senders) + 1 < threshold:  # fewer masks than the protocol hides an input behind
+        raise ValueError(f"secagg: shares from nodes {sorted(int(k[6:]) for k in blamed)[:3]} do not "
+                         f"open, leaving {len(senders)} peers, fewer than {threshold - 1}")
     del msg.content[wire.SECAGG]  # the training instruction as any round's
     reply = train(msg, context)
     if reply.has_error():
@@ -149,6 +184,8 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     y = Array(total.astype(fixedpoint.wire_dtype(bits)))
     content = RecordDict({wire.MASKED: ArrayRecord({p.MASKED_ARRAY: y}),
                           wire.METRICS: MetricRecord(metrics)})
+    if blamed:
+        content[wire.SECAGG] = blamed
     return Message(content, reply_to=msg)
 
 

@@ -13,11 +13,19 @@
     masks            the ChaCha20 keystream of a 32-byte key: a cryptographic PRG. Not Flower's
                      `pseudo_rand_gen`, whose NumPy generator is seeded with 32 bits (the key's
                      words XOR-ed together): 2^32 masks, which a curious server can search.
+    blame            what lets the server name the node that sent garbage, never its victim:
+                     a proof that a node holds each public key it signs up with (an HMAC under
+                     X25519 with the round's server key: a copied key fails it), SHA-256 of every
+                     share bound to its owner and holder (a share changed on the way back fails
+                     its owner's hash), and one encryption key per pair of neighbours, so a node
+                     that cannot open a ciphertext hands the server that pair's key alone to
+                     check (it opens nothing else).
 """
 
 from __future__ import annotations
 
 import base64
+import hmac
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes, serialization
@@ -33,7 +41,7 @@ from flwr.common.secure_aggregation.secaggplus_utils import (
 
 __all__ = ["combine_shares", "create_shares", "decrypt", "encrypt", "share_keys_plaintext_concat",
            "share_keys_plaintext_separate", "KeyPair", "mask", "public_key", "expand", "commitment",
-           "SEED_BYTES", "self_mask_key"]
+           "SEED_BYTES", "self_mask_key", "share_digest", "possession", "holds"]
 
 NONCE = b"adaptfl-secagg+\0"  # 16 bytes; every key masks once (fresh keys every round)
 RAW = serialization.Encoding.Raw
@@ -70,11 +78,36 @@ class KeyPair:
     def from_seed(cls, seed: bytes) -> KeyPair:
         return cls(expand(seed, b"adaptfl-secagg+/mask-key"))
 
-    def agree(self, public: bytes) -> bytes:
-        """The 32-byte key this pair shares with `public` (urlsafe base64, as Fernet takes it)."""
+    def agree(self, public: bytes, purpose: bytes | None = None) -> bytes:
+        """The 32-byte key this pair shares with `public` (urlsafe base64, as Fernet takes it);
+        `purpose` derives another, independent one."""
         secret = self._key.exchange(public_key(public))
-        derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=None).derive(secret)
+        derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(secret)
         return base64.urlsafe_b64encode(derived)
+
+
+POSSESSION = b"adaptfl-secagg+/possession"
+
+
+def possession(pair: KeyPair, server_public: bytes, label: bytes) -> bytes:
+    """Proof that whoever signs up with `pair.public` under `label` (round, node, key name)
+    holds its private key: only it and the server can derive the MAC's key."""
+    return hmac.digest(pair.agree(server_public, POSSESSION), label + pair.public, "sha256")
+
+
+def holds(server: KeyPair, public: bytes, label: bytes, proof: bytes) -> bool:
+    """Whether `proof` is `possession` of `public` under `label` (ValueError: not a key)."""
+    expected = hmac.digest(server.agree(public, POSSESSION), label + public, "sha256")
+    return hmac.compare_digest(expected, proof)
+
+
+def share_digest(owner: int, holder: int, kind: str, share: bytes) -> bytes:
+    """SHA-256 of the share of `owner`'s secret (`kind` b or s) that `holder` keeps: published
+    by the owner, so a share that comes back changed names the node that changed it. A share
+    is 16 uniform bytes past its index: its hash gives nothing to search."""
+    digest = hashes.Hash(hashes.SHA256())
+    digest.update(f"adaptfl-secagg+/share/{owner}/{holder}/{kind}/".encode() + share)
+    return digest.finalize()
 
 
 def public_key(data: bytes) -> X25519PublicKey:

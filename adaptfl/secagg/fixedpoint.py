@@ -5,8 +5,10 @@ averaged metrics as one value each), each record's arrays by name. A value x of 
 range c is clipped into [-c, c] and becomes q = floor(x·B/c + U), U uniform in [0, 1): unbiased
 stochastic rounding onto the integers of [-B, B] (integer arrays are sent as they are, clipped
 into [-B, B]). The server picks B each round so that n such vectors, plus dp's noise to ten of
-its standard deviations, sum inside (-2^(m-1), 2^(m-1)): the signed sum never wraps, and its
-value over n is the mean to within c/B per value (the rounding's largest error).
+its standard deviations, sum inside (-2^(m-1-g), 2^(m-1-g)), g = GUARD_BITS: the signed sum
+never wraps, its value over n is the mean to within c/B per value (the rounding's largest
+error), and the ring keeps room outside what honest inputs reach, so that a sum beyond `reach`
+is seen (a lying node's vector), not wrapped back into range.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from adaptfl.privacy.mechanism import shared_records
 METRIC = "value"  # the one array of an averaged metric's record
 MIN_BOUND = 2 ** 8  # fewer steps per value and the mean would be mostly rounding: refused
 NOISE_SIGMAS = 10.0  # headroom for dp's summed noise: P(|N(0,1)| > 10) ≈ 1.5e-23 per value
+# The ring is 2^g times what honest inputs reach: a garbage or shifted vector lands outside that
+# reach on a coordinate with probability 1 - 2^-g, and the server refuses the sum (`reach`);
+# each guard bit doubles c/B, the mean's step (1.9e-8 -> 7.6e-8 at 2^32, 5 nodes, c = 8).
+GUARD_BITS = 2
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,36 @@ def length(slots: list[Slot]) -> int:
 
 def budget(bits: int, sampled: int, noise_std: float = 0.0, rounding: float = 0.0) -> int:
     """B: the largest |q| one node may send, so that `sampled` vectors and their summed noise to
-    NOISE_SIGMAS standard deviations stay inside (-2^(m-1), 2^(m-1)). `noise_std` is the summed
-    noise's std in units of B + `rounding` (dp: z√k, `rounding` the largest √d of a record, as
-    `sensitivity` bounds it): n·B + NOISE_SIGMAS·noise_std·(B + rounding) <= 2^(m-1) - 1."""
-    room = 2 ** (bits - 1) - 1 - NOISE_SIGMAS * noise_std * rounding
+    NOISE_SIGMAS standard deviations stay inside (-2^(m-1-g), 2^(m-1-g)), g = GUARD_BITS.
+    `noise_std` is the summed noise's std in units of B + `rounding` (dp: z√k, `rounding` the
+    largest √d of a record, as `sensitivity` bounds it):
+    n·B + NOISE_SIGMAS·noise_std·(B + rounding) <= 2^(m-1-g) - 1."""
+    room = 2 ** (bits - 1 - GUARD_BITS) - 1 - NOISE_SIGMAS * noise_std * rounding
     return int(room // (sampled + NOISE_SIGMAS * noise_std))
+
+
+def reach(bound: int, count: int, node_noise_std: float) -> float:
+    """The largest |Σq| of one coordinate that `count` honest inputs reach: each |q| <= B, and
+    their summed noise (each node's std `node_noise_std`) to NOISE_SIGMAS standard deviations.
+    Within `budget`'s room whenever count <= sampled."""
+    return count * bound + NOISE_SIGMAS * node_noise_std * math.sqrt(count)
+
+
+def beyond_reach(total: np.ndarray, slots: list[Slot], bound: int, count: int, node_noise_std: float
+                 ) -> str:
+    """Why a decoded sum (int64) cannot be `count` honest inputs' ("" when it can): the first
+    record with a coordinate beyond `reach`, and how many of its coordinates are."""
+    limit = reach(bound, count, node_noise_std)
+    start = 0
+    for record in dict.fromkeys(s.record for s in slots):
+        size = sum(s.size for s in slots if s.record == record)
+        out = int(np.count_nonzero(np.abs(total[start:start + size]) > limit))
+        start += size
+        if out:
+            return (f"secagg+: the unmasked sum of {count} inputs is beyond their reach (|Σq| <= "
+                    f"{count}·B + noise margin = {limit:.6g}) on {out} of {size} coordinates of "
+                    f"{record!r}: a node sent a vector outside its range; refused, never applied")
+    return ""
 
 
 def record_widths(slots: list[Slot]) -> dict[str, float]:

@@ -2,17 +2,22 @@
 round, each a `secagg` ConfigRecord naming its stage:
 
     setup         server -> node: the round, shares s, threshold t, the node's neighbours on a
-                  random ring (s - 1 of them: the k-regular graph); node -> server: two fresh
-                  public keys (one encrypts shares, one derives masks)
+                  random ring (s - 1 of them: the k-regular graph), the round's server key;
+                  node -> server: fresh public keys (one per neighbour to encrypt shares, one to
+                  derive masks), each with a proof that the node holds it
     share-keys    server -> node: its live neighbours' public keys; node -> server: its self-mask
                   seed b and its mask key's seed, each Shamir-shared t-of-s, one share of each
-                  encrypted for each neighbour, and a commitment to b
-    masked-input  server -> node: the round's training instruction and the shares sent to it;
-                  node -> server: y = q + PRG(b) + Σ_j ±PRG(K_ij) mod 2^m (fixedpoint.py's q),
-                  masked with exactly the neighbours whose shares it received
+                  encrypted for each neighbour, the hash of every share (owner, holder), and a
+                  commitment to b
+    masked-input  server -> node: the round's training instruction and the shares sent to it,
+                  with their owners' hashes; node -> server: y = q + PRG(b) + Σ_j ±PRG(K_ij)
+                  mod 2^m (fixedpoint.py's q), masked with exactly the neighbours whose shares it
+                  received and could open, and for each it could not, that pair's private key
+                  (the server checks the blame: the sender's fault or the accuser's)
     unmask        server -> node: which neighbours sent y (whose b-shares it wants) and which
                   did not (whose mask-key shares it wants); an honest node refuses a list that
-                  names one node in both, and answers once per round
+                  names one node in both, and answers once per round; each share is checked
+                  against its owner's hash
 
 The server then rebuilds each live node's b and each dead node's mask key from t shares,
 removes their masks, and has the sum of the live nodes' q; it never holds one node's q alone.
@@ -34,6 +39,10 @@ PK_ENC, PK_MASK = "pk-enc", "pk-mask"
 BOUND, BITS, NOISE_STD, LAYOUT, SEED = "bound", "bits", "noise-std", "layout", "seed"
 ACTIVE, DEAD = "active", "dead"
 COMMIT = "commit-b"  # share-keys reply: SHA-256 of the self-mask seed, checked after rebuilding
+SERVER_KEY = "server-pk"  # setup: the round's server key, which the proofs of possession use
+PROOF = "proof"  # setup reply: proof:<key name> for each public key
+HASH_B, HASH_S = "hb", "hs"  # share-keys reply: hb:<holder>, hs:<holder>, each share's SHA-256
+BLAME = "blame"  # masked-input reply: blame:<sender> = this node's private key for that pair
 MASKED_ARRAY = "y"
 
 
@@ -67,3 +76,13 @@ def add_mask(total: np.ndarray, key: bytes, sign: int, bits: int) -> None:
         total -= m
     if bits < 64:
         total &= np.uint64((1 << bits) - 1)
+
+
+def enc_key(peer: int) -> str:
+    """The setup reply's key name of the public key that encrypts shares to and from `peer`."""
+    return f"{PK_ENC}:{peer}"
+
+
+def label(server_round: int, node: int, name: str) -> bytes:
+    """What a proof of possession binds a key to: the round, the node and the key's name."""
+    return f"adaptfl-secagg+/{server_round}/{node}/{name}/".encode()

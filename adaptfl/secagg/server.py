@@ -1,7 +1,8 @@
 """The server's side of SecAgg+ (protocol.py): one round's four exchanges over a Flower Grid,
 and the unmasked sum. A node that errs, is late or answers out of contract drops out (with its
 reason); the round goes on while every secret it needs has t shares, and otherwise ends with a
-reason and no sum (SecureRefused): never a wrong sum.
+reason and no sum (SecureRefused): never a wrong sum. A sum that no inputs in range could have
+made (fixedpoint.beyond_reach) is refused too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from adaptfl.core import wire
-from adaptfl.secagg import crypto, fixedpoint
+from adaptfl.secagg import blame, crypto, fixedpoint
 from adaptfl.secagg import protocol as p
 
 
@@ -56,6 +57,18 @@ class SecAggServer:
         self.noise_std, self.timeout, self.round = noise_std, timeout, server_round
         self.seed = seed
         self.out = SecureRound()
+        # the round's state, stage by stage
+        self.neighbours: dict[int, set[int]] = {}
+        self.server_key = crypto.KeyPair()  # fresh each round: the proofs of possession use it
+        self.enc: dict[int, dict[int, bytes]] = {}  # node -> peer -> its key for that pair
+        self.mask_keys: dict[int, bytes] = {}
+        self.sealed: dict[int, dict[int, bytes]] = {}  # sender -> receiver -> ciphertext
+        self.digests: dict[int, blame.Digests] = {}  # owner -> (kind, holder) -> share's hash
+        self.commits: dict[int, bytes] = {}  # sender -> H(b)
+        self.masked: dict[int, np.ndarray] = {}
+        self.masked_with: dict[int, set[int]] = {}  # node -> the peers whose masks are in its y
+        self.spoilers: list[int] = []  # nodes that returned a share other than the one they got
+        self.length = 0
 
     # --- the exchanges ---------------------------------------------------------------------------
     def _exchange(self, grid: Grid, contents: dict[int, RecordDict], stage: str
@@ -90,14 +103,14 @@ class SecAggServer:
     def _config(self, stage: str, values: dict[str, Any]) -> RecordDict:
         return RecordDict({wire.SECAGG: ConfigRecord({p.STAGE: stage, p.ROUND: self.round, **values})})
 
-    def _prune(self, alive: set[int], neighbours: dict[int, set[int]], stage: str) -> set[int]:
+    def _prune(self, alive: set[int], stage: str) -> set[int]:
         """Drop nodes left with fewer than t - 1 live neighbours (their secrets could not be
         rebuilt), until none is; refuse the round below 3 nodes (a sum of two is each one's)."""
         changed = True
         while changed:
             changed = False
             for node in sorted(alive):
-                if len(neighbours[node] & alive) + 1 < self.threshold:
+                if len(self.neighbours[node] & alive) + 1 < self.threshold:
                     alive.discard(node)
                     self.out.dropped.setdefault(node, f"{stage}: fewer than {self.threshold - 1} live "
                                                 "neighbours")
@@ -108,102 +121,152 @@ class SecAggServer:
 
     def run(self, grid: Grid, nodes: list[int], instruction: RecordDict, layout: list[fixedpoint.Slot],
             clips: dict[str, float], admit: Admit | None = None) -> SecureRound:
-        """The round's sum; `admit(metrics by node)` names the masked replies to drop (their
-        plain metrics checked, partitions bound) before anything is unmasked."""
+        """The round's sum, one function per stage of protocol.py's table; `admit(metrics by
+        node)` names the masked replies to drop (their plain metrics checked, partitions bound)
+        before anything is unmasked."""
         if len(nodes) < 3:
             raise SecureRefused(f"secagg+: {len(nodes)} sampled nodes; a sum needs 3 or more")
-        neighbours = p.ring_neighbours(nodes, self.shares, self.seed)
-        # 1. setup: fresh keys
+        self.neighbours = p.ring_neighbours(nodes, self.shares, self.seed)
+        alive = self._setup(grid, nodes)
+        alive = self._share_keys(grid, alive)
+        live = self._masked_input(grid, alive, instruction, layout, clips, admit)
+        total = fixedpoint.from_ring(self._unmask(grid, live, alive - live), self.bits)
+        why = fixedpoint.beyond_reach(total, layout, self.bound, len(live), self.noise_std)
+        if why:  # what no len(live) inputs in range reach: a node lied about its input
+            raise SecureRefused(why)
+        self.out.total, self.out.live = total, sorted(live)
+        return self.out
+
+    # --- the stages ------------------------------------------------------------------------------
+    def _setup(self, grid: Grid, nodes: list[int]) -> set[int]:
+        """Fresh keys, each proven held (blame.py). Drops: no reply, an error, a key missing,
+        not an X25519 key or without its proof, a key two nodes prove or one node twice."""
+        self.server_key = crypto.KeyPair()
         replies = self._exchange(grid, {n: self._config(p.SETUP, {
-            p.SHARES: self.shares, p.THRESHOLD: self.threshold,
-            p.NEIGHBOURS: sorted(neighbours[n])}) for n in nodes}, p.SETUP)
-        keys: dict[int, tuple[bytes, bytes]] = {}
+            p.SHARES: self.shares, p.THRESHOLD: self.threshold, p.SERVER_KEY: self.server_key.public,
+            p.NEIGHBOURS: sorted(self.neighbours[n])}) for n in nodes}, p.SETUP)
         for node, content in replies.items():
-            rec = content.config_records.get(wire.SECAGG, ConfigRecord())
-            try:
-                pair = (bytes(rec[p.PK_ENC]), bytes(rec[p.PK_MASK]))  # type: ignore[arg-type]
-                crypto.public_key(pair[0]), crypto.public_key(pair[1])
-            except (KeyError, TypeError, ValueError):
-                self._drop(node, "setup: no valid public keys")
+            got = blame.signed_up_keys(content.config_records.get(wire.SECAGG, ConfigRecord()), node,
+                                       self.neighbours[node], self.server_key, self.round)
+            if isinstance(got, str):
+                self._drop(node, f"setup: {got}")
                 continue
-            keys[node] = pair
-        alive = self._prune(set(keys), neighbours, p.SETUP)
-        # 2. share keys
+            self.enc[node], self.mask_keys[node] = got
+        for node, why in blame.shared_keys({n: [*self.enc[n].values(), self.mask_keys[n]]
+                                            for n in self.enc}).items():
+            self._drop(node, why)
+            del self.enc[node], self.mask_keys[node]
+        return self._prune(set(self.enc), p.SETUP)
+
+    def _share_keys(self, grid: Grid, alive: set[int]) -> set[int]:
+        """The encrypted shares, each share's hash and the commitment to b. Drops: not one
+        ciphertext per live neighbour, a hash per share and a commitment."""
         replies = self._exchange(grid, {n: self._config(p.SHARE_KEYS, {
-            **{f"{p.PK_ENC}:{j}": keys[j][0] for j in neighbours[n] & alive},
-            **{f"{p.PK_MASK}:{j}": keys[j][1] for j in neighbours[n] & alive}}) for n in sorted(alive)},
-            p.SHARE_KEYS)
-        sealed: dict[int, dict[int, bytes]] = {}  # sender -> receiver -> ciphertext
-        commits: dict[int, bytes] = {}  # sender -> SHA-256 of its self-mask seed
+            **{f"{p.PK_ENC}:{j}": self.enc[j][n] for j in self.neighbours[n] & alive},
+            **{f"{p.PK_MASK}:{j}": self.mask_keys[j] for j in self.neighbours[n] & alive}})
+            for n in sorted(alive)}, p.SHARE_KEYS)
         for node, content in replies.items():
             rec = content.config_records.get(wire.SECAGG, ConfigRecord())
-            expected = {p.key_of(j) for j in neighbours[node] & alive} | {p.COMMIT}
-            if set(rec) != expected or not all(isinstance(v, bytes) for v in rec.values()):
-                self._drop(node, "share-keys: not one encrypted share per live neighbour and a commitment")
+            peers = self.neighbours[node] & alive
+            hashes = {(kind, h): f"{name}:{h}" for h in peers | {node}
+                      for kind, name in (("b", p.HASH_B), ("s", p.HASH_S))}
+            if set(rec) != {p.key_of(j) for j in peers} | set(hashes.values()) | {p.COMMIT} \
+                    or not all(isinstance(v, bytes) for v in rec.values()):
+                self._drop(node, "share-keys: not one encrypted share per live neighbour, a hash per "
+                                 "share and a commitment")
                 continue
-            commits[node] = bytes(rec[p.COMMIT])  # type: ignore[arg-type]
-            sealed[node] = {int(k): bytes(v) for k, v in rec.items() if k != p.COMMIT}  # type: ignore[arg-type]
-        alive = self._prune(set(sealed), neighbours, p.SHARE_KEYS)
-        shared = set(alive)  # U2: nodes whose shares went out; their masks are in their peers' y
-        # 3. masked input, with the training instruction
+            self.commits[node] = bytes(rec[p.COMMIT])  # type: ignore[arg-type]
+            self.sealed[node] = {j: bytes(rec[p.key_of(j)]) for j in peers}  # type: ignore[arg-type]
+            self.digests[node] = {k: bytes(rec[name]) for k, name in hashes.items()}  # type: ignore[arg-type]
+        return self._prune(set(self.sealed), p.SHARE_KEYS)  # U2: their masks are in their peers' y
+
+    def _masked_input(self, grid: Grid, alive: set[int], instruction: RecordDict,
+                      layout: list[fixedpoint.Slot], clips: dict[str, float], admit: Admit | None
+                      ) -> set[int]:
+        """y with the training instruction. Drops: a malformed y, no metrics, a reply `admit`
+        refuses (before anything is unmasked: a reply refused afterwards stays in the sum), the
+        node a blame names at fault (the sender of garbage, or its false accuser)."""
         setup: dict[str, Any] = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std,
-                                 p.SEED: self.seed,
-                 p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
-                 **{f"clip:{r}": c for r, c in clips.items()}}
+                                 p.SEED: self.seed, p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
+                                 **{f"clip:{r}": c for r, c in clips.items()}}
         contents = {}
         for n in sorted(alive):
             content = RecordDict(dict(instruction))
-            content[wire.SECAGG] = ConfigRecord({p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
-                                                 **{f"ct:{j}": sealed[j][n] for j in neighbours[n] & alive}})
+            senders = self.neighbours[n] & alive
+            content[wire.SECAGG] = ConfigRecord({
+                p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
+                **{f"ct:{j}": self.sealed[j][n] for j in senders},
+                **{f"{p.HASH_B}:{j}": self.digests[j][("b", n)] for j in senders},
+                **{f"{p.HASH_S}:{j}": self.digests[j][("s", n)] for j in senders}})
             contents[n] = content
         replies = self._exchange(grid, contents, p.MASKED_INPUT)
-        length, masked = fixedpoint.length(layout), {}
+        self.length = fixedpoint.length(layout)
         for node, content in replies.items():
-            why = self._check_masked(content, length)
+            why = self._check_masked(content, self.length)
             if why:
                 self._drop(node, f"masked-input: {why}")
                 continue
-            masked[node] = content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
+            self.masked[node] = content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
             self.out.metrics[node] = dict(content.metric_records[wire.METRICS])
-        for node, why in (admit(self.out.metrics) if admit is not None else {}).items():
-            self._drop(node, f"masked-input: {why}")
-            masked.pop(node, None)
-        live = self._prune(set(masked), neighbours, p.MASKED_INPUT)
+        faults = self._judge(replies, alive)
+        refused = admit(self.out.metrics) if admit is not None else {}
+        for node, why in {**{n: f"masked-input: {w}" for n, w in refused.items()}, **faults}.items():
+            self._drop(node, why)
+            self.masked.pop(node, None)
+        live = self._prune(set(self.masked), p.MASKED_INPUT)
         self.out.metrics = {n: m for n, m in self.out.metrics.items() if n in live}
-        dead = shared - live
-        # 4. unmask
+        return live
+
+    def _judge(self, replies: dict[int, RecordDict], alive: set[int]) -> dict[int, str]:
+        """Each blame checked (blame.at_fault): {node at fault: why}; and each node's masked-with,
+        its live-at-share-keys neighbours but those it blamed."""
+        faults: dict[int, str] = {}
+        for node in alive:
+            rec = replies[node].config_records.get(wire.SECAGG, ConfigRecord()) if node in replies \
+                else ConfigRecord()
+            blamed = {int(k[len(p.BLAME) + 1:]): v for k, v in rec.items()
+                      if k.startswith(p.BLAME + ":") and k[len(p.BLAME) + 1:].isdigit()}
+            for accused, private in sorted(blamed.items()):
+                culprit, why = blame.at_fault(node, accused, private, self.enc, self.sealed, self.digests)
+                faults.setdefault(culprit, why)
+            self.masked_with[node] = (self.neighbours[node] & alive) - set(blamed)
+        return faults
+
+    def _unmask(self, grid: Grid, live: set[int], dead: set[int]) -> np.ndarray:
+        """Each live node's b and each dead node's mask key from t shares, each share checked
+        against its owner's hash (a changed one names its holder, whose shares are then not
+        used), each secret against its commitment; the masks removed. Refused: fewer than t
+        good shares, a secret that fails its commitment (its owner named; never a wrong sum)."""
         replies = self._exchange(grid, {n: self._config(p.UNMASK, {
-            p.ACTIVE: sorted((neighbours[n] & live) | {n}),
-            p.DEAD: sorted(neighbours[n] & dead)}) for n in sorted(live)}, p.UNMASK)
-        b_shares: dict[int, list[bytes]] = {n: [] for n in live}
-        s_shares: dict[int, list[bytes]] = {n: [] for n in dead}
-        for node, content in replies.items():
-            rec = content.config_records.get(wire.SECAGG, ConfigRecord())
-            for k, v in rec.items():
-                kind, _, of = k.partition(":")
-                target = b_shares if kind == "b" else s_shares if kind == "s" else None
-                holds = of.isdigit() and (int(of) == node or int(of) in neighbours[node])  # its shares only
-                if target is not None and holds and int(of) in target and isinstance(v, bytes):
-                    target[int(of)].append(v)
-        total = np.zeros(length, dtype=np.uint64)
+            p.ACTIVE: sorted((self.neighbours[n] & live) | {n}),
+            p.DEAD: sorted(self.neighbours[n] & dead & self.masked_with[n])})
+            for n in sorted(live)}, p.UNMASK)
+        records = {n: c.config_records.get(wire.SECAGG, ConfigRecord()) for n, c in replies.items()}
+        shares, bad = blame.returned_shares(records, {"b": live, "s": dead},
+                                            {n: self.neighbours[n] | {n} for n in records}, self.digests)
+        for holder, why in bad.items():  # its y is in the sum already: named, its changed shares unused
+            self._drop(holder, why)
+        self.spoilers = sorted(bad)
+        total = np.zeros(self.length, dtype=np.uint64)
         for node in sorted(live):
-            total += masked[node]
+            total += self.masked[node]
         for node in sorted(live):  # remove each live node's self mask
-            seed = self._rebuild(b_shares[node], node, "self-mask seed")
-            if crypto.commitment(seed) != commits[node]:  # a spoiled share: refuse, never a wrong sum
-                raise SecureRefused(f"secagg+: node {node}'s self-mask seed does not match its commitment")
+            seed = self._rebuild(shares["b"][node], node, "self-mask seed")
+            if crypto.commitment(seed) != self.commits[node]:
+                raise SecureRefused(f"secagg+: node {node}'s self-mask seed, rebuilt from shares that match "
+                                    "its own hashes, does not match its commitment")
             p.add_mask(total, crypto.self_mask_key(seed), -1, self.bits)
         for node in sorted(dead):  # and the masks live peers shared with a node that vanished
-            peers = neighbours[node] & live
+            peers = {q for q in self.neighbours[node] & live if node in self.masked_with[q]}
             if not peers:
                 continue
-            secret = crypto.KeyPair.from_seed(self._rebuild(s_shares[node], node, "mask key"))
-            if secret.public != keys[node][1]:  # its public key is the mask seed's commitment
-                raise SecureRefused(f"secagg+: node {node}'s mask key does not match its public key")
+            secret = crypto.KeyPair.from_seed(self._rebuild(shares["s"][node], node, "mask key"))
+            if secret.public != self.mask_keys[node]:  # its public key is the mask seed's commitment
+                raise SecureRefused(f"secagg+: node {node}'s mask key, rebuilt from shares that match its "
+                                    "own hashes, does not match its public key")
             for peer in sorted(peers):
-                p.add_mask(total, secret.agree(keys[peer][1]), -p.pair_sign(peer, node), self.bits)
-        self.out.total, self.out.live = fixedpoint.from_ring(total, self.bits), sorted(live)
-        return self.out
+                p.add_mask(total, secret.agree(self.mask_keys[peer]), -p.pair_sign(peer, node), self.bits)
+        return total
 
     def _check_masked(self, content: RecordDict, length: int) -> str:
         arrays = content.array_records
@@ -218,12 +281,15 @@ class SecAggServer:
 
     def _rebuild(self, shares: list[bytes], node: int, what: str) -> bytes:
         if len(shares) < self.threshold:
-            raise SecureRefused(f"secagg+: node {node}'s {what} has {len(shares)} of the "
-                                f"{self.threshold} shares it needs; the round is not unmasked")
+            spoilt = f"; nodes {self.spoilers} returned changed shares" if self.spoilers else ""
+            raise SecureRefused(f"secagg+: node {node}'s {what} has {len(shares)} of the {self.threshold} "
+                                f"shares it needs (each as its owner hashed it){spoilt}; the round is not "
+                                "unmasked")
         try:  # checked by the caller against the node's commitment
             return crypto.combine_shares(shares[:self.threshold])
-        except ValueError:
-            raise SecureRefused(f"secagg+: node {node}'s {what} does not rebuild from its shares") from None
+        except ValueError:  # every share matched node's own hash: node shared no secret
+            raise SecureRefused(f"secagg+: node {node}'s {what} does not rebuild from the shares it "
+                                "hashed") from None
 
 
 def ring_seed(seed: int, server_round: int) -> int:

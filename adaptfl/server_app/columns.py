@@ -60,9 +60,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "local-steps": ("both", "local-epochs: the clients' mean K (each ran ceil(E·rows/batch-size) "
                     "steps; the server divides each reply by its own)"),
     "step-path": ("both", "the local-step paths the accepted replies took: native, eager, cuda, "
-                  "cohort-vmap or cohort-loop (python -m adaptfl.engine --cohort: the clients' steps "
-                  "stacked, their gradients by vmap or client by client), or e.g. eager+native where "
-                  "they differ"),
+                  "cohort-grouped, cohort-vmap or cohort-loop (python -m adaptfl.engine --cohort: "
+                  "the clients' steps stacked, their gradients by one grouped model, by vmap or "
+                  "client by client), or e.g. eager+native where they differ"),
     "cohort-size": ("both", "python -m adaptfl.engine --cohort: the most clients whose steps ran "
                     "stacked together this round; absent one client at a time"),
     "replies-sampled": ("both", "nodes sampled this round"),
@@ -84,6 +84,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "bytes-up": ("both", "bytes of the accepted replies' records as they came over the wire"),
     "compression-ratio": ("both", "with a lossy codec: the round's bytes (both directions, the model "
                           "included) at fp32 over its bytes on the wire; absent under fp32"),
+    "codec-warmup": ("both", "with codec-warmup=R: 1 in rounds 1..R (every shared record at "
+                     "codec-warmup-codec), 0 after; absent without"),
     "ef-residual-norm": ("both", "with error feedback (+ef): the clients' mean ‖residual‖ after their "
                          "reply (what is still to be sent)"),
     "skipped": ("both", "true when the round changed nothing (too few replies, or the round refused)"),

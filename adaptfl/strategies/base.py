@@ -108,9 +108,10 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
             sampling_rng=torch.Generator().manual_seed(self.cfg.federation.seed).get_state())
         check_domains(self.cfg.compression, self.contract().domains)  # before round 1
 
-    def contract(self) -> Contract:
+    def contract(self, server_round: int | None = None) -> Contract:
+        """The algorithm's contract; with `server_round`, the replies of that round (v-sync-every)."""
         assert self.spec is not None, "initialize() first"
-        return self.cfg.algorithm.contract(self.spec)
+        return self.cfg.algorithm.contract(self.spec, server_round)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
@@ -204,7 +205,9 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
         train_config["server-round"] = server_round  # as Flower's FedAvg does
         content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
                               wire.CONFIG: train_config})
-        compression = cfg.compression
+        compression = cfg.compression.for_round(server_round)  # codec-warmup: dense in rounds 1..R
+        if self.state.server_round < cfg.compression.codec_warmup < server_round:
+            self._as_broadcast(self.state, server_round)  # rounds skipped across the warm-up's end
         for name, tensors in self.payload().items():  # as committed: re-encoding gives the same codes
             content[name] = ArrayRecord(compression.of(name).encode(tensors, compression.codec_block))
         return content
@@ -220,6 +223,8 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
                         self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent
         content = self.instruction(server_round, config, len(nodes))
         self.report = RoundReport(sampled=len(nodes))
+        if self.cfg.compression.codec_warmup:  # the row says which codecs ran
+            self.report.codec_warmup = server_round <= self.cfg.compression.codec_warmup
         self._count_down(content, len(nodes))
         messages = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
                     for node in nodes]
@@ -249,7 +254,7 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         assert self.state is not None and self.spec is not None
-        result = self.aggregate_accepted(server_round, [r for _, r in self._accept(replies)])
+        result = self.aggregate_accepted(server_round, [r for _, r in self._accept(replies, server_round)])
         if self.skip_guard is not None:  # under start(); adaptfl's loop keeps its own guard
             private = self.cfg.privacy.on  # under dp the abort names no node (release.py)
             self.skip_guard.after_round(server_round, self.report.skipped, self.report.skip_reason,
@@ -335,17 +340,19 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
         new = self.state.clone()
         new.server_round, new.model = server_round, agg.model
         new.extras.update({**moments, **agg.new_extras, **combine.slots()})
-        self._as_broadcast(new)
+        self._as_broadcast(new, server_round + 1)
         if self.screen_reference:  # for the next lone reply (screen.py)
             new.extras[HISTORY] = reference_record(self.screen_reference)
         new.ownership = self.ownership_next  # the round's partition claims (ownership.py)
         check_state(new, self.contract(), algorithm)
         return new, agg
 
-    def _as_broadcast(self, state: ServerState) -> None:
-        """The records the server sends, as its codecs deliver them: the server keeps what its
-        clients decode, bit for bit (values whose re-encoding decodes to themselves: Codec.settled)."""
-        compression, server_round = self.cfg.compression, state.server_round
+    def _as_broadcast(self, state: ServerState, next_round: int) -> None:
+        """The records the server sends in `next_round`, as its codecs deliver them: the server
+        keeps what its clients decode, bit for bit (values whose re-encoding decodes to
+        themselves: Codec.settled; so a kept record, v̄ in a round without v, settles to itself)."""
+        server_round = state.server_round
+        compression = self.cfg.compression.for_round(next_round)  # codec-warmup ends at a round
         for name in self.contract().down:
             codec = compression.of(name)
             if not codec.lossless and name in state.extras:
@@ -389,6 +396,8 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
             "bytes-down": self.report.bytes_down,
             "bytes-up": self.report.bytes_up,
         }
+        if self.report.codec_warmup is not None:
+            self.report.metrics["codec-warmup"] = float(self.report.codec_warmup)
         wire_bytes = self.report.bytes_down + self.report.bytes_up
         if wire_bytes and not self.cfg.compression.lossless:
             self.report.metrics["compression-ratio"] = self.report.fp32_bytes / wire_bytes

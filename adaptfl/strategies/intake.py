@@ -64,20 +64,20 @@ class ReplyIntake:
     ownership_next: Ownership  # the partition ledger after this round's claims, committed likewise
     partition_sizes: list[int] | None  # where the server knows the partitioning (AdaptiveStrategy)
 
-    def contract(self) -> Contract:  # AdaptiveStrategy's
+    def contract(self, server_round: int | None = None) -> Contract:  # AdaptiveStrategy's
         raise NotImplementedError
 
-    def reply_codecs(self) -> Codecs:
-        """Each reply record's codec (adaptfl/codec/), and the block size."""
+    def reply_codecs(self, server_round: int = 1) -> Codecs:
+        """Each reply record's codec in that round (adaptfl/codec/; codec-warmup), and the block size."""
         assert self.spec is not None
-        compression = self.cfg.compression
+        compression = self.cfg.compression.for_round(server_round)
         return {name: compression.of(name) for name in self.contract().reply_spec(self.spec)}, \
             compression.codec_block
 
-    def wire_reply_spec(self) -> dict[str, ArraySpec]:
+    def wire_reply_spec(self, server_round: int = 1) -> dict[str, ArraySpec]:
         """The reply's records as they come over the wire (encoded), what the size bound counts."""
         assert self.spec is not None
-        codecs, block = self.reply_codecs()
+        codecs, block = self.reply_codecs(server_round)
         return {name: codecs[name].record_spec(spec, block)
                 for name, spec in self.contract().reply_spec(self.spec).items()}
 
@@ -102,12 +102,12 @@ class ReplyIntake:
         if meta.message_type != MessageType.TRAIN:
             raise ReplyRejected(f"message type {meta.message_type!r}, expected {MessageType.TRAIN!r}")
 
-    def _accept(self, replies: Iterable[Message]) -> list[tuple[int, DecodedReply]]:
+    def _accept(self, replies: Iterable[Message], server_round: int) -> list[tuple[int, DecodedReply]]:
         """The round's replies that count, in summation order: grouped by the node they answer
-        for, each decoded against the contract, partition ids bound, screened, then each one's
-        weighted contribution clipped (`_clip`)."""
+        for, each decoded against the round's contract, partition ids bound, screened, then each
+        one's weighted contribution clipped (`_clip`)."""
         by_node = self._by_node(replies)
-        accepted = self._decode_all(by_node)
+        accepted = self._decode_all(by_node, server_round)
         assert self.state is not None
         for node, why in self._bind(accepted).items():
             accepted.pop(node)
@@ -167,17 +167,20 @@ class ReplyIntake:
                                    for node, msgs in by_node.items())
         return by_node
 
-    def _decode_all(self, by_node: Mapping[int | None, list[Message]]) -> dict[int, DecodedReply]:
+    def _decode_all(self, by_node: Mapping[int | None, list[Message]], server_round: int
+                    ) -> dict[int, DecodedReply]:
         contract = self.contract()
         assert self.spec is not None
-        expected = contract.reply_spec(self.spec)
+        # this round's records: a reply with v in a round without it is refused (v-sync-every)
+        expected = self.contract(server_round).reply_spec(self.spec)
         domains = reply_domains(contract, self.cfg.privacy)  # dp='client': noised, then projected
         metrics = metric_domains(contract, self.cfg.privacy)
-        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, self.wire_reply_spec())
+        max_bytes = reply_bound(self.cfg.federation.max_reply_mb, self.wire_reply_spec(server_round))
+        codecs = self.reply_codecs(server_round)
         accepted: dict[int, DecodedReply] = {}
         for node, msgs in by_node.items():
             try:
-                decoded = self._decode_one(node, msgs, expected, max_bytes, domains, metrics)
+                decoded = self._decode_one(node, msgs, expected, max_bytes, domains, metrics, codecs)
             except ReplyRejected as why:
                 self._reject("unknown" if node is None else str(node), str(why))
                 continue
@@ -193,7 +196,7 @@ class ReplyIntake:
         return accepted
 
     def _decode_one(self, node: int | None, msgs: list[Message], expected, max_bytes: int,  # noqa: ANN001
-                    domains, metrics) -> DecodedReply:  # noqa: ANN001
+                    domains, metrics, codecs: Codecs) -> DecodedReply:  # noqa: ANN001
         if node is None:
             raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
                                 "instruction of this round")
@@ -202,7 +205,7 @@ class ReplyIntake:
         self._check_identity(node, msgs[0])
         self.report.latency[str(node)] = self._latency(node, msgs[0])
         return decode_reply(msgs[0], expected, max_bytes, self.contract().up_metrics, domains, metrics,
-                            detail_level(self.cfg.privacy.on), self.reply_codecs())
+                            detail_level(self.cfg.privacy.on), codecs)
 
     def _squared(self) -> set[str]:
         """The records compared by the square root of their norm (v ≥ 0, PSD statistics)."""

@@ -94,6 +94,7 @@ class RoundReport:
     clipped: int = 0  # replies pulled back to the contribution bound (max-contribution-ratio)
     latency: dict[str, float] = field(default_factory=dict)  # node -> seconds to its reply
     metrics: dict[str, float] = field(default_factory=dict)
+    codec_warmup: bool | None = None  # with codec-warmup: whether this round ran the warm-up codecs
     # partition id (node id for a reply without one) -> where each accepted reply's client ran
     # and its state came from ("ray-node" as 12 hex digits, "client-state" and
     # "local-state-source" 0/1/2, "peak-memory-mb", "step-path" by name), for replies that report

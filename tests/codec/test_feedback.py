@@ -86,7 +86,7 @@ def test_the_first_reply_starts_from_zero_and_the_second_adds_the_residual() -> 
     store = KeepingStore()
     first = _dyadic(1)
     out, _ = encode_reply({wire.DELTA: first}, compression, store, lambda name: None)
-    assert store.loads[0] == (RESIDUAL, {"delta/w": (3, 7), "delta/b": (5,)})
+    assert store.loads[0] == (RESIDUAL, {})  # every record's; each checked on its own (below)
     assert torch.equal(_decoded(compression, wire.DELTA, out[wire.DELTA])["w"],
                        compression.of(wire.DELTA).round_trip(first, 64)["w"])  # C(x + 0)
     kept = store.saved[RESIDUAL]["delta/w"].clone()
@@ -130,3 +130,39 @@ def test_integer_arrays_pass_through_and_get_no_residual() -> None:
                           lambda name: None)
     assert torch.equal(out[wire.DELTA]["n"], steps)
     assert set(store.saved[RESIDUAL]) == {"delta/w"}
+
+
+def test_a_record_left_out_of_a_reply_keeps_its_residual_and_the_others_go_on() -> None:
+    """v with error feedback sent in rounds 1 and 3 only (v-sync-every=2): round 2 feeds Δ's
+    residual back and keeps v's as it was; round 3 adds v's round-1 residual to v."""
+    compression = Compression.build({"codec": "int8+ef", "codec-block": 8})
+    store = KeepingStore()
+    v = {n: t.abs() for n, t in _dyadic(9).items()}
+    encode_reply({wire.DELTA: _dyadic(1), wire.V_LOCAL: v}, compression, store, lambda name: None)
+    after_1 = {k: t.clone() for k, t in store.saved[RESIDUAL].items()}
+    second = _dyadic(2)
+    out, _ = encode_reply({wire.DELTA: second}, compression, store, lambda name: None)
+    target = {n: (second[n].double() + after_1[f"delta/{n}"]).float() for n in SHAPES}
+    assert all(torch.equal(_decoded(compression, wire.DELTA, out[wire.DELTA])[n],
+                           compression.of(wire.DELTA).round_trip(target, 8)[n]) for n in SHAPES)
+    assert all(torch.equal(store.saved[RESIDUAL][f"v/{n}"], after_1[f"v/{n}"]) for n in SHAPES)
+    out, _ = encode_reply({wire.DELTA: _dyadic(3), wire.V_LOCAL: v}, compression, store, lambda name: None)
+    target = {n: (v[n].double() + after_1[f"v/{n}"]).float() for n in SHAPES}
+    assert all(torch.equal(_decoded(compression, wire.V_LOCAL, out[wire.V_LOCAL])[n],
+                           compression.of(wire.V_LOCAL).round_trip(target, 8)[n]) for n in SHAPES)
+
+
+def test_a_records_mis_shaped_residual_starts_from_zero_alone() -> None:
+    compression = Compression.build({"codec": "int8+ef", "codec-block": 8})
+    store = KeepingStore()
+    v = {n: t.abs() for n, t in _dyadic(9).items()}
+    encode_reply({wire.DELTA: _dyadic(1), wire.V_LOCAL: v}, compression, store, lambda name: None)
+    kept_delta = {n: store.saved[RESIDUAL][f"delta/{n}"].clone() for n in SHAPES}
+    store.saved[RESIDUAL]["v/w"] = torch.zeros(2, 2, dtype=F64)  # another model's shape
+    second = _dyadic(2)
+    out, _ = encode_reply({wire.DELTA: second, wire.V_LOCAL: v}, compression, store, lambda name: None)
+    delta_target = {n: (second[n].double() + kept_delta[n]).float() for n in SHAPES}
+    assert all(torch.equal(_decoded(compression, wire.DELTA, out[wire.DELTA])[n],
+                           compression.of(wire.DELTA).round_trip(delta_target, 8)[n]) for n in SHAPES)
+    assert all(torch.equal(_decoded(compression, wire.V_LOCAL, out[wire.V_LOCAL])[n],
+                           compression.of(wire.V_LOCAL).round_trip(v, 8)[n]) for n in SHAPES)  # C(v + 0)

@@ -16,7 +16,6 @@ from adaptfl.engine import __main__ as engine_cli
 from adaptfl.engine.cohort import CohortGrid
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update import native
-from adaptfl.local_update.reference import supports
 from adaptfl.server_app import outputs
 from adaptfl.server_app.loop import run_federated
 from tests.support.run_outputs import die_before_checkpoint, metric_rows
@@ -60,10 +59,9 @@ def _client_side(name: str) -> tuple:
     return (a.preconditioner, a.correction, a.trust, a.moments, a.sharing, a.terms, a.local_state)
 
 
-# one algorithm per client-side composition that the batched reference steps (FedAvgM, FedAdam,
-# FedYogi, … run FedAvg's clients; Muon's and SOAP's train one at a time: the last test below)
-CLIENT_SIDES = sorted({_client_side(n): n for n in sorted(catalog(), reverse=True)
-                       if supports(catalog()[n].preconditioner, catalog()[n].trust)}.values())
+# one algorithm per client-side composition (FedAvgM, FedAdam, FedYogi, … run FedAvg's clients):
+# the reference step for the elementwise rules, each client's own step for Muon's and SOAP's
+CLIENT_SIDES = sorted({_client_side(n): n for n in sorted(catalog(), reverse=True)}.values())
 
 
 @pytest.mark.slow
@@ -75,9 +73,9 @@ def test_every_algorithm_ends_on_the_one_at_a_time_model(algorithm: str, tmp_pat
     assert [r["replies-accepted"] for r in rows] == [r["replies-accepted"] for r in alone_rows] == [3, 3, 3]
 
 
-@pytest.mark.parametrize("algorithm,form,ran", [
-    ("fedact", "vmap", "vmap"), ("fedact", "loop", "loop"), ("scaffold", "auto", "vmap"),
-    ("fedprox", "auto", "loop")])  # FedProx adds a loss term: its gradients go client by client
+@pytest.mark.parametrize("algorithm,form,ran", [  # FedProx adds a loss term: the loop
+    ("fedact", "vmap", "vmap"), ("fedact", "loop", "loop"), ("fedact", "grouped", "grouped"),
+    ("scaffold", "auto", "grouped"), ("fedprox", "auto", "loop")])
 def test_the_forms_end_on_the_one_at_a_time_model(algorithm: str, form: str, ran: str, tmp_path) -> None:
     alone, alone_rows = _run(_config(algorithm, tmp_path, "alone"), None)
     together, rows = _run(_config(algorithm, tmp_path, "cohort"), 3, form)
@@ -87,6 +85,16 @@ def test_the_forms_end_on_the_one_at_a_time_model(algorithm: str, form: str, ran
     for mine, theirs in zip(rows, alone_rows, strict=True):  # the clients' metrics too
         for key in ("train-loss", "pos-ratio", "top-mass"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("form", ["grouped", "vmap"])
+def test_a_convolution_in_a_batched_form_ends_on_the_one_at_a_time_model(form: str, tmp_path) -> None:
+    """The float64 task read as an image: the grouped form's grouped convolution, and vmap's."""
+    model = {"model": f"{TASK}:build_cnn"}
+    alone, _ = _run(_config("scaffold", tmp_path, "alone", **model), None)
+    together, rows = _run(_config("scaffold", tmp_path, "cohort", **model), 3, form)
+    _assert_same_models(alone, together)
+    assert {r["step-path"] for r in rows} == {f"cohort-{form}"}
 
 
 def test_a_client_stream_does_not_depend_on_the_cohort_size(tmp_path) -> None:
@@ -113,16 +121,28 @@ def test_a_resumed_cohort_run_equals_an_uninterrupted_one_at_a_time(tmp_path, mo
     _assert_same_models(alone, resumed)
 
 
-def test_a_rule_without_a_batched_step_trains_one_at_a_time_and_says_so(tmp_path, caplog) -> None:
+def test_a_rule_without_a_batched_step_shares_the_gradients_and_steps_itself(tmp_path, caplog) -> None:
+    """Muon's per-tensor rule: the gradients batched (grouped), each client's own Muon step."""
     caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
     alone, _ = _run(_config("local-muon", tmp_path, "alone"), None)
     together, rows = _run(_config("local-muon", tmp_path, "cohort"), 3)
+    _assert_same_models(alone, together)
+    assert {r["step-path"] for r in rows} == {"cohort-grouped"}
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cohort: local-muon")]
+    assert said == ["cohort: local-muon: up to 3 clients a step, grouped gradients, each client's own "
+                    "optimizer step (its local rule adamw+muon has no batched step here), on cpu"]
+
+
+def test_own_steps_whose_gradients_cannot_batch_train_one_at_a_time_and_say_so(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
+    alone, _ = _run(_config("local-muon", tmp_path, "alone"), None)
+    together, rows = _run(_config("local-muon", tmp_path, "cohort"), 3, "loop")
     assert torch.equal(torch.cat([t.reshape(-1) for t in alone.values()]),
                        torch.cat([t.reshape(-1) for t in together.values()]))
     assert "cohort-size" not in rows[-1]
     said = [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()]
-    assert said == ["cohort: local-muon: its local rule muon has no batched step here: its clients "
-                    "train one at a time"]
+    assert said == ["cohort: local-muon: its local rule adamw+muon has no batched step here, and its "
+                    "gradients need each client's own pass: its clients train one at a time"]
 
 
 @pytest.mark.parametrize("given,error", [("0", "--cohort 0: give a count >= 1 or auto"),
@@ -135,18 +155,24 @@ def test_a_bad_cohort_is_refused_in_one_line(given: str, error: str, capsys) -> 
 
 
 def test_auto_leaves_fedact_on_a_cpu_to_the_native_loops(tiny_data, tmp_path, caplog) -> None:
-    """float32 FedACT on a CPU where the native loops build: one client at a time is faster than
-    the batched reference there (docs/scale.md), so --cohort-form auto says so and runs them;
-    an explicit form batches anyway."""
+    """float32 FedACT on a CPU where the native loops build: each client's own step (the native
+    loops) is faster than the batched reference there (docs/scale.md), so --cohort-form auto
+    batches the gradients only and says so; an explicit form takes the reference step."""
     caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
     cfg = RunConfig.of(algorithm="fedact", model="mlp", num_server_rounds=1, local_steps=2, batch_size=16,
                        data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="auto")
+    before = native.steps_run()
+    alone = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg.replace(run_name="alone")))
+    alone_native, before = native.steps_run() - before, native.steps_run()
     rows = metric_rows(run_federated(CohortGrid(2, cfg.to_flower(), 2), cfg))
+    assert rows[-1]["step-path"] == "cohort-grouped"
+    ran_native = native.steps_run() - before
     forced = metric_rows(run_federated(CohortGrid(2, cfg.to_flower(), 2, "vmap"),
                                        cfg.replace(run_name="vmap")))
     assert forced[-1]["step-path"] == "cohort-vmap"
     if native.library() is None:  # no C compiler: nothing is faster than the batch
-        assert rows[-1]["step-path"] == "cohort-vmap"
+        assert ran_native == 0
         return
-    assert rows[-1]["step-path"] == "native"
-    assert any("faster than the batched reference" in r.getMessage() for r in caplog.records)
+    assert ran_native == alone_native > 0  # every step the native loops take alone
+    assert rows[-1]["test-loss"] == pytest.approx(alone[-1]["test-loss"], rel=1e-5)
+    assert any("the native loops) is faster client by client" in r.getMessage() for r in caplog.records)

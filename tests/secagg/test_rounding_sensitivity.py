@@ -62,11 +62,15 @@ def test_the_worst_rounding_input_stays_within_the_booked_sensitivity(bits: int)
 
 
 def test_a_modulus_where_the_rounding_term_matters_is_refused() -> None:
-    """ViT-Tiny's Δ (5.7M values, √d = 2391) at 16 bits leaves B = 590: the noise would be
-    calibrated mostly to the rounding, so the round is refused; at 20 and 32 bits it is not."""
-    vit = [fixedpoint.Slot("delta", "w", (5_717_416,), torch.float32, 1.0)]
-    why = fixedpoint.refusal(16, 5, 1.0, vit)
+    """A Δ of 122,500 values (√d = 350) at 16 bits leaves B = 312 (the ring's guard bits taken):
+    the noise would be calibrated mostly to the rounding, so the round is refused; at 20 and 32
+    bits it is not. ViT-Tiny's Δ (5.7M values, √d = 2391) leaves no B at all at 16 bits."""
+    record = [fixedpoint.Slot("delta", "w", (350 ** 2,), torch.float32, 1.0)]
+    why = fixedpoint.refusal(16, 5, 1.0, record)
     assert "secagg-modulus-bits=16" in why and "rounding" in why and "\n" not in why
+    assert fixedpoint.refusal(20, 5, 1.0, record) == fixedpoint.refusal(32, 5, 1.0, record) == ""
+    vit = [fixedpoint.Slot("delta", "w", (5_717_416,), torch.float32, 1.0)]
+    assert "secagg-modulus-bits=16" in fixedpoint.refusal(16, 5, 1.0, vit)
     assert fixedpoint.refusal(20, 5, 1.0, vit) == fixedpoint.refusal(32, 5, 1.0, vit) == ""
     small = [fixedpoint.Slot("delta", "w", (4,), torch.float32, 1.0)]
     assert "fewer than 256" in fixedpoint.refusal(16, 200, 0.0, small)
