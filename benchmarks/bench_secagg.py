@@ -55,7 +55,8 @@ from bench_secagg_flower import mib, size_arguments  # noqa: E402
 from machine import describe  # noqa: E402
 
 from adaptfl.algorithms.config import RunConfig  # noqa: E402
-from adaptfl.engine.inprocess import InProcessGrid, train_or_refuse  # noqa: E402
+from adaptfl.client_app.app import train_or_refuse  # noqa: E402
+from adaptfl.engine.inprocess import InProcessGrid  # noqa: E402
 from adaptfl.server_app import loop  # noqa: E402
 from adaptfl.server_app.loop import run_federated  # noqa: E402
 from adaptfl.workloads.idx import read_idx_file  # noqa: E402

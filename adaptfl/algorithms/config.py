@@ -61,9 +61,6 @@ def declared_keys() -> dict[str, list[tuple[type[Component], FieldInfo]]]:
 # Python keywords Flower's own strategies and examples use, and what adaptfl calls them or does
 KEYWORD_ALIASES = {"learning_rate": "lr", "learning-rate": "lr", "epochs": "local_epochs",
                    "local_epochs_per_round": "local_epochs", "num_rounds": "num_server_rounds"}
-NOT_HERE = {"fraction_evaluate": "adaptfl's strategies evaluate the global model centrally "
-                                 "(Strategy.start's evaluate_fn, or adaptfl's ServerApp on the task's "
-                                 "test split) and send no evaluate messages"}
 
 
 def check_keywords(values: dict[str, Any]) -> None:
@@ -73,8 +70,6 @@ def check_keywords(values: dict[str, Any]) -> None:
     for keyword in values:
         if keyword.replace("-", "_") in known:
             continue
-        if keyword in NOT_HERE:
-            raise ValueError(f"keyword {keyword}=: {NOT_HERE[keyword]}; drop it")
         close = [KEYWORD_ALIASES[keyword]] if keyword in KEYWORD_ALIASES else \
             difflib.get_close_matches(keyword, known, n=2)
         hint = f"did you mean {' or '.join(f'{c}=' for c in close)}?" if close else "no similar keyword"

@@ -25,6 +25,8 @@ CLIENT_STATE_DIR = "output.client-state-dir"
 CLIENT_STATE_MEMORY = "output.client-state-memory"
 FROZEN_DIGEST = "model.frozen-digest"  # of the server's frozen parameters (contract.py)
 SECURE = "secagg.on"  # SecAgg+: the reply is summed masked; dp='client' noise goes on its integers
+# an EVALUATE instruction's recipe: the personalised model's local steps (0: the round's K)
+EVALUATE_STEPS = "evaluate.local-steps"
 SAMPLED = "privacy.sampled"  # nodes sampled this round: dp='client' noise shares are 1/n each
 
 

@@ -23,6 +23,15 @@ class Federation(Component):
     num_server_rounds: int = param(20, "number of rounds", within=(1, None))
     fraction_train: float = param(1.0, "share of the connected nodes sampled per round",
                                   within=(0.0, 1.0), open_low=True)
+    fraction_evaluate: float = param(0.0, "federated evaluation: share of the connected nodes "
+                                     "sampled after each round to evaluate the global model, and "
+                                     "their locally adapted one, on their own held-out split "
+                                     "(docs/metrics.md, 'Federated evaluation'); 0: central "
+                                     "evaluation only", within=(0.0, 1.0))
+    evaluate_local_steps: int = param(0, "federated evaluation's personalised model: the global "
+                                      "model after this many local steps of the round's optimizer "
+                                      "on the client's train split; 0: the round's K",
+                                      within=(0, None))
     min_replies: int = param(1, "below this many replies from the sampled nodes (late, missing "
                              "and failed ones do not count; ones the checks set aside do) a round "
                              "leaves the state unchanged", within=(1, None))
@@ -74,6 +83,9 @@ class Federation(Component):
 
     def check(self) -> None:
         parse_partition_map(self.partition_map)  # a malformed map stops the run before round 1
+        if self.evaluate_local_steps and not self.fraction_evaluate:
+            raise ValueError(f"evaluate-local-steps={self.evaluate_local_steps} is read only by "
+                             "federated evaluation: set fraction-evaluate > 0, or remove it")
         if 0.0 < self.round_timeout < MIN_ROUND_TIMEOUT:
             raise ValueError(f"invalid round-timeout={self.round_timeout!r}: no round answers within "
                              f"{self.round_timeout:g} s; use >= {MIN_ROUND_TIMEOUT:g} s, or 0 (no limit)")

@@ -13,16 +13,23 @@ import hashlib
 import logging
 import sys
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Error, Message
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from adaptfl.algorithms.recipe import SECURE, llm_from_recipe, privacy_from_recipe, settings_from_recipe
+from adaptfl.algorithms.recipe import (
+    EVALUATE_STEPS,
+    SECURE,
+    llm_from_recipe,
+    privacy_from_recipe,
+    settings_from_recipe,
+)
 from adaptfl.algorithms.settings import Data
+from adaptfl.client_app.client_state import MemoryStore
 from adaptfl.client_app.device import peak_memory_mb, reset_peak_memory, select_device
 from adaptfl.client_app.session import ClientSession
 from adaptfl.client_app.threads import client_threads
@@ -31,8 +38,13 @@ from adaptfl.core import wire
 from adaptfl.core.stage import ClientData
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import client as secagg_client
-from adaptfl.workloads import Split, build_task_model, load_task, partition_indices
+from adaptfl.workloads import Split, Task, build_task_model, load_task, partition_indices
+from adaptfl.workloads.held_out import held_out_rows
+from adaptfl.workloads.scoring import score
 from adaptfl.workloads.task import Loss
+
+if TYPE_CHECKING:
+    from flwr.app.typing import MetricRecordValues
 
 log = logging.getLogger(__name__)
 app = ClientApp()
@@ -102,11 +114,13 @@ class LocalJob:
     warn: bool  # say once that batch-size exceeds the rows
     precision: str
     private: bool  # dp is on: the loss line stays out of shared logs
+    task: Task | None = None  # the whole task (federated evaluation reads its test split)
 
 
-def prepare_train(msg: Message, context: Context) -> LocalJob:
+def prepare_train(msg: Message, context: Context, evaluating: bool = False) -> LocalJob:
     """Everything of a round's local training but the K steps: the recipe read, this node's
-    data and the model loaded, the session (global weights, optimizer, stage parts) built."""
+    data and the model loaded, the session (global weights, optimizer, stage parts) built
+    (`evaluating`: for federated evaluation's local steps, on a throwaway client state)."""
     recipe = msg.content.config_records.get(wire.RECIPE)
     if recipe is None:
         raise ValueError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
@@ -129,10 +143,11 @@ def prepare_train(msg: Message, context: Context) -> LocalJob:
     client_data = ClientData(num_examples=len(indices), full_batches=batches, loss=task.loss,
                              batches_of=batches_of, sample_seed=client_id)
     reset_peak_memory(device)
-    session = ClientSession(msg, model, context=context, data=client_data, device=device)
-    warn = session.info.batch_size > len(indices) and first_time(context, "batch-size")
+    session = ClientSession(msg, model, context=context, data=client_data, device=device,
+                            store=MemoryStore() if evaluating else None)
+    warn = not evaluating and session.info.batch_size > len(indices) and first_time(context, "batch-size")
     return LocalJob(session, split, task.loss, indices, client_id, warn, runtime.precision,
-                    privacy_from_recipe(recipe)[0].on)
+                    privacy_from_recipe(recipe)[0].on, task)
 
 
 def reply_train(job: LocalJob, peak_mb: float, cohort: tuple[int, str] | None = None) -> Message:
@@ -187,3 +202,55 @@ def train_or_refuse(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     return train_or_refuse(msg, context)
+
+
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    """Federated evaluation (docs/metrics.md): the global model, then the client's locally
+    adapted one (the round's optimizer, `evaluate-local-steps` steps or the round's K, on its
+    train split), scored on its own held-out rows (workloads/held_out.py; a node with data of
+    its own: its whole test split). The steps run on a throwaway client state: the node's durable
+    state (SCAFFOLD's c_i, kept optimizer state, error feedback) is neither read nor written."""
+    job = prepare_train(msg, context, evaluating=True)
+    task, session = job.task, job.session
+    assert task is not None  # prepare_train sets it
+    own = wire.NODE_DATA_DIR in context.node_config
+    rows = torch.arange(len(task.test)) if own else \
+        held_out_rows(task.train.labels, job.indices, task.test.labels, session.info.seed, job.client_id)
+    if len(rows) == 0:
+        raise ValueError("this node's task has an empty test split: nothing to evaluate on")
+    before = score(session.model, task, task.test, rows)
+    steps = int(cast(int, msg.content.config_records[wire.RECIPE].get(EVALUATE_STEPS, 0))) or None
+    run_local_steps(session, job.split, job.loss, job.indices, job.client_id, steps=steps, warn=False,
+                    precision=job.precision)
+    after = score(session.model, task, task.test, rows)
+    metrics: dict[str, int | float] = {
+        wire.NUM_EXAMPLES: len(rows), wire.PARTITION_ID: job.client_id,
+        wire.EVAL_LOSS: before["test-loss"], wire.EVAL_ACCURACY: before["test-accuracy"],
+        wire.PERSONAL_LOSS: after["test-loss"], wire.PERSONAL_ACCURACY: after["test-accuracy"]}
+    log.log(detail_level(job.private, logging.INFO), "client %d round %d: evaluated on %d held-out "
+            "rows, accuracy %.4f (personalised %.4f)", job.client_id, session.info.server_round,
+            len(rows), before["test-accuracy"], after["test-accuracy"])
+    # cast: dict is invariant; its int/float values are MetricRecordValues
+    return Message(RecordDict({wire.METRICS: MetricRecord(cast("dict[str, MetricRecordValues]", metrics))}),
+                   reply_to=msg)
+
+
+def evaluate_or_refuse(msg: Message, context: Context) -> Message:
+    """`handle_evaluate`, with a setting or message this client cannot run answered in one line."""
+    try:
+        return handle_evaluate(msg, context)
+    except ValueError as err:
+        log.error("evaluation refused: %s", err)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=msg)
+
+
+def answer(msg: Message, context: Context) -> Message:
+    """What the ClientApp does with a message, by its type (the in-process engine's handler)."""
+    if msg.metadata.message_type == MessageType.EVALUATE:
+        return evaluate_or_refuse(msg, context)
+    return train_or_refuse(msg, context)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return evaluate_or_refuse(msg, context)

@@ -55,6 +55,16 @@ COHORT_SIZE = "cohort-size"  # int, how many clients this one's steps were stack
 EF_RESIDUAL = "ef-residual-norm"  # float, ‖residual‖ the client's error feedback keeps after this reply
 TOOK_PART = "took-part-last-round"  # int 0/1, HaFedHo's participation rule as the client applied it
 
+# --- MetricRecord keys of an EVALUATE reply (federated evaluation; with NUM_EXAMPLES, the
+# held-out rows, and PARTITION_ID): the global model's scores on the client's own held-out split,
+# and those of its locally adapted ("personal") model
+EVAL_LOSS = "eval-loss"
+EVAL_ACCURACY = "eval-accuracy"
+PERSONAL_LOSS = "personal-loss"
+PERSONAL_ACCURACY = "personal-accuracy"
+# what Flower's quickstart examples call them (`eval_loss`, `eval_acc`), read as the keys above
+EVAL_ALIASES = {"eval_loss": EVAL_LOSS, "eval_acc": EVAL_ACCURACY, "eval_accuracy": EVAL_ACCURACY}
+
 # --- Node config keys (set by simulation or `flower-supernode --node-config`) ---
 NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"

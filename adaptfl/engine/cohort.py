@@ -26,7 +26,7 @@ from flwr.common.constant import ErrorCode
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import SECURE
-from adaptfl.client_app.app import LocalJob, prepare_train, reply_train, train_or_refuse
+from adaptfl.client_app.app import LocalJob, answer, prepare_train, reply_train
 from adaptfl.client_app.device import peak_memory_mb
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
@@ -97,7 +97,7 @@ class CohortGrid(InProcessGrid):
     fit, `fitting_cohort`), in `form` (cohort_steps.FORMS)."""
 
     def __init__(self, num_nodes: int, run_config: dict[str, Any], cohort: int | None = None,
-                 form: str = "auto", handler: ClientHandler = train_or_refuse) -> None:
+                 form: str = "auto", handler: ClientHandler = answer) -> None:
         if cohort is not None and cohort < 1:
             raise ValueError(f"--cohort {cohort}: must be >= 1 (or auto)")
         if form not in FORMS:

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.client_app.app import train_or_refuse
+from adaptfl.client_app.app import answer
 from adaptfl.core import wire
 from adaptfl.engine.contain import ClientExited, ClientTimedOut, contained
 from adaptfl.privacy.release import detail_level
@@ -38,7 +38,7 @@ class InProcessGrid(Grid):
     static_nodes = True  # the nodes exist before round 1: the loop checks settings against them
 
     def __init__(self, num_nodes: int, run_config: dict[str, Any],
-                 handler: ClientHandler = train_or_refuse, run_id: int = 1) -> None:
+                 handler: ClientHandler = answer, run_id: int = 1) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes={num_nodes} must be >= 1")
         self.handler = handler

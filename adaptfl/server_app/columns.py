@@ -18,6 +18,26 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "test-loss": ("both", "the same evaluation's mean loss"),
     "test-perplexity": ("both", "language tasks: exp(test-loss)"),
     "test-response-nll": ("both", "sft tasks: the mean over examples of each response's mean token NLL"),
+    "fed-eval-accuracy": ("both", "fraction-evaluate > 0: the global model's accuracy on the sampled "
+                          "clients' own held-out splits, their mean weighted by num-examples "
+                          "(docs/metrics.md, 'Federated evaluation')"),
+    "fed-eval-loss": ("both", "the same evaluation's mean loss, weighted alike"),
+    "fed-eval-accuracy-p10": ("both", "the worst decile: the 10th percentile of the clients' "
+                              "fed-eval accuracies, each client once (numpy's linear percentile)"),
+    "fed-eval-personal-accuracy": ("both", "the same clients' locally adapted models (the global model "
+                                   "after evaluate-local-steps local steps, or K, on their train "
+                                   "split): their accuracy, weighted by num-examples"),
+    "fed-eval-personal-loss": ("both", "the locally adapted models' mean loss, weighted alike"),
+    "fed-eval-personal-accuracy-p10": ("both", "the 10th percentile of the clients' personalised "
+                                       "accuracies"),
+    "fed-eval-sampled": ("both", "nodes sent an evaluate message this round"),
+    "fed-eval-replies": ("both", "evaluate replies that entered the fed-eval values"),
+    "fed-eval-seconds": ("both", "the round's federated evaluation alone (sending to the last reply)"),
+    "fed-eval-clients": (JSONL, "partition -> its evaluate reply's values (num-examples, node-id, "
+                         "eval-accuracy, eval-loss, personal-accuracy, personal-loss; node-<id> for a "
+                         "reply without a partition id of its own); under dp in "
+                         "server-confidential.jsonl only, as every fed-eval column"),
+    "fed-eval-rejected": (JSONL, "node -> why its evaluate reply was dropped; absent when none"),
     "train-loss": ("both", "the clients' mean local training loss over their K steps (weighted as "
                    "the aggregate)"),
     "direction-consistency": ("both", "mean over the accepted replies of cos(Δ_i, mean Δ) (seed 000, "

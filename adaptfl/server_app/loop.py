@@ -1,7 +1,8 @@
 """The round loop shared by Flower (a real Grid) and the in-process engine (engine/).
 
 Unlike Flower's `Strategy.start`, it checkpoints after every round and resumes, evaluates
-centrally, and writes the run's outputs. Everything that can reject the run happens in
+centrally (and, with fraction-evaluate > 0, on the clients: `evaluate_federated`), and writes the
+run's outputs. Everything that can reject the run happens in
 `build_run`, before round 1: the config, the task and model, and a preflight of the very client
 pipeline a node will run (one local step on the server, its reply checked against the contract).
 """
@@ -220,7 +221,8 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
         missing = exchange(grid, cfg, strategy, server_round, messages)
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
         load_federated(model, strategy.state.model)
-        row = round_row(strategy, model, task, server_round, missing, started)
+        federated = evaluate_federated(grid, cfg, strategy, server_round)  # fraction-evaluate
+        row = {**round_row(strategy, model, task, server_round, missing, started), **federated}
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
         progress.round_done(outputs.public(row))
@@ -269,6 +271,9 @@ def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, ou
         check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
         log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,
                                                       strategy.num_nodes)))
+        if cfg.federation.fraction_evaluate > 0:  # the clients' scores carry no noise
+            log.info("fraction-evaluate under dp: the fed-eval columns are not released (%s only)",
+                     CONFIDENTIAL_FILE)
     if not (cfg.privacy.on or cfg.secagg.on):  # neither screens nor bounds a reply there
         log.info("%s", tolerance_note(cfg, sampled))
     small = small_round_note(cfg, sampled, strategy.num_nodes)
@@ -295,6 +300,23 @@ def exchange(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_roun
         log.log(detail_level(private), "round %d: no reply from nodes %s within round-timeout=%s s",
                 server_round, missing, fed.round_timeout or "none")
     return missing
+
+
+def evaluate_federated(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_round: int
+                       ) -> dict:
+    """Federated evaluation of the round's global model (strategies/evaluation.py), sent as the
+    training messages are, within round-timeout; its columns of the row ({} when
+    fraction-evaluate is 0: central evaluation only)."""
+    if cfg.federation.fraction_evaluate <= 0:
+        return {}
+    assert strategy.state is not None
+    started = time.perf_counter()
+    messages = list(strategy.configure_evaluate(server_round, ArrayRecord(strategy.state.model),
+                                                ConfigRecord(), grid))
+    replies = list(grid.send_and_receive(messages, timeout=cfg.federation.round_timeout or None)) \
+        if messages else []
+    strategy.aggregate_evaluate(server_round, replies)
+    return strategy.eval_report.row(time.perf_counter() - started)
 
 
 def round_row(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task, server_round: int,

@@ -18,6 +18,7 @@ import torch
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.core.durable import append_durable, write_atomic
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, append_confidential, released, write_confidential
+from adaptfl.server_app.columns import COLUMNS, JSONL
 from adaptfl.server_app.mlflow_log import MlflowRun, mlflow_client_class
 from adaptfl.server_app.plots import plot_run
 from adaptfl.server_app.tensorboard import open_writer, write_row
@@ -129,7 +130,7 @@ class RunOutputs:
 
     def _write_csv(self) -> None:
         public = [self.public(r) for r in self.rows]
-        nested = ("rejected", "missing", "clients", "latency", "bytes")  # JSONL only
+        nested = [name for name, (where, _) in COLUMNS.items() if where == JSONL]  # JSONL only
         columns = list(dict.fromkeys(k for r in public for k in r if k not in nested))
         with (self.dir / "metrics.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")

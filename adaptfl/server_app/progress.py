@@ -21,6 +21,16 @@ def clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def federated(row: Row) -> str:
+    """The federated evaluation's part of the line (fraction-evaluate > 0), else ''."""
+    if "fed-eval-accuracy" not in row:
+        return ""
+    personal = f", personalised {row['fed-eval-personal-accuracy']:.4f}" \
+        if "fed-eval-personal-accuracy" in row else ""
+    return (f", clients' accuracy {row['fed-eval-accuracy']:.4f} (worst decile "
+            f"{row['fed-eval-accuracy-p10']:.4f}){personal}")
+
+
 class Progress:
     def __init__(self, num_rounds: int, first_round: int,
                  on_round: Callable[[Row], None] | None = None) -> None:
@@ -39,8 +49,8 @@ class Progress:
         else:
             state = "skipped (state unchanged)" if row.get("skipped") else \
                 f"{row.get('replies-accepted', 0)}/{row.get('replies-sampled', 0)} replies"
-            log.info("[ROUND %d/%d] accuracy %.4f, loss %.4f, %s%s, %.1f s (elapsed %s, ETA %s)",
+            log.info("[ROUND %d/%d] accuracy %.4f, loss %.4f, %s%s%s, %.1f s (elapsed %s, ETA %s)",
                      server_round, self.num_rounds, row["test-accuracy"], row["test-loss"], state, spent,
-                     row["seconds"], clock(elapsed), clock(eta))
+                     federated(row), row["seconds"], clock(elapsed), clock(eta))
         if self.on_round is not None:
             self.on_round(row)

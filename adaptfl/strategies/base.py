@@ -14,7 +14,9 @@ that fails to decode too: no reply can raise into the round; strategies/intake.p
 aggregator's combine of Δ (weights capped at max-weight-share) -> server optimizer -> each
 component's aggregation (through the same combine) -> the new `ServerState`, checked against its
 invariants (strategies/invariants.py) and only then replacing the old one; a round that fails is
-refused and the state kept. Extra numeric reply metrics are averaged and recorded.
+refused and the state kept. Extra numeric reply metrics are averaged and recorded. Evaluation
+is central (server_app/evaluate.py or Flower's evaluate_fn), and with fraction-evaluate > 0
+federated too (evaluation.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from adaptfl.privacy import server as dp
 from adaptfl.privacy.release import detail_level, released
 from adaptfl.server_rules.aggregate import cap_shares, direction_consistency
 from adaptfl.server_rules.aggregators import AggregationRefused, Combine, memory_of
+from adaptfl.strategies.evaluation import EvaluationReport, FederatedEvaluation
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.ownership import Ownership
@@ -59,7 +62,7 @@ log = logging.getLogger(__name__)  # strategies/intake.py logs here too
 LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
 
 
-class AdaptiveStrategy(ReplyIntake, Strategy):
+class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
     """The strategy of every adaptfl algorithm; named subclasses only pick `algorithm`."""
 
     algorithm: str = "fedavg"
@@ -88,6 +91,8 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
         self.screen_reference: dict[str, list[float]] = {}  # set by _screen each round
         self.ownership_next = Ownership()  # set by _bind each round
         self.skip_guard: SkipGuard | None = None  # under Flower's start(): aborts as adaptfl's loop does
+        self.eval_report = EvaluationReport()  # the round's federated evaluation (evaluation.py)
+        self._eval_messages: list[Message] = []  # this round's EVALUATE messages
 
     # --- state ----------------------------------------------------------------------------------
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None) -> None:
@@ -112,11 +117,13 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
         """Flower's `Strategy.start`; the lr schedule runs over `num_rounds`. Evaluation is
-        central (`evaluate_fn`): an `evaluate_config` for clients would go unread, so it is refused."""
+        central (`evaluate_fn`), and with fraction_evaluate > 0 federated too (evaluation.py,
+        `evaluate_config` going to the clients as `config`); without it an `evaluate_config`
+        would go unread, so it is refused."""
         self.refuse_loop_only_settings()
-        if evaluate_config:
-            raise ValueError("evaluate_config: adaptfl's strategies evaluate centrally (evaluate_fn) "
-                             "and send no evaluate messages, so no client would read it")
+        if evaluate_config and self.cfg.federation.fraction_evaluate <= 0:
+            raise ValueError("evaluate_config: no evaluate message is sent unless fraction_evaluate > 0 "
+                             f"({type(self).__name__}(fraction_evaluate=...)), so no client would read it")
         if num_rounds != self.cfg.federation.num_server_rounds:
             self.cfg = self.cfg.replace(num_server_rounds=num_rounds)
         self.initialize(initial_arrays.to_torch_state_dict())
@@ -396,14 +403,6 @@ class AdaptiveStrategy(ReplyIntake, Strategy):
             self.report.metrics["compression-ratio"] = self.report.fp32_bytes / wire_bytes
         # what Flower's Strategy.start logs and keeps: under dp the whitelist (privacy/release.py)
         return released(self.report.metrics) if self.cfg.privacy.on else dict(self.report.metrics)
-
-    # --- evaluation happens centrally (server_app/evaluate.py or Flower's evaluate_fn) -----------
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        return []
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return None
 
     def summary(self) -> None:
         log.info("%s: %s", type(self).__name__, self.cfg.algorithm.describe())

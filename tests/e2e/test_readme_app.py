@@ -55,12 +55,21 @@ def test_the_readme_flower_app_runs_as_shown(tmp_path, monkeypatch) -> None:
         return out
 
     monkeypatch.setattr(app, "evaluate", recorded)
-    rejected = []
-    grid = InProcessGrid(2, {}, handler=lambda msg, ctx: _checked(app.train(msg, ctx), rejected))
+    rejected: list = []
+    scored = []  # federated evaluation (fraction_evaluate): what the strategy made of the replies
+    aggregate = app.FedACT.aggregate_evaluate
+    monkeypatch.setattr(app.FedACT, "aggregate_evaluate", lambda self, rnd, replies: scored.append(
+        aggregate(self, rnd, replies)) or scored[-1])
+    grid = InProcessGrid(2, {}, handler=lambda msg, ctx: _checked(_routed(app, msg, ctx), rejected))
     app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     assert sorted(accuracies) == [0, 1, 2, 3] and not rejected
     assert accuracies[3] > accuracies[0] + 0.2, accuracies  # 3 classes: chance is 1/3
+    assert len(scored) == 3 and scored[-1]["fed-eval-accuracy"] > 1 / 3 + 0.2, scored
     sys.modules.pop("fedact_app", None)
+
+
+def _routed(app, msg, ctx):  # noqa: ANN001, ANN202 - as Flower's ClientApp routes by message type
+    return app.evaluate_here(msg, ctx) if msg.metadata.message_type == "evaluate" else app.train(msg, ctx)
 
 
 def _checked(reply, rejected: list):  # noqa: ANN001, ANN202
@@ -74,7 +83,7 @@ def test_the_readme_app_logs_its_loss_without_a_requires_grad_warning(tmp_path, 
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("fedact_app", None)
     app = importlib.import_module("fedact_app")
-    grid = InProcessGrid(1, {}, handler=app.train)
+    grid = InProcessGrid(1, {}, handler=lambda msg, ctx: _routed(app, msg, ctx))
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*requires_grad=True to a scalar.*")
         app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
@@ -111,3 +120,6 @@ def test_the_readme_flower_app_runs_under_flwr_run(tmp_path: Path) -> None:
     accuracies = [float(a) for a in re.findall(r"\{'accuracy': ([0-9.]+)\}", out)]
     assert len(accuracies) == 4, out[-4000:]  # the initial model and three rounds
     assert accuracies[-1] > max(accuracies[0], 0.5), accuracies  # 3 classes: chance is 1/3
+    # federated evaluation: each round's clients' mean accuracy and worst decile, as Flower logs them
+    assert len(re.findall(r"'fed-eval-accuracy': [0-9.]+, 'fed-eval-accuracy-p10': [0-9.]+", out)) == 3, \
+        out[-4000:]

@@ -180,7 +180,7 @@ def test_the_results_stay_out_of_the_apps_bundle(tmp_path: Path) -> None:
 def test_the_generated_app_runs_two_rounds_under_flwr_run(tmp_path: Path) -> None:
     """Through the command the app's README gives (`python -m adaptfl.flwr_run`): a refused
     config exits 2 in one line, a completed run 0 with the ServerApp's summary line (plain `flwr
-    run` exits 0 for both)."""
+    run` exits 0 for both); with federated evaluation, which the template's ClientApp answers."""
     app = tmp_path / "my-app"
     assert main([str(app), "--algorithm", "fedact"]) == 0
     results = tmp_path / "results"
@@ -191,13 +191,15 @@ def test_the_generated_app_runs_two_rounds_under_flwr_run(tmp_path: Path) -> Non
     # refused by the wrapper's own check of the --run-config text, before Flower starts
     assert "config error: invalid local-steps=0: must be >= 1" in out, out[-4000:]
     done = flwr_run_app_dir(app, tmp_path / "flwr-home", num_supernodes=2, with_status=True,
-                            run_config=f"num-server-rounds=2 results-dir='{results}' run-name='t'")
+                            run_config=f"num-server-rounds=2 results-dir='{results}' run-name='t' "
+                                       "fraction-evaluate=1.0")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "Unable to find attribute" not in out, out[-4000:]
     rows = metric_rows(results / "t")
     assert [r["round"] for r in rows] == [1, 2], out[-4000:]
     assert [r["replies-accepted"] for r in rows] == [2, 2], rows
+    assert [r["fed-eval-replies"] for r in rows] == [2, 2], rows  # the template's @app.evaluate
     summary = f"adaptfl: run completed: round 2, test-accuracy {rows[-1]['test-accuracy']:.4f} " \
               f"(initial model "
     assert summary in out and f"; results: {results / 't'}" in out, out[-4000:]
