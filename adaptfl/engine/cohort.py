@@ -168,32 +168,33 @@ class CohortGrid(InProcessGrid):
             groups.setdefault(cohort_key(job, self.form), []).append(i)
         done: dict[int, Message | None] = {}
         for key, members in groups.items():
-            own, first = key[0] == "own", jobs[members[0]]
-            why = own_step_reason(first) if own else ""
-            if own and pick_form([jobs[i] for i in members], self.form) == "loop":
-                done.update(self._alone(members, jobs, f"{why}, and its gradients need each "
-                                                       "client's own pass"))
-                continue
-            try:
-                form = train_cohort([jobs[i] for i in members], self.form, own_steps=own)
-            except CohortDeclined as declined:  # before any reply: the clients' state is untouched
-                log.warning("cohort: %s; these %d clients train one at a time", declined, len(members))
-                done.update(zip(members, self._one_by_one([messages[i] for i in members], timeout),
-                                strict=True))
-                continue
-            device = first.session.device
-            peak = peak_memory_mb(device)
-            steps = f"each client's own optimizer step ({why})" if own else "one reference step"
-            self._say(f"cohort: {first.session.algorithm.name}: up to {len(members)} clients a step, "
-                      f"{form} gradients, {steps}, on {device}")
-            for i in members:
-                done[i] = reply_train(jobs[i], peak, cohort=(len(members), form))
+            done.update(self._train_group(key[0] == "own", members, jobs, messages, timeout))
         took = time.perf_counter() - started
         if timeout is not None and took > timeout:  # Flower drops a reply later than the timeout
             log.log(self.detail, "cohort of %d took %.1f s > timeout %.1f s: no replies",
                     len(chunk), took, timeout)
             return
         replies.update({i: r for i, r in done.items() if r is not None})
+
+    def _train_group(self, own: bool, members: Sequence[int], jobs: dict[int, LocalJob],
+                     messages: Sequence[Message], timeout: float | None) -> dict[int, Message | None]:
+        """One `cohort_key` group's replies: stacked, or one at a time where it cannot be."""
+        first = jobs[members[0]]
+        why = own_step_reason(first) if own else ""
+        if own and pick_form([jobs[i] for i in members], self.form) == "loop":
+            return self._alone(members, jobs, f"{why}, and its gradients need each client's own pass")
+        try:
+            form = train_cohort([jobs[i] for i in members], self.form, own_steps=own)
+        except CohortDeclined as declined:  # before any reply: the clients' state is untouched
+            log.warning("cohort: %s; these %d clients train one at a time", declined, len(members))
+            return dict(zip(members, self._one_by_one([messages[i] for i in members], timeout),
+                            strict=True))
+        device = first.session.device
+        peak = peak_memory_mb(device)
+        steps = f"each client's own optimizer step ({why})" if own else "one reference step"
+        self._say(f"cohort: {first.session.algorithm.name}: up to {len(members)} clients a step, "
+                  f"{form} gradients, {steps}, on {device}")
+        return {i: reply_train(jobs[i], peak, cohort=(len(members), form)) for i in members}
 
     def _alone(self, members: Sequence[int], jobs: dict[int, LocalJob], why: str
                ) -> dict[int, Message | None]:

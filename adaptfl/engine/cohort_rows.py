@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from adaptfl.client_app.app import LocalJob
+from adaptfl.local_update.shell import LocalUpdate
 
 
 class CohortDeclined(RuntimeError):
@@ -35,15 +36,18 @@ class Stacked:
         self.x = like.new_empty(c, d)
         self.g = like.new_zeros(c, d)
         self.state = {slot: like.new_empty(c, d) for slot in opts[0].flat_slots()} if adopt_state else {}
-        groups = [len(group["params"]) for group in opts[0].param_groups]
         for i, opt in enumerate(opts):
-            torch.cat([p.detach().reshape(-1) for p in self.params[i]], out=self.x[i])
-            for p, view in zip(self.params[i], self.x[i].split(self.sizes), strict=True):
-                p.data = view.view_as(p)
-            if adopt_state:
-                opt.adopt_flat_slots({slot: rows[i] for slot, rows in self.state.items()})
-            else:
-                opt.adopt_buckets(self._group_slices(self.x[i], groups))
+            self._adopt(i, opt, adopt_state)
+
+    def _adopt(self, i: int, opt: LocalUpdate, adopt_state: bool) -> None:
+        """Client i's parameters (and state, or flat parameter buffers) into row i."""
+        torch.cat([p.detach().reshape(-1) for p in self.params[i]], out=self.x[i])
+        for p, view in zip(self.params[i], self.x[i].split(self.sizes), strict=True):
+            p.data = view.view_as(p)
+        if adopt_state:
+            opt.adopt_flat_slots({slot: rows[i] for slot, rows in self.state.items()})
+        else:
+            opt.adopt_buckets(self._group_slices(self.x[i], [len(g["params"]) for g in opt.param_groups]))
 
     def _group_slices(self, row: torch.Tensor, groups: list[int]) -> list[torch.Tensor]:
         out, at, first = [], 0, 0

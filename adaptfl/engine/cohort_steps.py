@@ -80,19 +80,26 @@ def pick_form(jobs: Sequence[LocalJob], form: str) -> str:
     on a CPU: vmapped convolutions ran 2.2x slower than the loop there, docs/scale.md), else
     the loop. A forced form that does not apply falls back the same way."""
     session = jobs[0].session
-    model, opt = session.model, session.optimizer
-    hooks = any(type(part).loss is not ClientPart.loss for j in jobs for part in j.session.parts)
-    sophia = any(opt.rule(group).needs_loss for group in opt.param_groups)
-    if form == "loop" or hooks or sophia or any(True for _ in model.buffers()):
+    model = session.model
+    if form == "loop" or not _batchable(jobs):
         return "loop"
-    trainable = [p for p in model.parameters() if p.requires_grad]
     if form in ("auto", "grouped") and GroupedModel.of(model) is not None \
-            and len(trainable) == len(list(model.parameters())):
+            and all(p.requires_grad for p in model.parameters()):
         return "grouped"
     if form == "vmap":
         return "vmap"
     convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
     return "loop" if convolutions and session.device.type == "cpu" else "vmap"
+
+
+def _batchable(jobs: Sequence[LocalJob]) -> bool:
+    """Whether one call may compute every client's gradient: no loss terms of the algorithm,
+    no Sophia refresh (a second backward), no buffers (BatchNorm's running statistics)."""
+    session = jobs[0].session
+    opt = session.optimizer
+    hooks = any(type(part).loss is not ClientPart.loss for j in jobs for part in j.session.parts)
+    sophia = any(opt.rule(group).needs_loss for group in opt.param_groups)
+    return not hooks and not sophia and not any(True for _ in session.model.buffers())
 
 
 def _forward_loss(job: LocalJob, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,14 +64,16 @@ def _supported(m: nn.Module) -> bool:
     return False
 
 
-def _pool(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _pool(m: nn.Module, h: torch.Tensor, grouped: bool) -> torch.Tensor:
     """A 2-d pool on either layout: the stacked one's [C, B] folded into its batch axis."""
-    def pool(h: torch.Tensor, grouped: bool) -> torch.Tensor:
-        if grouped:
-            return fn(h)
-        out = fn(h.reshape(-1, *h.shape[2:]))
-        return out.view(*h.shape[:2], *out.shape[1:])
-    return pool
+    t = h if grouped else h.reshape(-1, *h.shape[2:])
+    if isinstance(m, nn.MaxPool2d):
+        out = F.max_pool2d(t, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+    else:
+        assert isinstance(m, nn.AvgPool2d)
+        out = F.avg_pool2d(t, m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad,
+                           m.divisor_override)
+    return out if grouped else out.view(*h.shape[:2], *out.shape[1:])
 
 
 class GroupedModel:
@@ -112,12 +114,8 @@ class GroupedModel:
                 grouped = False
             elif type(m) is nn.Unflatten:  # on [C, B, ...]: one axis further in
                 h = h.unflatten(m.dim + 1, m.unflattened_size)
-            elif type(m) is nn.MaxPool2d:
-                h = _pool(lambda t, m=m: F.max_pool2d(t, m.kernel_size, m.stride, m.padding, m.dilation,
-                                                      m.ceil_mode))(h, grouped)
-            elif type(m) is nn.AvgPool2d:
-                h = _pool(lambda t, m=m: F.avg_pool2d(t, m.kernel_size, m.stride, m.padding, m.ceil_mode,
-                                                      m.count_include_pad, m.divisor_override))(h, grouped)
+            elif type(m) in (nn.MaxPool2d, nn.AvgPool2d):
+                h = _pool(m, h, grouped)
             else:
                 h = ACTIVATIONS[type(m)](h)
         if grouped:

@@ -46,7 +46,7 @@ from adaptfl.server_app.checkpoint import (
     save_checkpoint,
 )
 from adaptfl.server_app.data_summary import summarize, summary_line, write_summary
-from adaptfl.server_app.evaluate import evaluate_all
+from adaptfl.server_app.evaluate import evaluate_all, evaluation_device
 from adaptfl.server_app.outputs import RunOutputs, results_root
 from adaptfl.server_app.progress import Progress
 from adaptfl.server_app.run_checks import (
@@ -206,8 +206,9 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
     fed = cfg.federation
     guard = SkipGuard(fed.max_skipped_rounds, outputs.rows, fed.skip_window)
     assert strategy.state is not None
+    device = evaluation_device(cfg.runtime.device)  # the run's GPU where this process has it
     if not outputs.rows:  # a fresh run: where training starts from
-        scores = evaluate_all(model, task)
+        scores = evaluate_all(model, task, device)
         outputs.record({"round": 0, **scores})
         log.info("[ROUND 0/%d] the initial model: accuracy %.4f, loss %.4f", fed.num_server_rounds,
                  scores["test-accuracy"], scores["test-loss"])
@@ -222,7 +223,7 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
         strategy.state.server_round = server_round  # complete, even when skipped (min-replies)
         load_federated(model, strategy.state.model)
         federated = evaluate_federated(grid, cfg, strategy, server_round)  # fraction-evaluate
-        row = {**round_row(strategy, model, task, server_round, missing, started), **federated}
+        row = {**round_row(strategy, model, task, server_round, missing, started, device), **federated}
         outputs.record(row)
         save_checkpoint(outputs.dir, strategy.state)
         progress.round_done(outputs.public(row))
@@ -320,11 +321,12 @@ def evaluate_federated(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, s
 
 
 def round_row(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task, server_round: int,
-              missing: list[int], started: float) -> dict:
-    """The round's metrics row: central evaluation of the new global model and the report."""
+              missing: list[int], started: float, device: torch.device | None = None) -> dict:
+    """The round's metrics row: central evaluation of the new global model (on `device`) and
+    the report."""
     report = strategy.report
     evaluated = time.perf_counter()
-    scores = evaluate_all(model, task)
+    scores = evaluate_all(model, task, device)
     row = {"round": server_round, **scores,
            **report.metrics, "replies-missing": len(missing), "skipped": report.skipped,
            "seconds": time.perf_counter() - started,
