@@ -182,7 +182,7 @@ class CohortGrid(InProcessGrid):
         first = jobs[members[0]]
         why = own_step_reason(first) if own else ""
         if own and pick_form([jobs[i] for i in members], self.form) == "loop":
-            return self._alone(members, jobs, f"{why}, and its gradients need each client's own pass")
+            return self._alone(members, jobs, f"{why}, and its gradients go client by client")
         try:
             form = train_cohort([jobs[i] for i in members], self.form, own_steps=own)
         except CohortDeclined as declined:  # before any reply: the clients' state is untouched

@@ -76,20 +76,20 @@ def own_signature(job: LocalJob) -> tuple:
 
 
 def pick_form(jobs: Sequence[LocalJob], form: str) -> str:
-    """The fastest form that applies and `form` allows: grouped, else vmap (not for convolutions
-    on a CPU: vmapped convolutions ran 2.2x slower than the loop there, docs/scale.md), else
-    the loop. A forced form that does not apply falls back the same way."""
+    """The fastest form that applies and `form` allows: grouped, else vmap, else the loop; with
+    `auto` the loop for convolutions on a CPU (grouped and vmapped convolutions both ran slower
+    than the loop there: docs/scale.md). A forced form that does not apply falls back."""
     session = jobs[0].session
     model = session.model
     if form == "loop" or not _batchable(jobs):
         return "loop"
+    convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    if form == "auto" and convolutions and session.device.type == "cpu":
+        return "loop"
     if form in ("auto", "grouped") and GroupedModel.of(model) is not None \
             and all(p.requires_grad for p in model.parameters()):
         return "grouped"
-    if form == "vmap":
-        return "vmap"
-    convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    return "loop" if convolutions and session.device.type == "cpu" else "vmap"
+    return "vmap"
 
 
 def _batchable(jobs: Sequence[LocalJob]) -> bool:
