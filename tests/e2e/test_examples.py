@@ -2,8 +2,9 @@
 
 (a) own-data-model: your task and model by `package.module:function`, 2 rounds under `flwr run`
     from the example's own Flower app whose pyproject lists only the keys it sets;
-(b) flower-app-fedact: a stock Flower app on `FedACT(...).start(...)` with `ClientSession`, 2
-    rounds under `flwr run`; its FedAvg original still works, and its README shows the real diff;
+(b) flower-app-fedact: a stock Flower app (epochs, federated evaluation) on `FedACT(...).start(...)`
+    with `ClientSession`, 2 rounds under `flwr run`; its FedAvg original still works, the switch
+    leaves the loop and the evaluate function alone, and its README shows the real diff;
 (c) torch-optimizer: `LocalUpdate` with a torch LR scheduler and a state_dict round trip.
 
 The Flower runs use a private managed SuperLink (stopped by PID) and this checkout's adaptfl
@@ -12,6 +13,7 @@ The Flower runs use a private managed SuperLink (stopped by PID) and this checko
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
 import json
@@ -127,17 +129,57 @@ def test_the_readme_shows_the_real_switch_diff() -> None:
     assert shown.group(1) == switch_diff(), "stale diff: paste `python -m tests.e2e.test_examples`"
 
 
-def run_stock_app_in_process(package: str, num_nodes: int, out_dir: Path) -> dict:
-    """The example's own ServerApp main and ClientApp train function, with adaptfl's in-process
-    grid as the transport (no Flower processes): central accuracy per round."""
+# The run the tests take: 1925 rows over 3 nodes are IID shards of 642, 642, 641 (flwr-datasets:
+# contiguous shards, the first ones one row larger); each node holds out ⌈0.2·n⌉ = 129 of its rows
+# (Hugging Face's train_test_split rounds the test share up), so it trains on 513, 513, 512 rows:
+# one epoch at batch 32 is K = ⌈513/32⌉ = 17, 17 and ⌈512/32⌉ = 16 steps.
+STOCK_RUN = {"num-server-rounds": 2, "num-train-examples": 1925}
+STOCK_ROWS, STOCK_STEPS = [513, 513, 512], [17, 17, 16]
+
+
+def run_stock_app_in_process(package: str, out_dir: Path, **overrides: object) -> dict:
+    """The example's own ServerApp main and its ClientApp (Flower's dispatch to `train` and
+    `evaluate`), with adaptfl's in-process grid as the transport (no Flower processes): what
+    the ServerApp saved, by file and round."""
     server = importlib.import_module(f"{package}.server_app")
     client = importlib.import_module(f"{package}.client_app")
-    run_config = {**app_config(STOCK), "num-server-rounds": 2, "out-dir": str(out_dir)}
-    grid = InProcessGrid(num_nodes, run_config, handler=client.train)
+    run_config = {**app_config(STOCK), **STOCK_RUN, "out-dir": str(out_dir), **overrides}
+    grid = InProcessGrid(3, run_config, handler=client.app)
     torch.manual_seed(0)
     server.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                               run_config=run_config))
-    return {int(r): m["accuracy"] for r, m in json.loads((out_dir / "central.json").read_text()).items()}
+    return stock_results(out_dir)
+
+
+def stock_results(out_dir: Path) -> dict[str, dict[int, dict]]:
+    return {name: {int(r): m for r, m in json.loads((out_dir / f"{name}.json").read_text()).items()}
+            for name in ("central", "train", "federated")}
+
+
+def check_learned(central: dict[int, dict]) -> None:
+    accuracy = {r: m["accuracy"] for r, m in central.items()}
+    assert sorted(accuracy) == [0, 1, 2] and accuracy[2] > max(0.4, accuracy[0] + 0.2), accuracy
+
+
+def check_federated(federated: dict[int, dict], accuracy: str, loss: str) -> None:
+    """Federated evaluation arrived for each round: the clients' held-out accuracy and loss."""
+    assert sorted(federated) == [1, 2], federated
+    assert all(0.3 < m[accuracy] <= 1.0 and 0.0 < m[loss] < 2.5 for m in federated.values()), federated
+
+
+def functions(path: Path) -> dict[str, str]:
+    """A module's top-level functions, by name: their source text."""
+    text = path.read_text()
+    return {f.name: ast.get_source_segment(text, f) or "" for f in ast.parse(text).body
+            if isinstance(f, ast.FunctionDef)}
+
+
+def test_the_fedact_app_keeps_the_epochs_loop_and_the_evaluate_function() -> None:
+    """The switch touches the strategy and the session, never the user's loop or evaluation."""
+    before, after = (functions(STOCK / "stock_app" / sub / "client_app.py") for sub in ("fedavg", "."))
+    assert before["evaluate"] == after["evaluate"] and before["node_data"] == after["node_data"]
+    loop = [f["train"].split("    losses = []")[1].split("    metrics =")[0] for f in (before, after)]
+    assert loop[0] == loop[1] and 'range(context.run_config["local-epochs"])' in loop[0], loop
 
 
 @pytest.mark.slow
@@ -145,31 +187,52 @@ def run_stock_app_in_process(package: str, num_nodes: int, out_dir: Path) -> dic
 def test_stock_app_works_before_and_after_the_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                      ) -> None:
     monkeypatch.syspath_prepend(str(STOCK))
-    fedavg = run_stock_app_in_process("stock_app.fedavg", 3, tmp_path / "fedavg")
-    fedact = run_stock_app_in_process("stock_app", 3, tmp_path / "fedact")
-    for accuracy in (fedavg, fedact):
-        assert sorted(accuracy) == [0, 1, 2] and accuracy[2] > max(0.4, accuracy[0] + 0.2), accuracy
-    train = json.loads((tmp_path / "fedact" / "train.json").read_text())
+    fedavg = run_stock_app_in_process("stock_app.fedavg", tmp_path / "fedavg", lr=0.02)  # SGD's lr
+    check_learned(fedavg["central"])
+    check_federated(fedavg["federated"], "eval_acc", "eval_loss")  # Flower's FedAvg aggregated them
+    # Each FedACT client ran its own epoch: the steps its optimizer took, by its rows.
+    client = importlib.import_module("stock_app.client_app")
+    ran: list[tuple[int, int]] = []
+
+    class Counted(ClientSession):
+        def reply(self, num_examples: int, metrics=None, batched=None):  # noqa: ANN001, ANN202
+            ran.append((num_examples, self.optimizer.steps))
+            return super().reply(num_examples, metrics, batched)
+
+    monkeypatch.setattr(client, "ClientSession", Counted)
+    fedact = run_stock_app_in_process("stock_app", tmp_path / "fedact")
+    check_learned(fedact["central"])
+    check_federated(fedact["federated"], "fed-eval-accuracy", "fed-eval-loss")
+    assert sorted(ran) == sorted([*zip(STOCK_ROWS, STOCK_STEPS, strict=True)] * 2), ran  # 2 rounds
     # ACT's diagnostics come back from the clients: FedACT's optimizer ran in the user's loop.
-    assert all("pos-ratio" in m and m["replies-accepted"] == 3 for m in train.values()), train
+    assert all("pos-ratio" in m and m["replies-accepted"] == 3 for m in fedact["train"].values())
 
 
 @pytest.mark.flower
 @needs_flwr
 @needs_fashion_mnist
 def test_stock_flower_app_runs_fedact_two_rounds_under_flwr_run(tmp_path: Path) -> None:
-    """The Done-when bullet: `FedACT(fraction_train=1.0, rho=0.5, tau=0.3)` in a stock Flower
-    ServerApp with `strategy.start`, 2 rounds."""
+    """The Done-when bullet: the ported quickstart on `FedACT(...)` in a stock Flower ServerApp
+    with `strategy.start`, 2 rounds of one epoch per client, federated evaluation on half the
+    nodes after each round (the app's pyproject as shipped)."""
     out = tmp_path / "out"
-    done = flwr_run_app(STOCK, tmp_path / "flwr-home", 3, f"num-server-rounds=2 out-dir='{out}'")
+    config = " ".join(f"{k}={v}" for k, v in STOCK_RUN.items())
+    done = flwr_run_app(STOCK, tmp_path / "flwr-home", 3, f"{config} out-dir='{out}'")
     assert done.returncode == 0, tail(done)
     assert (out / "central.json").is_file(), tail(done)
     assert "Starting FedACT strategy" in done.stdout + done.stderr
-    accuracy = {int(r): m["accuracy"] for r, m in json.loads((out / "central.json").read_text()).items()}
-    assert sorted(accuracy) == [0, 1, 2] and accuracy[2] > max(0.4, accuracy[0] + 0.2), accuracy
-    train = json.loads((out / "train.json").read_text())
+    results = stock_results(out)
+    check_learned(results["central"])
+    check_federated(results["federated"], "fed-eval-accuracy", "fed-eval-loss")
+    assert all(0.3 < m["fed-eval-accuracy-p10"] <= m["fed-eval-accuracy"]
+               for m in results["federated"].values()), results["federated"]
+    train = results["train"]
     assert [m["replies-accepted"] for m in train.values()] == [3, 3]
-    assert all("pos-ratio" in m for m in train.values())
+    # The clients' own K, each by its rows: 17, 17 and 16, averaged by their rows as Flower does.
+    steps = sum(r * k for r, k in zip(STOCK_ROWS, STOCK_STEPS, strict=True)) / sum(STOCK_ROWS)
+    assert all(m["local-steps"] == pytest.approx(steps) for m in train.values()), train
+    assert all("pos-ratio" in m and "train_loss" in m for m in train.values())
+    assert "local steps, the run's local-steps is" not in done.stdout + done.stderr
     assert (out / "model.pt").is_file()
 
 

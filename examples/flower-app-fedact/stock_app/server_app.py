@@ -12,10 +12,11 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
-    # The clients' lr and local steps K go to FedACT: it sends the lr in its recipe, and its
-    # global direction is Δ_G = -mean Δ / (K·lr).
-    strategy = FedACT(fraction_train=cfg["fraction-train"], rho=0.5, tau=0.3,
-                      lr=cfg["lr"], local_steps=cfg["local-steps"])
+    # FedACT sends the clients their lr (AdamW's: start from 1e-3, not the SGD value), and needs their
+    # epochs and batch size: its Δ_G = -mean Δ/(K·lr) divides each reply by its own step count K.
+    strategy = FedACT(fraction_train=cfg["fraction-train"], fraction_evaluate=cfg["fraction-evaluate"],
+                      rho=0.5, tau=0.3, lr=cfg["lr"], local_epochs=cfg["local-epochs"],
+                      batch_size=cfg["batch-size"])
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(Net().state_dict()),

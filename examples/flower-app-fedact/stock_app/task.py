@@ -1,8 +1,8 @@
 """What both versions share: the model, the data, central evaluation, where results go.
 
-Data: the first `num-examples` images of Fashion-MNIST from local IDX files (Debian's
+Data: the first `num-train-examples` images of Fashion-MNIST from local IDX files (Debian's
 `dataset-fashion-mnist` puts them in /usr/share/datasets/fashion-mnist), split IID across the
-nodes with flwr-datasets, so the app runs offline.
+nodes with flwr-datasets and 80/20 within each node (train, held out), so the app runs offline.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Result
 from flwr_datasets.partitioner import IidPartitioner
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 
 class Net(nn.Module):
@@ -56,15 +56,29 @@ def fashion_mnist(data_dir: str, split: str, size: int) -> TensorDataset:
     return TensorDataset(x, torch.from_numpy(labels.astype(np.int64)))
 
 
-def load_partition(partition_id: int, num_partitions: int, data_dir: str, size: int,
-                   batch_size: int) -> DataLoader:
-    """This node's IID share of the train images (flwr-datasets on the local data)."""
+def load_data(partition_id: int, num_partitions: int, data_dir: str, size: int,
+              batch_size: int) -> tuple[DataLoader, DataLoader]:
+    """This node's IID share of the train images (flwr-datasets on the local data), split 80/20
+    into its train loader and its own held-out loader, as Flower's quickstarts split a partition."""
     full = fashion_mnist(data_dir, "train", size)
     partitioner = IidPartitioner(num_partitions=num_partitions)
     partitioner.dataset = Dataset.from_dict({"row": list(range(len(full)))})
-    rows = partitioner.load_partition(partition_id)["row"]
-    return DataLoader(torch.utils.data.Subset(full, rows), batch_size=batch_size, shuffle=True,
-                      generator=torch.Generator().manual_seed(partition_id))
+    split = partitioner.load_partition(partition_id).train_test_split(test_size=0.2, seed=42)
+    train = DataLoader(Subset(full, split["train"]["row"]), batch_size=batch_size, shuffle=True,
+                       generator=torch.Generator().manual_seed(partition_id))
+    return train, DataLoader(Subset(full, split["test"]["row"]), batch_size=batch_size)
+
+
+@torch.no_grad()
+def test(model: nn.Module, loader: DataLoader) -> tuple[float, float]:
+    """Mean loss and accuracy of `model` over the loader's examples."""
+    model.eval()
+    loss, correct = 0.0, 0
+    for x, y in loader:
+        logits = model(x)
+        loss += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(1) == y).sum())
+    return loss / len(loader.dataset), correct / len(loader.dataset)
 
 
 def central_evaluate(data_dir: str, size: int):  # noqa: ANN201 - Flower's evaluate_fn
@@ -84,8 +98,9 @@ def central_evaluate(data_dir: str, size: int):  # noqa: ANN201 - Flower's evalu
 
 
 def save(result: Result, out_dir: str) -> None:
-    """The final model, the central evaluation and the clients' mean train metrics per round, if
-    the run config names a folder (absolute: the ServerApp runs in the SuperLink's directory)."""
+    """The final model and, per round, the central evaluation, the clients' mean train metrics
+    and the federated evaluation (the clients' scores on their own held-out rows), if the run
+    config names a folder (absolute: the ServerApp runs in the SuperLink's directory)."""
     if not out_dir:
         return
     out = Path(out_dir)
@@ -95,3 +110,5 @@ def save(result: Result, out_dir: str) -> None:
     (out / "central.json").write_text(json.dumps(central, indent=1))
     train = {r: dict(m) for r, m in result.train_metrics_clientapp.items()}
     (out / "train.json").write_text(json.dumps(train, indent=1))
+    federated = {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
+    (out / "federated.json").write_text(json.dumps(federated, indent=1))

@@ -12,7 +12,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
-    strategy = FedAvg(fraction_train=cfg["fraction-train"], fraction_evaluate=0.0)
+    strategy = FedAvg(fraction_train=cfg["fraction-train"], fraction_evaluate=cfg["fraction-evaluate"])
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(Net().state_dict()),
