@@ -103,6 +103,14 @@ def check_frozen(model: torch.nn.Module, recipe: Any) -> None:
                             "seed): adapters trained on them would not fit the global model")
 
 
+def identity(context: Context | None) -> dict[str, int | float]:
+    """Who this client is to the server, as the ClientApp says it: its partition id, else its
+    node id (HaFedHo's |D| counts each client's examples once by it: strategies/examples.py)."""
+    if context is None:
+        return {}
+    return {wire.PARTITION_ID: int(context.node_config.get(wire.NODE_PARTITION_ID, context.node_id))}
+
+
 class ClientSession:
     """One round on one client (see the module docstring)."""
 
@@ -121,6 +129,7 @@ class ClientSession:
         self.node_id = context.node_id if context is not None else 0
         # the node's own floor (privacy/client.py): refused here, before any training
         node_config = context.node_config if context is not None else {}
+        self._identity = identity(context)
         self.reply_z = check_floor(self.privacy, self.sampled, node_config)
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
@@ -258,7 +267,7 @@ class ClientSession:
         train_loss = self.train_loss()
         self._ctx.num_examples = int(num_examples)  # HaFedHo keeps it: next round's p_i
         outputs = [part.finish(self.optimizer, delta, train_loss) for part in self.parts]
-        values: dict[str, int | float] = {wire.NUM_EXAMPLES: int(num_examples)}
+        values: dict[str, int | float] = {wire.NUM_EXAMPLES: int(num_examples), **self._identity}
         if self._losses:
             values[wire.TRAIN_LOSS] = train_loss
         values.update(self.optimizer.diagnostics())

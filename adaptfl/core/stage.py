@@ -141,7 +141,9 @@ class Aggregation:
     mean: Callable[[Sequence[Mapping[str, torch.Tensor]], str], Tensors]
     new_extras: dict[str, Tensors] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)  # extra per-round metrics
-    federation_examples: float = 0.0  # |D| where the server knows the partitioning; 0: unknown
+    # |D|: the partitions' examples where the server holds the partitioning, else each client's
+    # claim counted once (strategies/examples.py) for a stage that `counts_examples`; 0: unknown
+    federation_examples: float = 0.0
 
     def reply_arrays(self, record: str) -> list[Tensors]:
         return [r.arrays[record] for r in self.replies]
@@ -196,6 +198,12 @@ class Stage(Component):
         records (so dp would neither clip nor noise it); '' for nothing. dp refuses a stage
         that names something (algorithms/privacy_checks.py)."""
         return ""
+
+    def counts_examples(self) -> bool:
+        """Whether this stage reads the federation's examples (`Aggregation.federation_examples`)
+        where the server does not hold the partitioning: the server then counts each client's
+        claim once over the run (strategies/examples.py)."""
+        return False
 
     def payload(self, extras: Mapping[str, Tensors], spec: ModelSpec, algorithm: Algorithm
                 ) -> dict[str, Tensors]:

@@ -45,6 +45,7 @@ from adaptfl.privacy.release import detail_level, released
 from adaptfl.server_rules.aggregate import cap_shares, direction_consistency
 from adaptfl.server_rules.aggregators import AggregationRefused, Combine, memory_of
 from adaptfl.strategies.evaluation import EvaluationReport, FederatedEvaluation
+from adaptfl.strategies.examples import LEDGER, ledger_record, round_examples
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.ownership import Ownership
@@ -329,23 +330,36 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
         assert self.state is not None and self.spec is not None
         algorithm = self.cfg.algorithm
         mean_delta = combine([r.arrays[wire.DELTA] for r in accepted], wire.DELTA)
+        examples, ledger = self._examples(accepted)
         model, moments = algorithm.server_opt.step(self.state.model, mean_delta, self.state.extras,
                                                    server_round)
         agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
                           self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
                           model, self.num_nodes, combine,
-                          federation_examples=float(sum(self.partition_sizes or [])))
+                          federation_examples=examples)
         for stage in algorithm.stages():
             stage.aggregate(agg)
         new = self.state.clone()
         new.server_round, new.model = server_round, agg.model
         new.extras.update({**moments, **agg.new_extras, **combine.slots()})
+        if ledger:  # each client's examples, counted once over the run (examples.py)
+            new.extras[LEDGER] = ledger_record(ledger)
         self._as_broadcast(new, server_round + 1)
         if self.screen_reference:  # for the next lone reply (screen.py)
             new.extras[HISTORY] = reference_record(self.screen_reference)
         new.ownership = self.ownership_next  # the round's partition claims (ownership.py)
         check_state(new, self.contract(), algorithm)
         return new, agg
+
+    def _examples(self, accepted: list[DecodedReply]) -> tuple[float, dict[int, float] | None]:
+        """|D| for the round's Aggregation, and the claims ledger to commit (examples.py)."""
+        assert self.state is not None
+        counts = any(stage.counts_examples() for stage in self.cfg.algorithm.stages())
+        # each claim capped as _claims caps a weight; under a robust rule at the median itself
+        ratio = 1.0 if self.cfg.algorithm.aggregator.robust else \
+            0.0 if self.cfg.privacy.on else self.cfg.federation.max_weight_ratio
+        return round_examples(self.state.extras, [r.metrics for r in accepted], self.partition_sizes,
+                              counts, self.num_nodes, ratio)
 
     def _as_broadcast(self, state: ServerState, next_round: int) -> None:
         """The records the server sends in `next_round`, as its codecs deliver them: the server

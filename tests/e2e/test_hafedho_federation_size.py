@@ -6,10 +6,16 @@ sampled the cohort's size, and a liar's raw claim went into the broadcast n-tota
 
 from __future__ import annotations
 
+import statistics
+
+import pytest
+
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.checkpoint import STATE_FILE
-from adaptfl.server_app.loop import run_federated
+from adaptfl.server_app.loop import build_run, run_federated
+from adaptfl.server_app.run_checks import partition_sizes
+from adaptfl.strategies.examples import LEDGER
 from adaptfl.strategies.state import ServerState
 from tests.e2e.test_hostile_e2e import _config, hostile
 from tests.support.run_outputs import metric_rows
@@ -40,3 +46,64 @@ def test_a_partition_id_outside_the_partitioning_is_dropped_with_its_reason(tiny
     assert row["replies-accepted"] == 2
     n_total = float(ServerState.load(out / STATE_FILE).extras[wire.HAFEDHO_N_TOTAL]["n-total"])
     assert n_total == TRAIN_ROWS
+
+
+def _deployment_grid(cfg) -> InProcessGrid:  # noqa: ANN001
+    """The in-process nodes, seen by the server as a deployment's: no partitioning it holds
+    (each node's data its own), so |D| comes from the clients' claims."""
+    grid = InProcessGrid(4, cfg.to_flower())
+    grid.static_nodes = False
+    return grid
+
+
+def _by_hand(sizes: list[int], rounds: list[list[int]]) -> float:
+    """|D| after these rounds' sampled partitions: each one's examples once, capped at 10× the
+    median of those seen, the partitions not seen yet at that median (of 4)."""
+    seen: dict[int, int] = {}
+    for sampled in rounds:
+        for pid in sampled:
+            seen.setdefault(pid, sizes[pid])
+    typical = statistics.median(seen.values())
+    return sum(min(n, 10 * typical) for n in seen.values()) + (4 - len(seen)) * typical
+
+
+def test_in_a_deployment_each_clients_examples_count_once_and_survive_a_resume(tiny_data, tmp_path) -> None:
+    """2 of 4 sampled a round, Dirichlet α = 0.3 partitions (unequal), the server without the
+    partitioning: |D| after each round is the hand computation from the partitions sampled so
+    far; interrupted after round 2 and resumed, rounds 3-4 give what an uninterrupted run does."""
+    def config(name: str, **kw):  # noqa: ANN202
+        return _config(tiny_data, tmp_path, "hafedho", rounds=4, local_steps=1, fraction_train=0.5,
+                       num_threads=1, partitioning="dirichlet", run_name=name, **kw)
+
+    cfg = config("whole")
+    sizes = partition_sizes(cfg, build_run(cfg)[2], 4)
+    assert len(set(sizes)) == 4, sizes  # the hand computation can tell the partitions apart
+    totals: list[float] = []
+
+    def note(row: dict) -> None:
+        totals.append(float(ServerState.load(out_dir / STATE_FILE).extras[wire.HAFEDHO_N_TOTAL]["n-total"]))
+
+    out_dir = tmp_path / "out" / "whole"
+    out = run_federated(_deployment_grid(cfg), cfg, on_round=note)
+    rows = metric_rows(out)
+    sampled = [sorted(int(n) - 1 for n in r["latency"]) for r in rows]  # node n holds partition n-1
+    assert all(len(s) == 2 for s in sampled) and len({p for s in sampled for p in s}) > 2, sampled
+    assert totals == [_by_hand(sizes, sampled[:r]) for r in range(1, 5)], (totals, sizes, sampled)
+    assert totals[0] != sum(sizes[p] for p in sampled[0])  # not the cohort's sum (the old rule)
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_2(row: dict) -> None:
+        if row["round"] == 2:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        run_federated(_deployment_grid(config("cut")), config("cut"), on_round=stop_after_2)
+    resumed = run_federated(_deployment_grid(config("cut", resume=True)), config("cut", resume=True))
+    ledger = ServerState.load(resumed / STATE_FILE).extras[LEDGER]
+    whole = ServerState.load(out / STATE_FILE).extras[LEDGER]
+    assert ledger["ids"].tolist() == whole["ids"].tolist()
+    assert ledger["claims"].tolist() == whole["claims"].tolist() == [sizes[i] for i in whole["ids"].tolist()]
+    n_total = float(ServerState.load(resumed / STATE_FILE).extras[wire.HAFEDHO_N_TOTAL]["n-total"])
+    assert n_total == totals[-1]

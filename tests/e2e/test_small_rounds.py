@@ -19,7 +19,7 @@ from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies.screen import HISTORY
 from adaptfl.strategies.state import ServerState
-from tests.e2e.test_contribution_bound import NINE_BY_MINUS_NINE
+from tests.e2e.test_contribution_bound import BOUND_RIDING, NINE_BY_MINUS_NINE
 from tests.e2e.test_hostile_e2e import _accuracy, hostile
 from tests.e2e.test_hostile_e2e import _config as _hostile_config
 from tests.support.run_outputs import metric_rows
@@ -91,3 +91,25 @@ def test_two_replies_a_round_hold_the_9x_claim_within_the_margin_under_the_defau
     clean = _accuracy(config("clean"), train_or_refuse)
     attacked = _accuracy(config("attacked"), hostile(NINE_BY_MINUS_NINE))
     assert attacked >= clean - 0.05, (attacked, clean)
+
+
+def test_lone_flips_under_the_defaults_are_held_in_size_only_and_the_run_says_so_before_round_1(
+        tiny_data, tmp_path, caplog) -> None:
+    """One reply a round, node 1 sends flip × 9 (its own claim, Δ × -9) whenever sampled (seed 1:
+    rounds 1 and 6). Nothing can check a lone reply's direction (docs/robustness.md: bounding it
+    against the server's recent direction, or damping lone rounds, cost more than 0.01 on
+    Dirichlet splits and did not hold the flip), so under the defaults the run completes, the
+    round-6 flip is cut to the history's median size (round 1's is held by its domains alone),
+    and one warning before round 1 says what a hostile client still does and which
+    fraction-train bounds each reply by its round's median."""
+    cfg = _hostile_config(tiny_data, tmp_path, "fedavg", rounds=8, num_threads=1, fraction_train=0.2)
+    with caplog.at_level(logging.WARNING):
+        grid = InProcessGrid(5, cfg.to_flower(), handler=hostile(BOUND_RIDING))
+        rows = metric_rows(run_federated(grid, cfg))
+    attacked = [r["round"] for r in rows if "1" in r["latency"]]
+    assert attacked == [1, 6], attacked
+    assert not any(r["skipped"] for r in rows)
+    assert [r["round"] for r in rows if r.get("replies-clipped")] == [6]
+    notes = [r.getMessage() for r in caplog.records if "samples 1 of 5 nodes a round" in r.getMessage()]
+    assert len(notes) == 1 and "a hostile client reverses every round it is sampled in" in notes[0] \
+        and "fraction-train=0.6 (3 of 5 a round) bounds each reply by its round's median" in notes[0], notes

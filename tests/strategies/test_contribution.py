@@ -137,6 +137,15 @@ def test_the_small_round_note_says_what_bounds_a_reply_before_round_1() -> None:
     line = small_round_note(RunConfig.of(algorithm="fedavg", fraction_train=0.4), 2, 5)
     assert line is not None and line.startswith("fraction-train=0.4 samples 2 of 5 nodes a round: "
                                                  "no round median")
+    assert line.endswith("a hostile client cancels every round it is sampled in (measured, one a round: "
+                         "up to -0.5 of accuracy); fraction-train=0.6 (3 of 5 a round) bounds each "
+                         "reply by its round's median (docs/robustness.md, 'Rounds of one and two "
+                         "replies')"), line
+    lone = small_round_note(RunConfig.of(algorithm="fedavg", fraction_train=0.1), 1, 7)
+    assert lone is not None and "a hostile client reverses every round" in lone
+    assert "fraction-train=0.43 (3 of 7 a round)" in lone  # round(0.43 × 7) = 3
+    two = small_round_note(RunConfig.of(algorithm="fedavg", fraction_train=0.5), 1, 2)
+    assert two is not None and "; 3 or more nodes a round bounds each reply" in two
     off = small_round_note(RunConfig.of(algorithm="fedavg", fraction_train=0.2, screen_ratio=0.0,
                                         max_contribution_ratio=0.0), 1, 5)
     assert off is not None and off.endswith("no reply bound is on: one hostile reply can set a "

@@ -178,7 +178,7 @@ def test_restart_restores_from_disk_and_lost_state_falls_back(tmp_path) -> None:
 
 
 def _reply(to: Message, delta: dict, n: int, f_hat: float | None) -> Message:
-    metrics = {wire.NUM_EXAMPLES: n}
+    metrics = {wire.NUM_EXAMPLES: n, wire.PARTITION_ID: to.metadata.dst_node_id - 1}
     if f_hat is not None:
         metrics[wire.F_HAT] = f_hat
     content = RecordDict({wire.DELTA: ArrayRecord({k: torch.tensor(v) for k, v in delta.items()}),
@@ -201,24 +201,33 @@ def test_server_averages_g_and_f_hat_by_hand() -> None:
     assert strategy.state.extras[wire.HAFEDHO_G]["w"].tolist() == [1.0, -2.0]
     # f̂ = (1·0.8 + 3·0.4) / 4 = 0.5
     assert float(strategy.state.extras[wire.HAFEDHO_F_HAT]["f-hat"]) == pytest.approx(0.5)
-    # |D| = the accepted replies' num-examples (the dropped one's claim does not count)
-    assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [4.0]
+    # |D|: the accepted replies' claims 1 + 3 (the dropped one's does not count), and the third
+    # node, not seen yet, at their median 2 (strategies/examples.py)
+    assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [6.0]
     second = list(strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
     assert set(second[0].content.array_records) == {wire.ARRAYS, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT,
                                                     wire.HAFEDHO_N_TOTAL}
     # x, g, f̂, |D| (float64) to three clients, each array with its .npy header
     two, one = array_bytes((2,), torch.float32), array_bytes((1,), torch.float32)
     assert strategy.report.bytes_down == 3 * (two + two + one + array_bytes((1,), torch.float64))
-    # Round 2's cohort: node 2 now claims 5 and node 3 (dropped before) 2: |D| = 7
+    # Round 2's cohort: node 2 now claims 5 (counted once: its 3 stays) and node 3 (dropped
+    # before) 2: |D| = 1 + 3 + 2, every client seen
     strategy.aggregate_train(2, [_reply(second[1], {"w": [0.0, 0.0]}, 5, 0.1),
                                  _reply(second[2], {"w": [0.0, 0.0]}, 2, 0.1)])
-    assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [7.0]
+    assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [6.0]
 
 
 def test_a_robust_aggregator_bounds_a_liars_share_of_the_federation() -> None:
-    """Under the median one claim of 10^9 examples leaves |D| = m·median = 5·10."""
+    """Under the median each client's claim counts at most the median claim: one claim of 10^9
+    examples leaves |D| = 5·10; under the mean at max-weight-ratio (10) × the median."""
     from adaptfl.algorithms.config import RunConfig as Config
+    from adaptfl.strategies.examples import round_examples
 
-    rule = Config.of(algorithm="hafedho", aggregator="median", min_replies=5).algorithm.aggregator
-    assert rule.total([10, 10, 10, 10, 10**9]) == 50 == rule.total([10] * 5)
-    assert Config.of(algorithm="hafedho").algorithm.aggregator.total([10, 10, 10, 10, 10**9]) == 40 + 10**9
+    claims = [{wire.PARTITION_ID: i, wire.NUM_EXAMPLES: n} for i, n in enumerate([10, 10, 10, 10, 10**9])]
+    for rule, expected in (("median", 50.0), ("mean", 40.0 + 100.0)):
+        strategy = HaFedHo(Config.of(algorithm="hafedho", aggregator=rule, min_replies=5))
+        strategy.initialize({"w": torch.tensor([1.0])}, ModelSpec({"w": ((1,), torch.float32)}, ("w",)))
+        strategy.num_nodes = 5
+        replies = [type("R", (), {"metrics": m})() for m in claims]
+        assert strategy._examples(replies)[0] == expected == round_examples(  # type: ignore[arg-type]
+            {}, claims, None, True, 5, 1.0 if rule == "median" else 10.0)[0]

@@ -15,6 +15,7 @@ from adaptfl.core.contract import ModelSpec
 from adaptfl.core.domain import PSD
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
+from adaptfl.strategies.examples import LEDGER
 from adaptfl.strategies.invariants import check_state
 from adaptfl.strategies.state import ServerState
 
@@ -72,8 +73,17 @@ def _round(strategy: AdaptiveStrategy, replies: dict[int, dict]) -> dict[int, Me
 
 
 def _same_state(a: AdaptiveStrategy, b: AdaptiveStrategy) -> bool:
+    """Every record the state averages or sends; not HaFedHo's ledger of raw claims
+    (strategies/examples.py), which records each client's first claim as made and caps it where
+    |D| is computed (n-total, compared)."""
     b.state.run_key = a.state.run_key  # random per job; everything else must agree
-    return a.state.to_bytes() == b.state.to_bytes()
+    kept = [{**s.extras} for s in (a.state, b.state)]
+    for state in (a.state, b.state):
+        state.extras.pop(LEDGER, None)
+    same = a.state.to_bytes() == b.state.to_bytes()
+    for state, extras in zip((a.state, b.state), kept, strict=True):
+        state.extras = extras
+    return same
 
 
 def _attack(kind: str):  # noqa: ANN202 - reply -> hostile reply

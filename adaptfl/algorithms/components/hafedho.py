@@ -14,18 +14,19 @@ SGD both give the same steps, since ∇φ_i = ∇f_i + μh; they differ in the l
 After the K steps: f̂_i = mean f_i over the steps and g_i = Σ_k ∇φ_i(w_k) = -Δ_i / lr (exact for
 plain SGD). The client keeps g_i, f̂_i, its reported |D_i| (num-examples) and the round as
 durable state; lost state means "did not take part". Server: x <- x + mean Δ_i,
-g^t = -mean Δ_i / lr, f̂^t = mean f̂_i, |D| = Σ num-examples of the round's replies, or the
-public constant `total-examples` (what dp requires: the sum would be broadcast un-noised).
+g^t = -mean Δ_i / lr, f̂^t = mean f̂_i, and |D| (below), or the
+public constant `total-examples` (what dp requires: |D| would be broadcast un-noised).
 Where the server knows the partitioning (the in-process engine: partition ids 0..N-1 of the
 run's own partitioning), |D| is the partitions' examples summed: the paper's federation size,
 whichever clients a round samples.
 
 Only the server can know |D|: a node training on its own data-dir, or a user's ClientSession,
 sees its own rows alone (p_i would be 1). In a deployment without `total-examples` the server
-sums the num-examples its replies of round t-1 report (federation_size): with full
-participation that is the federation's size, the paper's rule; under partial participation it
-is the cohort's, so p_i is the client's share of g^{t-1} (examples weighting), not the paper's
-|D_i| / |D| (declare total-examples there).
+counts each client's num-examples once over the run, the first time its partition id replies,
+each claim capped at max-weight-ratio × the median claim, and the clients not sampled yet at
+that median (strategies/examples.py): under partial participation the federation's size, not
+the cohort's, once every client has been sampled. A round whose replies name no partition id
+cannot be counted so, and is refused naming `total-examples`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from adaptfl.core.contract import Metric, ModelSpec, Record, scalar_shape
 from adaptfl.core.domain import FINITE, NONNEG
 from adaptfl.core.params import component, param
 from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+from adaptfl.server_rules.aggregators import AggregationRefused
 
 STATE = "hafedho"
 RECTIFIED_LOSS = "rectified-loss"  # reply metric: mean φ_i(w_k) = f_i + μ(f + hᵀ(w - w_t))
@@ -49,15 +51,6 @@ RECTIFIED_LOSS = "rectified-loss"  # reply metric: mean φ_i(w_k) = f_i + μ(f +
 
 def _size_shape(spec: ModelSpec, algorithm: Any) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     return {"n-total": ((1,), torch.float64)}  # float64: counts above 2^24 stay exact
-
-
-def federation_size(agg: Aggregation) -> torch.Tensor:
-    """|D| as the server knows it: the num-examples its replies of the round report, summed;
-    under a robust aggregator m·median of them, so that one reply's claim moves nothing, as
-    it moves no other state there. Not through the aggregator's combine: a count is no record
-    (the dp combine would clip it to a norm bound and noise it)."""
-    sizes = [float(r.metrics[wire.NUM_EXAMPLES]) for r in agg.replies]
-    return torch.tensor([agg.algorithm.aggregator.total(sizes)], dtype=torch.float64)
 
 
 def rectification(g_prev: Mapping[str, torch.Tensor] | None, f_prev: float,
@@ -83,8 +76,9 @@ class HaFedHo(Stage):
     total_examples: float = param(0.0, "the federation's examples (p_i's denominator) as a "
                                   "public constant the operator declares; 0: the partitions' "
                                   "examples where the server holds the partitioning (the "
-                                  "in-process engine), else the replies' num-examples summed, "
-                                  "which dp refuses (broadcast un-noised)",
+                                  "in-process engine), else each client's capped num-examples "
+                                  "counted once over the run, which dp refuses (broadcast "
+                                  "un-noised)",
                                   within=(0.0, None))
 
     up_metrics = (Metric(wire.F_HAT, FINITE, "f̂_i, the mean local loss (finite at float32)"),)
@@ -97,8 +91,8 @@ class HaFedHo(Stage):
     def records_down(self) -> tuple[Record, ...]:
         g = Record(wire.HAFEDHO_G, doc="g^{t-1}, mean of the clients' summed local gradients")
         n = Record(wire.HAFEDHO_N_TOTAL, _size_shape, "|D| (p_i = |D_i| / |D|): total-examples, or the "
-                   "partitions' examples where the server holds the partitioning, else the "
-                   "num-examples of round t-1's replies summed", NONNEG)
+                   "partitions' examples where the server holds the partitioning, else each "
+                   "client's capped num-examples counted once over the run", NONNEG)
         if self.rectify == "gradient":  # μh on ∇: the constant f enters nothing the client computes
             return (g, n)
         return (g, Record(wire.HAFEDHO_F_HAT, scalar_shape("f-hat"), "f̂^{t-1}, the mean local loss"), n)
@@ -114,13 +108,19 @@ class HaFedHo(Stage):
                   for r in agg.replies]
         f_hat = agg.mean(f_hats, wire.HAFEDHO_F_HAT)["f-hat"]
         agg.new_extras[wire.HAFEDHO_F_HAT] = {"f-hat": f_hat.to(torch.float32)}
-        known = self.total_examples or agg.federation_examples  # the paper's |D|, where known
-        agg.new_extras[wire.HAFEDHO_N_TOTAL] = {
-            "n-total": torch.tensor([known], dtype=torch.float64) if known > 0 else federation_size(agg)}
+        known = self.total_examples or agg.federation_examples  # the paper's |D|
+        if known <= 0:  # replies without a partition id: no client can be counted once
+            raise AggregationRefused("HaFedHo's |D|: a reply names no partition-id, so the server "
+                                     "cannot count each client's examples once; declare "
+                                     "total-examples=|D| (the federation's examples)")
+        agg.new_extras[wire.HAFEDHO_N_TOTAL] = {"n-total": torch.tensor([known], dtype=torch.float64)}
+
+    def counts_examples(self) -> bool:
+        return self.total_examples <= 0
 
     def released_bare(self) -> str:
         return "" if self.total_examples > 0 else \
-            "HaFedHo's |D| (the replies' num-examples summed; declare total-examples=|D| instead)"
+            "HaFedHo's |D| (the clients' num-examples counted; declare total-examples=|D| instead)"
 
 
 class _HaFedHo(ClientPart):

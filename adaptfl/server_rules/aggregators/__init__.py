@@ -114,18 +114,9 @@ class Aggregator(Component):
     """Base: `combine(items, weights, record, ctx)` -> one dict of tensors, items in a fixed
     order; `ctx` gives the record's domains, the rule's memory and its per-round stats."""
 
-    # True: one reply alone must move nothing (median, trimmed mean, Krum), so a total of the
-    # replies' claims (HaFedHo's |D|) is m·median instead of the sum (`total`)
+    # True: one reply alone must move nothing (median, trimmed mean, Krum), so a count of the
+    # clients' claims (HaFedHo's |D|, strategies/examples.py) caps each at the median claim
     robust: ClassVar[bool] = False
-
-    def total(self, counts: Sequence[float]) -> float:
-        """The replies' counts summed, or m·median(counts) under a robust rule."""
-        if not self.robust:
-            return float(sum(counts))
-        ordered = sorted(counts)
-        mid = len(ordered) // 2
-        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        return len(ordered) * median
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         raise NotImplementedError
