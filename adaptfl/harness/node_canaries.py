@@ -73,7 +73,7 @@ class NodeCanaries(Canaries):
     def mean_item(self, like: Mapping[str, torch.Tensor], server_round: int) -> Tensors:
         """The mean of the m canary nodes' replies, as one Δ item (zero off their coordinates)."""
         coords = self.coords if self.coords is not None else self._draw_coords(like)
-        assert self.recipe is not None
+        assert self.recipe is not None and wire.DELTA in self.shared  # set with the recipe
         privacy, sampled = privacy_from_recipe(self.recipe)  # what every node reads from it
         total = torch.zeros(self.count, dtype=torch.float64)
         for i in range(self.count):

@@ -94,8 +94,6 @@ def canaries_in(canaries: Canaries) -> Iterator[None]:
     original, instruction = server.round_combine, AdaptiveStrategy.instruction
 
     def combine(privacy, fed, contract, replies, sampled, server_round):  # noqa: ANN001, ANN202
-        if isinstance(canaries, NodeCanaries):
-            canaries.shared = shared_records(contract)
         return CanaryMean(privacy, len(shared_records(contract)),
                           server.share_bound(fed, replies + canaries.count),
                           round_seed(privacy.dp_seed, "server", server_round),
@@ -108,6 +106,7 @@ def canaries_in(canaries: Canaries) -> Iterator[None]:
         content = instruction(self, server_round, config, sampled + canaries.count)
         canaries.recipe = dict(content.config_records[wire.RECIPE])  # type: ignore[attr-defined]
         canaries.server_round = server_round  # type: ignore[attr-defined]
+        canaries.shared = shared_records(self.contract())  # type: ignore[attr-defined]
         return content
 
     setattr(server, "round_combine", combine)  # noqa: B010 - restored below

@@ -100,8 +100,9 @@ class SecureCanaries(NodeCanaries):
 
     def add_to(self, total: np.ndarray, rnd: Round) -> np.ndarray:
         """The unmasked sum with the m canary nodes' integers added."""
+        assert self.recipe is not None and wire.DELTA in self.shared  # set with the recipe
         positions = self.positions if self.positions is not None else self._place(rnd.slots)
-        privacy, _ = privacy_from_recipe(self.recipe or {})
+        privacy, _ = privacy_from_recipe(self.recipe)
         canary_sum = np.zeros(self.count, dtype=np.int64)
         for i in range(self.count):
             canary_sum += self.integers(i, rnd, privacy)

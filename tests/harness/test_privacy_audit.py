@@ -4,6 +4,7 @@ with (almost) no noise it is far above it: the audit can fail."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -232,10 +233,13 @@ def test_node_canaries_fail_a_server_that_inflates_n_past_a_missing_floor(
 
 @pytest.fixture
 def seeded_integers(monkeypatch):  # noqa: ANN001, ANN201
-    """Every SecAgg+ node's discrete noise (OS entropy in a run) from one seeded generator."""
-    shared, original = np.random.default_rng(0), noise.discrete_gaussian
-    monkeypatch.setattr(noise, "discrete_gaussian",
-                        lambda sigma, size, rng=None: original(sigma, size, shared))
+    """Every SecAgg+ node's discrete noise (OS entropy in a run) from a generator seeded 0, 1, 2,
+    … per draw: a rejection sampler's use of one shared stream would depend on the order the
+    real nodes (threads) draw in; this way only their seeds permute, which leaves their noises'
+    sum as it is, and the canary nodes (drawing after them, in order) get the same seeds."""
+    seeds, original = itertools.count(), noise.discrete_gaussian
+    monkeypatch.setattr(noise, "discrete_gaussian", lambda sigma, size, rng=None:
+                        original(sigma, size, np.random.default_rng(next(seeds))))
 
 
 def _secure_audit(tmp_path, tiny_data, name: str, canaries: int, guesses: int):  # noqa: ANN001, ANN202
