@@ -31,6 +31,10 @@ mechanism with half its noise. An audit above the canary ε means the mechanism 
 accounted (or the 5 % chance at 95 % confidence). Adaptive clipping is refused: its counts take
 part of z, so the records' noise is not z√k·C. The audited run is for the audit: m slots of
 canaries and zeros swamp the n real replies' mean.
+
+Under dp='client' the noise is the nodes', so the canaries are canary nodes in the cohort, each
+noising its own reply with the node's code (node_canaries.py; inside SecAgg+, its integers with
+the SecAgg+ node's code: secure_canaries.py); the reference is the same canary ε.
 """
 
 from __future__ import annotations
@@ -39,19 +43,22 @@ import argparse
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import torch
+from typing import Any
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.sampling import sample_size
 from adaptfl.core import wire
-from adaptfl.privacy import server
+from adaptfl.harness.canaries import Canaries
+from adaptfl.harness.node_canaries import NodeCanaries
+from adaptfl.harness.secure_canaries import SecureCanaries, secure_cohort
+from adaptfl.privacy import client, server
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import epsilon_lower_bound
 from adaptfl.privacy.mechanism import ALIASES, GaussianMean, round_seed, shared_records
 from adaptfl.server_rules.aggregators import Combine, Items, Tensors
+from adaptfl.strategies.base import AdaptiveStrategy
 
 PROG = "python -m adaptfl.harness.privacy_audit"
 # under the overrides given; an audit measures ε, so a plan past dp-accept-epsilon (the audit's
@@ -60,81 +67,19 @@ DEFAULTS = {"dp": "central", "weighting": "uniform", "dp-accept-epsilon": 1e12}
 
 
 @dataclass
-class Canaries:
-    """The audit's randomness (seeded: it is the auditor's, not the mechanism's) and its scores."""
-
-    count: int
-    seed: int = 0
-    included: np.ndarray = field(init=False)  # S_i, bool [m]
-    directions: torch.Tensor | None = None  # float32 [m, d], unit rows: drawn at the first Δ
-    layout: list[tuple[str, torch.Size]] = field(default_factory=list)  # Δ's floating arrays
-    scores: np.ndarray = field(init=False)  # Y_i, float64 [m]
-    rounds: int = 0  # Δ releases scored
-
-    def __post_init__(self) -> None:
-        if self.count < 2:
-            raise ValueError(f"--canaries {self.count}: need at least 2")
-        self.rng = np.random.default_rng(self.seed)
-        self.included = self.rng.random(self.count) < 0.5
-        self.scores = np.zeros(self.count)
-
-    def _draw(self, like: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """u_i: normalised Gaussian vectors over Δ's floating arrays (in `like`'s key order)."""
-        self.layout = [(n, t.shape) for n, t in like.items() if t.is_floating_point()]
-        dim = sum(int(np.prod(shape)) for _, shape in self.layout)
-        # float32 throughout: m·d·4 bytes (1000 canaries on the 185k-parameter cnn: 0.74 GB)
-        raw = self.rng.standard_normal((self.count, dim), dtype=np.float32)
-        raw /= np.linalg.norm(raw, axis=1, keepdims=True)
-        self.directions = torch.from_numpy(raw)
-        return self.directions
-
-    def items(self, like: Mapping[str, torch.Tensor], bound: float) -> list[Tensors]:
-        """The m slots of Δ's mean: C·u_i where included, zeros where not (integer arrays: 0)."""
-        directions = self.directions if self.directions is not None else self._draw(like)
-        zero = {n: torch.zeros_like(t) for n, t in like.items()}
-        out = []
-        for i in range(self.count):
-            if not self.included[i]:
-                out.append(zero)
-                continue
-            parts = torch.split(directions[i] * bound, [int(np.prod(s)) for _, s in self.layout])
-            item = dict(zero)
-            item.update({n: p.view(s).to(like[n].dtype)
-                         for (n, s), p in zip(self.layout, parts, strict=True)})
-            out.append(item)
-        return out
-
-    def score(self, released: Mapping[str, torch.Tensor]) -> None:
-        """Y_i += ⟨Δ̃_t, u_i⟩ for this round's released Δ̃_t."""
-        assert self.directions is not None
-        flat = torch.cat([released[n].reshape(-1).float() for n, _ in self.layout])
-        self.scores += (self.directions @ flat).double().numpy()
-        self.rounds += 1
-
-    def correct(self, k_in: int, k_out: int) -> int:
-        """W: "included" right among the k_in highest scores plus "excluded" among the k_out lowest."""
-        if k_in < 0 or k_out < 0 or k_in + k_out > self.count:
-            raise ValueError(f"guesses {k_in}+{k_out} must be >= 0 and at most the {self.count} canaries")
-        order = np.argsort(self.scores, kind="stable")
-        high = order[self.count - k_in:] if k_in else order[:0]
-        return int(self.included[high].sum() + (~self.included[order[:k_out]]).sum())
-
-
-@dataclass
 class CanaryMean(GaussianMean):
-    """The DP mean with the canaries' m slots appended to every record's replies."""
+    """The DP mean with the canaries' slots appended to every record's replies."""
 
     canaries: Canaries | None = None
+    server_round: int = 0
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         assert self.canaries is not None
         name = ALIASES.get(record, record)
-        if name == wire.DELTA:
-            extra = self.canaries.items(items[0], self._bound(name, ctx))
-        else:  # a canary shares nothing else: zeros keep every mean at n + m items
-            extra = [{n: torch.zeros_like(t) for n, t in items[0].items()}] * self.canaries.count
         share = sum(weights) / len(weights)  # uniform (checked): each slot weighs as one reply
-        out = super().combine([*items, *extra], [*weights, *[share] * len(extra)], record, ctx)
+        extra, extra_weights = self.canaries.slots(items[0], name, self._bound(name, ctx), share,
+                                                   self.server_round)
+        out = super().combine([*items, *extra], [*weights, *extra_weights], record, ctx)
         if name == wire.DELTA:
             self.canaries.score(out)
         return out
@@ -144,26 +89,44 @@ class CanaryMean(GaussianMean):
 def canaries_in(canaries: Canaries) -> Iterator[None]:
     """For the run inside: each round's DP mean is a CanaryMean whose noise counts the slots
     (the strategy calls `privacy.server.round_combine` through the module, so this reaches it;
-    tests/harness/test_privacy_audit.py checks the noise std is z·C/(n + m))."""
-    original = server.round_combine
+    tests/harness/test_privacy_audit.py checks the noise std is z·C/(n + m)); for canary nodes
+    (dp='client') every instruction names the n + m nodes of the cohort, and they read its recipe."""
+    original, instruction = server.round_combine, AdaptiveStrategy.instruction
 
     def combine(privacy, fed, contract, replies, sampled, server_round):  # noqa: ANN001, ANN202
         return CanaryMean(privacy, len(shared_records(contract)),
                           server.share_bound(fed, replies + canaries.count),
                           round_seed(privacy.dp_seed, "server", server_round),
-                          server.count_stddev(privacy, sampled), canaries=canaries)
+                          server.count_stddev(privacy, sampled), canaries=canaries,
+                          server_round=server_round)
+
+    def cohort(self, server_round, config=None, sampled=None):  # noqa: ANN001, ANN202
+        if sampled is None:  # the preflight's one-node dry run: no cohort
+            return instruction(self, server_round, config)
+        content = instruction(self, server_round, config, sampled + canaries.count)
+        canaries.recipe = dict(content.config_records[wire.RECIPE])  # type: ignore[attr-defined]
+        canaries.server_round = server_round  # type: ignore[attr-defined]
+        canaries.shared = shared_records(self.contract())  # type: ignore[attr-defined]
+        return content
 
     setattr(server, "round_combine", combine)  # noqa: B010 - restored below
+    if isinstance(canaries, NodeCanaries):
+        setattr(AdaptiveStrategy, "instruction", cohort)  # noqa: B010 - restored below
     try:
-        yield
+        with secure_cohort(canaries) if isinstance(canaries, SecureCanaries) else contextlib.nullcontext():
+            yield
     finally:
         setattr(server, "round_combine", original)  # noqa: B010
+        setattr(AdaptiveStrategy, "instruction", instruction)  # noqa: B010
 
 
 def check(cfg: RunConfig) -> None:
-    if cfg.privacy.dp != "central":
+    if cfg.privacy.dp not in ("central", "client"):
         raise ValueError(f"dp={cfg.privacy.dp!r}: the audit adds its canaries to the server's "
-                         "noised mean, so it needs dp='central'")
+                         "noised mean (dp='central') or as canary nodes (dp='client')")
+    if cfg.secagg.on and cfg.privacy.dp != "client":  # canary nodes add their integers to the sum
+        raise ValueError(f"secagg={cfg.secagg.secagg!r} with dp={cfg.privacy.dp!r}: the audit's "
+                         "canaries join a SecAgg+ sum as canary nodes, under dp='client' only")
     if cfg.federation.weighting != "uniform":
         raise ValueError(f"weighting={cfg.federation.weighting!r}: the audit needs "
                          "weighting='uniform' (a canary slot weighs as one reply)")
@@ -172,6 +135,15 @@ def check(cfg: RunConfig) -> None:
                          "z√k per round, which adaptive clipping's counts lower; use dp-clip-lr=0")
     if cfg.output.resume or cfg.output.resume_from:  # the canaries' scores live in this process
         raise ValueError("resume: an audit scores every round in one process; start a fresh run")
+
+
+def node_floor(cfg: RunConfig, cohort: int) -> dict[str, Any]:
+    """Every node's floor in a dp='client' audit: exactly the run's z, C_Δ, C_s and the cohort
+    of n + m, so a node adds no more noise than the run books (the audit sees the nodes' noise)."""
+    privacy = cfg.privacy
+    return {client.MIN_NOISE: privacy.dp_noise_multiplier, client.MAX_CLIP: privacy.dp_clip_norm,
+            client.MAX_STATE_CLIP: privacy.dp_state_clip_norm, client.MAX_COHORT: cohort,
+            client.TESTING_SEED: privacy.dp_testing_reproducible_noise}
 
 
 @dataclass(frozen=True)
@@ -220,20 +192,37 @@ def canary_epsilon(z: float, records: int, rounds: int, delta: float) -> float:
 
 
 def run_audit(cfg: RunConfig, num_nodes: int, canaries: int = 1000, guesses: int | None = None,
-              seed: int = 0, confidence: float = 0.95) -> AuditResult:
+              seed: int = 0, confidence: float = 0.95,
+              node_config: Mapping[str, Any] | None = None) -> AuditResult:
     """One dp run on the in-process engine with `canaries` canaries; `guesses` per side (k+ =
-    k− = m/10 by default), fixed before the run as the bound requires."""
+    k− = m/10 by default), fixed before the run as the bound requires. Under dp='client' the
+    canaries are canary nodes and every node's floor is `node_floor`, with `node_config`'s keys
+    over it (a weaker floor: what the audit is to catch)."""
     from adaptfl.engine.inprocess import InProcessGrid
     from adaptfl.server_app.loop import run_federated
+    from adaptfl.strategies.skips import RunAborted
 
     check(cfg)
     k = max(1, canaries // 10) if guesses is None else guesses
-    audit = Canaries(canaries, seed)
+    grid = InProcessGrid(num_nodes, cfg.to_flower())
+    audit: Canaries = Canaries(canaries, seed)
+    if cfg.privacy.dp == "client":
+        floor = {**node_floor(cfg, sample_size(cfg.federation, num_nodes) + canaries), **(node_config or {})}
+        audit = SecureCanaries(canaries, seed, node_config=floor, bits=cfg.secagg.secagg_modulus_bits) \
+            if cfg.secagg.on else NodeCanaries(canaries, seed, node_config=floor)
+        for context in grid.contexts.values():
+            context.node_config.update(floor)
     audit.correct(k, k)  # refuses a bad k before the run
     with canaries_in(audit):
-        out = run_federated(InProcessGrid(num_nodes, cfg.to_flower()), cfg)
+        try:
+            out = run_federated(grid, cfg)
+        except RunAborted as err:  # every round refused (a node's floor) or skipped
+            raise ValueError(f"{err}: no round released a mean, nothing to audit") from None
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
     rows = [r for r in rows if r["round"] >= 1 and "dp-noise-multiplier" in r]
+    if not audit.rounds:  # unscored canaries would still be "guessed", by their index
+        raise ValueError(f"no round released a mean (every one refused or skipped: {out}): "
+                         "nothing to audit")
     events = [(float(r["dp-noise-multiplier"]), int(r["replies-sampled"]), num_nodes) for r in rows]
     privacy = cfg.privacy
     correct = audit.correct(k, k)

@@ -4,6 +4,7 @@ with (almost) no noise it is far above it: the audit can fail."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -11,9 +12,11 @@ import pytest
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.harness.privacy_audit import Canaries, canary_epsilon, main, run_audit
-from adaptfl.privacy import mechanism, server
+from adaptfl.privacy import client, mechanism, server
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import binomial_tail, epsilon_lower_bound, p_value
+from adaptfl.secagg import noise
+from adaptfl.strategies.base import AdaptiveStrategy
 from tests.conftest import needs_fashion_mnist
 from tests.support.run_outputs import confidential_rows
 
@@ -105,7 +108,8 @@ def test_a_mechanism_that_adds_less_noise_than_it_accounts_for_fails_the_audit(
 
 
 def test_the_cli_refuses_what_it_cannot_audit_in_one_line_exit_2(capsys) -> None:
-    for override, named in (("dp=client", "dp='client'"), ("weighting=examples", "weighting='examples'"),
+    for override, named in (("dp=none", "dp='none'"), ("secagg=secagg+", "secagg='secagg+'"),
+                            ("weighting=examples", "weighting='examples'"),
                             ("resume=true", "resume")):
         with pytest.raises(SystemExit) as exited:
             main([override, "model=mlp"])
@@ -146,3 +150,131 @@ def test_the_audit_fails_a_noiseless_and_a_half_noise_mechanism_and_passes_an_ho
              for name, sigma in (("honest", z), ("half", z / 2), ("none", 0.0))}
     assert bound["honest"] <= reference < bound["half"] < bound["none"], (reference, bound)
     assert bound["half"] < epsilon([(z, 1, 1)], 1e-5, "no-amplification")  # the old reference
+
+
+# dp='client': canary nodes (harness/node_canaries.py) clip and noise their replies with the
+# node's own code; one round of z = 2 (fedavg: k = 1), 15,000 canary nodes, 150 + 150
+# guesses: reference 2.17, an honest run audits below it and one with half the nodes' noise
+# above it (about 49 runs in 50 of the canary mechanism's scores, simulated; at 10,000 canary
+# nodes and z = 2.5, 4 in 5)
+NODE_TINY = {**TINY, "dp": "client", "num_server_rounds": 1, "dp_seed": -1,
+             "dp_testing_reproducible_noise": False}  # a node refuses a server's seed
+NODE_CANARIES, NODE_GUESSES, NODE_Z = 15_000, 150, 2.0
+
+
+@pytest.fixture
+def seeded_noise(monkeypatch):  # noqa: ANN001, ANN201
+    """Every node's noise (`privatize`'s source, OS entropy in a run) from one RandomState(0) in
+    draw order: the audits below are the same on every run."""
+    shared = np.random.RandomState(0)
+    monkeypatch.setattr(mechanism, "noise_source", lambda seed: shared)
+
+
+def _node_audit(tmp_path, tiny_data, name: str, canaries: int = NODE_CANARIES,  # noqa: ANN001, ANN202
+                guesses: int = NODE_GUESSES, node_config=None, **extra):  # noqa: ANN001
+    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name=name,
+                       **{**NODE_TINY, "dp_noise_multiplier": NODE_Z, **extra})
+    return run_audit(cfg, 4, canaries=canaries, guesses=guesses, seed=1, node_config=node_config)
+
+
+@needs_fashion_mnist
+def test_node_canaries_a_noiseless_node_fails_the_client_audit(tmp_path, tiny_data, monkeypatch,
+                                                                seeded_noise) -> None:
+    """The nodes' noise drawn at 1/1000 of its std (`privatize` through `add_noise`): every
+    guess right among 500 canary nodes; the accountant cannot see it."""
+    original = mechanism.add_noise
+    monkeypatch.setattr(mechanism, "add_noise",
+                        lambda tensors, std, rng: original(tensors, std / 1000, rng))
+    bare = _node_audit(tmp_path, tiny_data, "bare", canaries=500, guesses=50)
+    assert bare.rounds == 1 and bare.correct == 100, bare
+    assert bare.failed and bare.epsilon_audit > 3.0 > bare.epsilon_canary, bare
+
+
+@pytest.mark.slow
+@needs_fashion_mnist
+def test_node_canaries_pass_honest_nodes_and_fail_nodes_with_half_their_noise(
+        tmp_path, tiny_data, monkeypatch, seeded_noise) -> None:
+    """Each node's noise std z√k·C/√(n + m) (n + m = 10,002 in the recipe): honest passes;
+    `privatize` drawing half of it fails, the accountant unchanged."""
+    honest = _node_audit(tmp_path, tiny_data, "honest")
+    assert honest.rounds == 1 and honest.epsilon_canary == pytest.approx(canary_epsilon(NODE_Z, 1, 1, 1e-5))
+    assert not honest.failed and honest.epsilon_audit < 1.2, honest
+    original = mechanism.add_noise
+    monkeypatch.setattr(mechanism, "add_noise", lambda tensors, std, rng: original(tensors, std / 2, rng))
+    half = _node_audit(tmp_path, tiny_data, "half")
+    assert half.epsilon_run == honest.epsilon_run  # the accountant cannot see the bug
+    assert half.failed and half.epsilon_audit > honest.epsilon_canary, half
+
+
+def _inflating(monkeypatch, factor: int) -> None:  # noqa: ANN001
+    """A server that names `factor` times the cohort it samples (each node's noise share 1/√factor)."""
+    real = AdaptiveStrategy.instruction
+
+    def lying(self, server_round, config=None, sampled=None):  # noqa: ANN001, ANN202
+        if sampled is None:
+            return real(self, server_round, config)
+        return real(self, server_round, config, factor * sampled)
+
+    monkeypatch.setattr(AdaptiveStrategy, "instruction", lying)
+
+
+@pytest.mark.slow
+@needs_fashion_mnist
+def test_node_canaries_fail_a_server_that_inflates_n_past_a_missing_floor(
+        tmp_path, tiny_data, monkeypatch, seeded_noise) -> None:
+    """The recipe names 4·(n + m): with a node floor that allows it (dp-max-cohort that high,
+    as if the floor were missing) every node adds half its noise and the audit fails; with
+    the audit's own floor (the run's z over √(n + m)) every node refuses and nothing is released."""
+    _inflating(monkeypatch, 4)
+    weak = _node_audit(tmp_path, tiny_data, "weak", node_config={client.MAX_COHORT: 4 * (2 + NODE_CANARIES)})
+    assert weak.failed and weak.epsilon_audit > weak.epsilon_canary, weak
+    with pytest.raises(ValueError, match="nothing to audit"):
+        _node_audit(tmp_path, tiny_data, "floored", canaries=200, guesses=20, max_skipped_rounds=1)
+
+
+@pytest.fixture
+def seeded_integers(monkeypatch):  # noqa: ANN001, ANN201
+    """Every SecAgg+ node's discrete noise (OS entropy in a run) from a generator seeded 0, 1, 2,
+    … per draw: a rejection sampler's use of one shared stream would depend on the order the
+    real nodes (threads) draw in; this way only their seeds permute, which leaves their noises'
+    sum as it is, and the canary nodes (drawing after them, in order) get the same seeds."""
+    seeds, original = itertools.count(), noise.discrete_gaussian
+    monkeypatch.setattr(noise, "discrete_gaussian", lambda sigma, size, rng=None:
+                        original(sigma, size, np.random.default_rng(next(seeds))))
+
+
+def _secure_audit(tmp_path, tiny_data, name: str, canaries: int, guesses: int):  # noqa: ANN001, ANN202
+    """SecAgg+ of 3 of 4 nodes (its least) and the canary nodes, at the default 32-bit modulus."""
+    return _node_audit(tmp_path, tiny_data, name, canaries=canaries, guesses=guesses,
+                       secagg="secagg+", fraction_train=0.75)
+
+
+@needs_fashion_mnist
+def test_secure_canaries_pass_honest_nodes_and_fail_noiseless_ones(tmp_path, tiny_data, monkeypatch,
+                                                                   seeded_integers) -> None:
+    """Canary nodes through SecAgg+'s encoding and integer noise: honest passes (the canary
+    mechanism's noise is z·S/B ≥ z√k per round, S the integers' reach with rounding), nodes
+    drawing 1/1000 of their discrete noise get every guess right."""
+    honest = _secure_audit(tmp_path, tiny_data, "honest", 500, 50)
+    assert honest.rounds == 1 and not honest.failed, honest
+    _scaled_integer_noise(monkeypatch, 1 / 1000)
+    bare = _secure_audit(tmp_path, tiny_data, "bare", 500, 50)
+    assert bare.correct == 100 and bare.failed and bare.epsilon_audit > 3.0, bare
+
+
+def _scaled_integer_noise(monkeypatch, factor: float) -> None:  # noqa: ANN001
+    original = noise.discrete_gaussian
+    monkeypatch.setattr(noise, "discrete_gaussian",
+                        lambda sigma, size, rng=None: original(sigma * factor, size, rng))
+
+
+@pytest.mark.slow
+@needs_fashion_mnist
+def test_secure_canaries_fail_nodes_with_half_their_integer_noise(tmp_path, tiny_data, monkeypatch,
+                                                                  seeded_integers) -> None:
+    """As the dp='client' audit above (15,000 canary nodes, z = 2, 150 + 150 guesses), through
+    SecAgg+: nodes drawing half their discrete noise fail, against the same reference."""
+    _scaled_integer_noise(monkeypatch, 1 / 2)
+    half = _secure_audit(tmp_path, tiny_data, "half", NODE_CANARIES, NODE_GUESSES)
+    assert half.epsilon_canary == pytest.approx(canary_epsilon(NODE_Z, 1, 1, 1e-5))
+    assert half.failed and half.epsilon_audit > half.epsilon_canary, half
