@@ -31,7 +31,14 @@ from adaptfl.client_app.device import peak_memory_mb
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
 from adaptfl.engine.cohort_rows import CohortDeclined
-from adaptfl.engine.cohort_steps import FORMS, own_signature, pick_form, signature, train_cohort
+from adaptfl.engine.cohort_steps import (
+    FORMS,
+    convolutions_on_cpu,
+    own_signature,
+    pick_form,
+    signature,
+    train_cohort,
+)
 from adaptfl.engine.inprocess import ClientHandler, InProcessGrid
 from adaptfl.local_update import native
 from adaptfl.server_app.loop import run_federated
@@ -180,6 +187,8 @@ class CohortGrid(InProcessGrid):
                      messages: Sequence[Message], timeout: float | None) -> dict[int, Message | None]:
         """One `cohort_key` group's replies: stacked, or one at a time where it cannot be."""
         first = jobs[members[0]]
+        if self.form == "auto" and convolutions_on_cpu(first):
+            return self._alone(members, jobs, "on a CPU its convolutions train faster one client at a time")
         why = own_step_reason(first) if own else ""
         if own and pick_form([jobs[i] for i in members], self.form) == "loop":
             return self._alone(members, jobs, f"{why}, and its gradients go client by client")

@@ -42,6 +42,9 @@ from adaptfl.engine.grouped import GroupedModel
 from adaptfl.local_update.reference import Chain, elementwise_step, refresh_hessian, supports
 from adaptfl.local_update.rules import Step
 from adaptfl.local_update.trust import rows_diagnostics
+from adaptfl.workloads.losses import task_loss
+
+IGNORED = -100  # F.cross_entropy's ignore_index: targets no loss counts (masked tokens)
 
 FORMS = COHORT_FORMS
 
@@ -83,13 +86,21 @@ def pick_form(jobs: Sequence[LocalJob], form: str) -> str:
     model = session.model
     if form == "loop" or not _batchable(jobs):
         return "loop"
-    convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    if form == "auto" and convolutions and session.device.type == "cpu":
+    if form == "auto" and convolutions_on_cpu(jobs[0]):
         return "loop"
     if form in ("auto", "grouped") and GroupedModel.of(model) is not None \
             and all(p.requires_grad for p in model.parameters()):
         return "grouped"
     return "vmap"
+
+
+def convolutions_on_cpu(job: LocalJob) -> bool:
+    """A model with convolutions on a CPU: there batched convolutions (grouped or vmapped) ran
+    slower than one client's, and the loop form gained nothing over one at a time
+    (benchmarks/bench_cohort.py --model cnn: docs/scale.md)."""
+    model = job.session.model
+    return job.session.device.type == "cpu" and \
+        any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
 
 
 def _batchable(jobs: Sequence[LocalJob]) -> bool:
@@ -130,6 +141,21 @@ def loop_gradients(jobs: Sequence[LocalJob], rows: Stacked, batches: Batches,
     return torch.stack(hats) if hats else None
 
 
+def per_client_loss(loss_fn: Callable) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """[C] each client's loss over its own batch ([C, B, ...] logits and targets): the tasks'
+    shared cross-entropy as one call (a mean over each client's counted targets, as its mean
+    reduction takes it), any other loss through vmap (forward only)."""
+    if loss_fn is not task_loss:
+        return vmap(loss_fn)
+
+    def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        c = len(targets)
+        each = task_loss(logits, targets, reduction="none").view(c, -1)
+        counted = (targets.reshape(c, -1) != IGNORED).sum(dim=1)
+        return each.sum(dim=1) / counted
+    return cross_entropy
+
+
 class BatchedGradients:
     """Step j's gradients of all C clients in one computation (no loss terms here: `pick_form`):
     grouped (one model for all, plain autograd) or vmap(grad(loss)); gradient corrections
@@ -146,7 +172,7 @@ class BatchedGradients:
 
     def _grouped(self, grouped: GroupedModel, loss_fn: Callable) -> Callable:
         rows = self.rows
-        losses_of = vmap(loss_fn)  # each client's loss over its own batch (forward only)
+        losses_of = per_client_loss(loss_fn)
 
         at = {name: j for j, name in enumerate(rows.names)}
         order = [at[name] for name, _ in self.jobs[0].session.model.named_parameters()]

@@ -65,3 +65,19 @@ def test_models_outside_the_plain_chain_are_not_grouped(model: nn.Module, why: s
 def test_shared_weights_are_not_grouped() -> None:
     layer = nn.Linear(4, 4)
     assert GroupedModel.of(nn.Sequential(layer, nn.ReLU(), layer)) is None
+
+
+def test_the_cohort_loss_is_each_clients_own_mean_over_its_counted_targets() -> None:
+    """per_client_loss's one call equals task_loss client by client, masked tokens (-100) left
+    out of each client's mean as F.cross_entropy's mean reduction leaves them."""
+    from adaptfl.engine.cohort_steps import per_client_loss
+    from adaptfl.workloads.losses import task_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(C, B, 4, 6, dtype=torch.float64)
+    targets = torch.randint(0, 6, (C, B, 4))
+    targets[0, :2] = -100
+    targets[2, 0, 1] = -100
+    got = per_client_loss(task_loss)(logits, targets)
+    want = torch.stack([task_loss(logits[i], targets[i]) for i in range(C)])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
