@@ -10,12 +10,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import compression_from_recipe
-from adaptfl.client_app import session as client_session
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run
 from adaptfl.strategies.state import ServerState
+from tests.support.decoded import Decoded, record_decoded
 
 
 def _cfg(tiny_data, tmp_path, **kw) -> RunConfig:  # noqa: ANN001
@@ -80,20 +80,13 @@ def test_fp32_sends_and_replies_todays_bytes(tiny_data, tmp_path, explicit) -> N
 
 
 @pytest.fixture
-def decoded_by_clients(monkeypatch) -> list[dict[str, dict[str, torch.Tensor]]]:  # noqa: ANN001
+def decoded_by_clients(monkeypatch) -> list[Decoded]:  # noqa: ANN001
     """Each client session's broadcast records as it decoded them (in the order of the sessions)."""
-    seen: list[dict[str, dict[str, torch.Tensor]]] = []
-    original = client_session.ClientSession._decoded
-
-    def recording(self, name, record):  # noqa: ANN001, ANN202
-        out = original(self, name, record)
+    def by_session(seen: list[Decoded], name: str, record: dict[str, torch.Tensor]) -> None:
         if not seen or name in seen[-1]:
             seen.append({})
-        seen[-1][name] = {k: v.clone() for k, v in out.items()}
-        return out
-
-    monkeypatch.setattr(client_session.ClientSession, "_decoded", recording)
-    return seen
+        seen[-1][name] = record
+    return record_decoded(monkeypatch, by_session)
 
 
 def _snapshot(extras: dict, names: tuple[str, ...]) -> dict:

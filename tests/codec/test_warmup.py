@@ -11,10 +11,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.client_app import session as client_session
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
+from tests.support.decoded import Decoded, record_decoded
 from tests.support.run_outputs import metric_rows
 
 RECORDS = wire.SHARED_DOWN + wire.SHARED_UP
@@ -87,17 +87,9 @@ def test_the_warmup_rows_are_dense_then_the_runs_codecs(tiny_data, tmp_path) -> 
 
 
 @pytest.fixture
-def decoded_by_clients(monkeypatch) -> list[dict[str, dict[str, torch.Tensor]]]:  # noqa: ANN001
-    seen: list[dict[str, dict[str, torch.Tensor]]] = []
-    original = client_session.ClientSession._decoded
-
-    def recording(self, name, record):  # noqa: ANN001, ANN202
-        out = original(self, name, record)
-        seen.append({name: {k: v.clone() for k, v in out.items()}})
-        return out
-
-    monkeypatch.setattr(client_session.ClientSession, "_decoded", recording)
-    return seen
+def decoded_by_clients(monkeypatch) -> list[Decoded]:  # noqa: ANN001
+    """Every broadcast record a client session decoded, one entry each."""
+    return record_decoded(monkeypatch, lambda seen, name, record: seen.append({name: record}))
 
 
 def test_clients_decode_the_servers_state_after_rounds_skipped_across_the_warmups_end(

@@ -12,13 +12,13 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.client_app import session as client_session
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
 from adaptfl.strategies.state import ServerState
+from tests.support.decoded import Decoded, record_decoded
 from tests.support.run_outputs import metric_rows
 
 
@@ -83,19 +83,12 @@ class Recording:
 
 
 @pytest.fixture
-def decoded_by_clients(monkeypatch) -> list[dict[str, dict[str, torch.Tensor]]]:  # noqa: ANN001
+def decoded_by_clients(monkeypatch) -> list[Decoded]:  # noqa: ANN001
     """Each client session's decoded v̄ (one entry per session that got one)."""
-    seen: list[dict[str, dict[str, torch.Tensor]]] = []
-    original = client_session.ClientSession._decoded
-
-    def recording(self, name, record):  # noqa: ANN001, ANN202
-        out = original(self, name, record)
+    def v_bar(seen: list[Decoded], name: str, record: dict[str, torch.Tensor]) -> None:
         if name == wire.V_BAR:
-            seen.append({name: {k: v.clone() for k, v in out.items()}})
-        return out
-
-    monkeypatch.setattr(client_session.ClientSession, "_decoded", recording)
-    return seen
+            seen.append({name: record})
+    return record_decoded(monkeypatch, v_bar)
 
 
 def _round(strategy, grid: InProcessGrid, server_round: int) -> list[Message]:  # noqa: ANN001
