@@ -7,6 +7,7 @@
     dirichlet-alpha = [0.1, 1.0]
     fraction-train = [1.0]
     seeds = [0, 1, 2]
+    cohort = 10                      # optional: train each round's clients 10 at a time
     [fixed]                          # run-config keys shared by every cell
     num-server-rounds = 10
     [paper]                          # optional: what the report checks (harness/claims.py)
@@ -24,6 +25,7 @@ from typing import Any
 from adaptfl.algorithms.config import RunConfig
 
 GRID_AXES = ("algorithm", "dirichlet-alpha", "fraction-train", "seed")
+SWEEP_KEYS = ("name", "num-nodes", "algorithms", "dirichlet-alpha", "fraction-train", "seeds", "cohort")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Cell:
     axes: dict[str, Any]
     fixed: dict[str, Any]
     num_nodes: int
+    cohort: int = 1  # the engine's --cohort: clients trained together (docs/scale.md)
 
     @property
     def run_config(self) -> dict[str, Any]:
@@ -41,7 +44,10 @@ class Cell:
     @property
     def cell_id(self) -> str:
         """Stable over processes and key order: the hash of everything the run computes from."""
-        blob = json.dumps({"config": self.run_config, "num-nodes": self.num_nodes}, sort_keys=True)
+        run = {"config": self.run_config, "num-nodes": self.num_nodes}
+        if self.cohort != 1:  # equal to one at a time only to float round-off: its own cell
+            run["cohort"] = self.cohort
+        blob = json.dumps(run, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def label(self) -> str:
@@ -59,11 +65,12 @@ class Grid:
     seeds: list[int]
     fixed: dict[str, Any]
     paper: dict[str, Any] = field(default_factory=dict)
+    cohort: int = 1
     skipped_algorithms: list[str] = field(default_factory=list)  # not in the catalog (yet)
 
     def cells(self) -> list[Cell]:
         return [Cell({"algorithm": algorithm, "dirichlet-alpha": alpha, "fraction-train": fraction,
-                      "seed": seed}, self.fixed, self.num_nodes)
+                      "seed": seed}, self.fixed, self.num_nodes, self.cohort)
                 for algorithm in self.algorithms for alpha in self.dirichlet_alphas
                 for fraction in self.fraction_trains for seed in self.seeds]
 
@@ -89,6 +96,9 @@ def parse_grid(text: str, known_algorithms: set[str] | None = None) -> Grid:
     if unknown:
         raise ValueError(f"unknown grid sections {unknown}; known: sweep, fixed, paper")
     sweep, fixed = raw.get("sweep", {}), dict(raw.get("fixed", {}))
+    stray = sorted(set(sweep) - set(SWEEP_KEYS))
+    if stray:
+        raise ValueError(f"unknown [sweep] keys {stray}; known: {', '.join(SWEEP_KEYS)}")
     clash = sorted(set(fixed) & set(GRID_AXES))
     if clash:
         raise ValueError(f"[fixed] sets grid axes {clash}; put them in [sweep]")
@@ -101,9 +111,12 @@ def parse_grid(text: str, known_algorithms: set[str] | None = None) -> Grid:
                 dirichlet_alphas=_list(sweep, "dirichlet-alpha", float),
                 fraction_trains=_list(sweep, "fraction-train", float), seeds=_list(sweep, "seeds", int),
                 fixed=fixed, paper=dict(raw.get("paper", {})),
-                skipped_algorithms=[a for a in algorithms if a not in known])
+                skipped_algorithms=[a for a in algorithms if a not in known],
+                cohort=sweep.get("cohort", 1))
     if grid.num_nodes < 1:
         raise ValueError(f"[sweep] num-nodes must be >= 1, got {grid.num_nodes}")
+    if not isinstance(grid.cohort, int) or isinstance(grid.cohort, bool) or grid.cohort < 1:
+        raise ValueError(f"[sweep] cohort must be a count >= 1, got {grid.cohort!r}")
     for cell in grid.cells():  # raises naming a bad key; fixed keys apply where an algorithm reads them
         RunConfig.from_flower(cell.run_config, drop_unused=True)
     return grid

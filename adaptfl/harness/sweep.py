@@ -36,6 +36,7 @@ def run_cell(cell: Cell, results_dir: Path) -> dict[str, Any]:
     """Run one cell (continuing its checkpoint if an earlier attempt was cut off); its row."""
     import torch
 
+    from adaptfl.engine.cohort import run_cohort
     from adaptfl.engine.inprocess import run_inprocess
 
     torch.set_num_threads(1)  # parallel jobs share the cores: one thread each
@@ -45,7 +46,9 @@ def run_cell(cell: Cell, results_dir: Path) -> dict[str, Any]:
               "resume": (run_dir / cell.cell_id).is_dir(), "num-threads": 1,
               "client-state-dir": str(run_dir / cell.cell_id / "client-state")}
     started = time.perf_counter()
-    out = run_inprocess(RunConfig.from_flower(config, drop_unused=True), cell.num_nodes)
+    cfg = RunConfig.from_flower(config, drop_unused=True)
+    out = run_inprocess(cfg, cell.num_nodes) if cell.cohort == 1 else \
+        run_cohort(cfg, cell.num_nodes, cell.cohort)
     return summarise(cell, out, time.perf_counter() - started)
 
 

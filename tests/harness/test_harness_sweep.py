@@ -45,10 +45,32 @@ def test_grid_cells_and_unknown_algorithms() -> None:
     (("local-steps = 1", "local-stepz = 1"), "local-stepz"),
     (("seeds = [0, 1, 2]", "seeds = []"), "seeds"),
     (("model = \"mlp\"", "seed = 3"), "grid axes"),
+    (("seeds = [0, 1, 2]", "seeds = [0]\ncohort = 0"), "cohort"),
+    (("seeds = [0, 1, 2]", "seeds = [0]\ncohort = \"auto\""), "cohort"),
+    (("seeds = [0, 1, 2]", "seeds = [0]\ncohrt = 2"), "unknown \\[sweep\\] keys \\['cohrt'\\]"),
 ])
 def test_bad_grids_are_refused_naming_the_problem(edit: tuple[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_grid(TINY_GRID.replace(*edit), known_algorithms={"fedavg"})
+
+
+def test_a_cohort_grid_trains_its_cells_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cohort = C` reaches the engine's run_cohort, and names its own cells (equal to one at a
+    time only to float round-off); cohort 1 keeps the one-at-a-time cells' ids."""
+    import adaptfl.engine.cohort as cohort_module
+    import adaptfl.harness.sweep as sweep_module
+
+    alone = parse_grid(TINY_GRID, {"fedavg"}).cells()[0]
+    together = parse_grid(TINY_GRID.replace("seeds = [0, 1, 2]", "seeds = [0, 1, 2]\ncohort = 2"),
+                          {"fedavg"}).cells()[0]
+    assert together.cohort == 2 and together.cell_id != alone.cell_id
+    assert parse_grid(TINY_GRID.replace("seeds = [0, 1, 2]", "seeds = [0, 1, 2]\ncohort = 1"),
+                      {"fedavg"}).cells()[0].cell_id == alone.cell_id
+    calls: list[tuple[int, int | None]] = []
+    monkeypatch.setattr(cohort_module, "run_cohort",
+                        lambda cfg, nodes, size, form="auto": calls.append((nodes, size)) or tmp_path)
+    monkeypatch.setattr(sweep_module, "summarise", lambda cell, out, seconds: {"out": out})
+    assert run_cell(together, tmp_path) == {"out": tmp_path} and calls == [(2, 2)]
 
 
 @pytest.mark.slow
