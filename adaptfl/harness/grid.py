@@ -87,6 +87,18 @@ def _list(section: dict[str, Any], key: str, kind: type) -> list[Any]:
     return values
 
 
+def _sweep_section(raw: dict[str, Any]) -> dict[str, Any]:
+    """[sweep], its keys known and its cohort a count."""
+    sweep = dict(raw.get("sweep", {}))
+    stray = sorted(set(sweep) - set(SWEEP_KEYS))
+    if stray:
+        raise ValueError(f"unknown [sweep] keys {stray}; known: {', '.join(SWEEP_KEYS)}")
+    cohort = sweep.get("cohort", 1)
+    if not isinstance(cohort, int) or isinstance(cohort, bool) or cohort < 1:
+        raise ValueError(f"[sweep] cohort must be a count >= 1, got {cohort!r}")
+    return sweep
+
+
 def parse_grid(text: str, known_algorithms: set[str] | None = None) -> Grid:
     """Parse and check a grid. Algorithms missing from `known_algorithms` are set aside in
     `skipped_algorithms` (a grid may name algorithms that land later); every cell's run
@@ -95,10 +107,7 @@ def parse_grid(text: str, known_algorithms: set[str] | None = None) -> Grid:
     unknown = sorted(set(raw) - {"sweep", "fixed", "paper"})
     if unknown:
         raise ValueError(f"unknown grid sections {unknown}; known: sweep, fixed, paper")
-    sweep, fixed = raw.get("sweep", {}), dict(raw.get("fixed", {}))
-    stray = sorted(set(sweep) - set(SWEEP_KEYS))
-    if stray:
-        raise ValueError(f"unknown [sweep] keys {stray}; known: {', '.join(SWEEP_KEYS)}")
+    sweep, fixed = _sweep_section(raw), dict(raw.get("fixed", {}))
     clash = sorted(set(fixed) & set(GRID_AXES))
     if clash:
         raise ValueError(f"[fixed] sets grid axes {clash}; put them in [sweep]")
@@ -115,8 +124,6 @@ def parse_grid(text: str, known_algorithms: set[str] | None = None) -> Grid:
                 cohort=sweep.get("cohort", 1))
     if grid.num_nodes < 1:
         raise ValueError(f"[sweep] num-nodes must be >= 1, got {grid.num_nodes}")
-    if not isinstance(grid.cohort, int) or isinstance(grid.cohort, bool) or grid.cohort < 1:
-        raise ValueError(f"[sweep] cohort must be a count >= 1, got {grid.cohort!r}")
     for cell in grid.cells():  # raises naming a bad key; fixed keys apply where an algorithm reads them
         RunConfig.from_flower(cell.run_config, drop_unused=True)
     return grid
