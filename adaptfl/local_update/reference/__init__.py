@@ -6,8 +6,9 @@ are the oracle the fast paths are tested against and the batched step of the coh
 tensors and a new state dict, as `optax`'s transforms do, and the order of the stages is the
 algorithm:
 
-    d, c = direction(g)            the rule (elementwise.py: sgd, adam/adamw, sophia;
-                                   matrices.py: muon)
+    d, c = direction(g)            the rule (elementwise.py: sgd, adam/adamw, sophia; Muon's
+                                   and SOAP's per-matrix rules have no batched form here: the
+                                   cohort runs each client's own step, rules/muon.py, soap.py)
     u = (1-ρ)·(c/L)·d + ρ·Δ_G      correction by the server's global direction
     φ = trust(u ⊙ g)               α on the top ⌊τD⌋ scores, γ elsewhere (act); or cautious
     x = (1-δ)·x - L·φ ⊙ u          decoupled weight decay, then the step
