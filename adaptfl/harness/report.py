@@ -158,7 +158,9 @@ def grid_section(grid: Grid, rows: list[Row], plot_dir: Path, page_dir: Path) ->
         return "\n".join(parts + ["No results yet.", ""])
     fixed = ", ".join(f"`{k}={v}`" for k, v in grid.fixed.items())
     seeds = len(grid.seeds)
-    parts += [f"**Setting.** {grid.num_nodes} clients, {fixed}; {seeds} seeds per cell.", ""]
+    together = f"; each round's clients trained {grid.cohort} at a time (`--cohort {grid.cohort}`, " \
+        "docs/scale.md)" if grid.cohort > 1 else ""
+    parts += [f"**Setting.** {grid.num_nodes} clients, {fixed}; {seeds} seeds per cell{together}.", ""]
     if paper.get("scale"):
         parts += [f"**Scale.** {paper['scale']}", ""]
     parts += [results_table(rows, paper.get("target", "test-accuracy")), ""]

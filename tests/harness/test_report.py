@@ -193,3 +193,31 @@ def test_splice_held_adds_then_replaces_the_grids_line() -> None:
     twice = splice_held(once, "- FedACT on LoRA (seed 000): **holds**.")
     assert twice == once.replace("**does not hold**", "**holds**")
     assert splice_held("## Systems\n", "- A: b.") == "## Systems\n"
+
+
+def test_every_shipped_grid_parses_and_reproduce_sweeps_or_splices_it() -> None:
+    """A grid in harness/grids that reproduce neither sweeps nor splices would never reach the
+    page; each parses against the catalog (a renamed algorithm or key fails here)."""
+    from adaptfl.algorithms.catalog import catalog
+    from adaptfl.harness.grid import load_grid
+    from adaptfl.harness.reproduce import GRID_ORDER, GRIDS_DIR, SPLICED_GRIDS
+
+    shipped = sorted(p.stem for p in GRIDS_DIR.glob("*.toml"))
+    assert sorted([*GRID_ORDER, *SPLICED_GRIDS]) == shipped
+    for name in shipped:
+        grid = load_grid(GRIDS_DIR / f"{name}.toml", set(catalog()))
+        assert not grid.skipped_algorithms and grid.name == name
+
+
+def test_a_cohort_grids_setting_line_says_how_its_clients_trained(tmp_path: Path) -> None:
+    from adaptfl.harness.grid import parse_grid
+    from adaptfl.harness.report import grid_section
+
+    text = """[sweep]\nname = "c"\nnum-nodes = 4\nalgorithms = ["fedavg"]\ndirichlet-alpha = [0.5]
+fraction-train = [1.0]\nseeds = [0]\ncohort = 4\n[fixed]\nnum-server-rounds = 1\n"""
+    row = {"cell": "x", "algorithm": "fedavg", "dirichlet-alpha": "0.5", "fraction-train": "1.0",
+           "seed": "0", "final-test-accuracy": "0.5", "final-test-loss": "1.0", "rounds": "1"}
+    section = grid_section(parse_grid(text), [row], tmp_path, tmp_path)
+    assert "1 seeds per cell; each round's clients trained 4 at a time (`--cohort 4`" in section
+    assert "at a time" not in grid_section(parse_grid(text.replace("cohort = 4\n", "")), [row],
+                                           tmp_path, tmp_path)
