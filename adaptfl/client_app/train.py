@@ -7,6 +7,7 @@ indexed there (no host→device copy and no host read per step), unless it is to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections import OrderedDict
@@ -94,7 +95,8 @@ def run_local_steps(session: ClientSession, split: Split, loss_fn: Loss, indices
         else:
             x, y = split.batch(indices[batch])
             x, y = x.to(device), y.to(device)
-        with torch.autocast(device.type, dtype=cast or torch.float32, enabled=cast is not None):
+        # fp32: no autocast context at all (entering a disabled one costs ~30 µs a step)
+        with contextlib.nullcontext() if cast is None else torch.autocast(device.type, dtype=cast):
             logits = model(x)
             loss = session.loss(x, logits, loss_fn(logits, y))
         session.backward(loss, logits, loss_fn)
