@@ -253,15 +253,24 @@ class ClientSession:
         return Message(content=self.reply_content(num_examples, metrics, batched=batched),
                        reply_to=self.msg)
 
+    def _warn_steps(self) -> None:
+        """The server scales Δ by K: say which setting the training loop should match."""
+        if self.info.local_epochs > 0.0:  # K from the epochs and this client's examples
+            fix = (f"local-epochs={self.info.local_epochs:g} over this client's "
+                   f"{self.data.num_examples} examples at batch-size={self.info.batch_size} is "
+                   f"{self.info.local_steps} steps (ceil(E·examples/batch)): run that many")
+        else:
+            fix = "pass local_steps= to the strategy to match your training loop"
+        log.warning("this client took %d local steps, the run's local-steps is %d: the server "
+                    "scales Δ by K (Δ_G = -mean Δ/(K·lr), SCAFFOLD's c, FedDyn); %s",
+                    self.optimizer.steps, self.info.local_steps, fix)
+
     def reply_content(self, num_examples: int, metrics: Mapping[str, int | float] | None = None,
                       check_steps: bool = True, batched: str | None = None) -> RecordDict:
         """The reply's records: Δ, the algorithm's uploads and the metrics."""
         self._check_hooks_used()
         if check_steps and self.optimizer.steps != self.info.local_steps:  # Δ_G, c, … divide by K
-            log.warning("this client took %d local steps, the run's local-steps is %d: the server "
-                        "scales Δ by K (Δ_G = -mean Δ/(K·lr), SCAFFOLD's c, FedDyn); pass "
-                        "local_steps= to the strategy to match your training loop",
-                        self.optimizer.steps, self.info.local_steps)
+            self._warn_steps()
         end = self.model.state_dict()
         delta = {n: (end[n].detach() - t).cpu() for n, t in self.start_state.items()}
         train_loss = self.train_loss()

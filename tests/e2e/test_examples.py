@@ -271,3 +271,25 @@ def test_a_session_warns_when_the_loop_takes_another_number_of_steps(caplog) -> 
     with caplog.at_level(logging.WARNING):
         session.reply_content(4)
     assert "this client took 2 local steps, the run's local-steps is 5" in caplog.text
+    assert "pass local_steps= to the strategy" in caplog.text
+
+
+def test_under_local_epochs_the_warning_names_the_epochs_not_local_steps(caplog) -> None:
+    """With local-epochs the run's K is this client's ceil(E·examples/batch): the warning says
+    so (a user of epochs has no local_steps= to pass)."""
+    from adaptfl.core.stage import ClientData
+
+    model = torch.nn.Linear(3, 2)
+    strategy = AdaptiveStrategy(RunConfig.of(algorithm="fedavg", local_epochs=1.0, batch_size=2))
+    strategy.initialize(model.state_dict())
+    session = ClientSession(strategy.instruction(1), model, data=ClientData(num_examples=5))
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    logits = model(x)
+    session.backward(session.loss(x, logits, torch.nn.functional.cross_entropy(logits, y)), logits)
+    session.step()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        session.reply_content(5)
+    assert "this client took 1 local steps, the run's local-steps is 3" in caplog.text
+    assert "local-epochs=1 over this client's 5 examples at batch-size=2 is 3 steps" in caplog.text
+    assert "local_steps=" not in caplog.text
