@@ -31,6 +31,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "fed-eval-personal-accuracy-p10": ("both", "the 10th percentile of the clients' personalised "
                                        "accuracies"),
     "fed-eval-sampled": ("both", "nodes sent an evaluate message this round"),
+    "fed-eval-bytes-down": ("both", "bytes of the evaluate messages' arrays as they go over the wire "
+                            "(the global model to each of fed-eval-sampled; not in bytes-down, which "
+                            "counts training's); the replies carry a few scores"),
     "fed-eval-replies": ("both", "evaluate replies that entered the fed-eval values"),
     "fed-eval-seconds": ("both", "the round's federated evaluation alone (sending to the last reply)"),
     "fed-eval-clients": (JSONL, "partition -> its evaluate reply's values (num-examples, node-id, "

@@ -55,12 +55,14 @@ class EvaluationReport:
     """One round's federated evaluation, for the metrics row."""
 
     sampled: int = 0
+    bytes_down: int = 0  # the evaluate messages' array records as they go over the wire
     metrics: dict[str, float] = field(default_factory=dict)  # the row's fed-eval-* means and deciles
     clients: dict[str, dict[str, float]] = field(default_factory=dict)  # partition id -> its scores
     rejected: dict[str, str] = field(default_factory=dict)  # node id -> why its reply was dropped
 
     def row(self, seconds: float) -> dict[str, Any]:
         out: dict[str, Any] = {**self.metrics, "fed-eval-sampled": self.sampled,
+                               "fed-eval-bytes-down": self.bytes_down,
                                "fed-eval-replies": len(self.clients), "fed-eval-seconds": seconds,
                                "fed-eval-clients": self.clients}
         if self.rejected:
@@ -168,6 +170,9 @@ class FederatedEvaluation:
         self._eval_messages = [Message(content=content, dst_node_id=node, message_type=MessageType.EVALUATE)
                                for node in sampled]
         self.eval_report.sampled = len(sampled)
+        # bytes-down counts training's messages; evaluation's model broadcast is its own column
+        self.eval_report.bytes_down = len(sampled) * sum(
+            len(arr.data) for record in content.array_records.values() for arr in record.values())
         return self._eval_messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

@@ -75,6 +75,9 @@ def test_the_aggregate_is_the_weighted_mean_and_the_worst_decile_by_hand() -> No
                                         "node-id": 5}
     row = report.row(seconds=0.5)
     assert row["fed-eval-replies"] == 5 and row["fed-eval-sampled"] == 5 and "fed-eval-rejected" not in row
+    model_bytes = sum(len(a.data) for r in _evaluate(_strategy())[1].content.array_records.values()
+                      for a in r.values())
+    assert model_bytes > 0 and row["fed-eval-bytes-down"] == 5 * model_bytes  # five copies sent
 
 
 def test_a_claim_far_above_the_median_is_capped_as_a_training_weight_is() -> None:
