@@ -33,6 +33,7 @@ class ClaimCheck:
     holds: bool  # the ordering holds in every setting
     gap_where_claimed: bool | None  # None when the grid names no place or has one setting
     verdict: str
+    gap_resolved: bool = True  # the largest gap exceeds every other by one seed standard deviation
 
 
 def lower_is_better(metric: str) -> bool:
@@ -60,7 +61,8 @@ def check_claim(paper: dict, rows: list[Row]) -> ClaimCheck | None:
         return None
     holds = all(c.gain > 0 for c in comparisons)
     gap = _gap_where_claimed(paper.get("gap-largest-at", ""), comparisons)
-    return ClaimCheck(comparisons, holds, gap, _verdict(holds, gap, comparisons))
+    resolved = gap is None or _gap_resolved(comparisons)
+    return ClaimCheck(comparisons, holds, gap, _verdict(holds, gap, comparisons, resolved), resolved)
 
 
 def _gap_where_claimed(where: str, comparisons: list[Comparison]) -> bool | None:
@@ -76,12 +78,21 @@ def _gap_where_claimed(where: str, comparisons: list[Comparison]) -> bool | None
     return largest.setting[index] == target
 
 
+def _gap_resolved(comparisons: list[Comparison]) -> bool:
+    """Whether the largest gain exceeds the next largest by more than the larger seed standard
+    deviation of the four runs' summaries behind them (else "largest" is within noise)."""
+    ranked = sorted(comparisons, key=lambda c: c.gain, reverse=True)
+    first, second = ranked[0], ranked[1]
+    spread = max(v.std for c in (first, second) for v in (c.winner_value, c.loser_value))
+    return first.gain - second.gain > spread
+
+
 def _tied(c: Comparison) -> bool:
     """Equal means up to float rounding (a mean of counts, summed in another order)."""
     return abs(c.gain) <= 1e-9 * max(1.0, abs(c.winner_value.mean), abs(c.loser_value.mean))
 
 
-def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison]) -> str:
+def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison], resolved: bool = True) -> str:
     noisy = sum(c.within_noise for c in comparisons)
     if holds and noisy == len(comparisons):
         text = ("**not resolved**: the claimed order appears in the means of every setting, but no "
@@ -100,7 +111,10 @@ def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison]) -> st
         text = "**does not hold** here: the claimed order is reversed in every comparison"
     if noisy:
         text += f" ({noisy} of {len(comparisons)} gaps are within one seed standard deviation)"
-    if gap is not None:
+    if gap is not None and not resolved:
+        text += ("; where the gap is largest is **not resolved** (the largest exceeds the next by "
+                 "less than one seed standard deviation)")
+    elif gap is not None:
         text += "; the gap is largest where the paper says" if gap else \
             "; the gap is **not** largest where the paper says"
     return text + "."

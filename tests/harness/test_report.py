@@ -80,6 +80,7 @@ def test_claim_verdict_and_gap_location(tmp_path: Path) -> None:
     assert check is not None and check.holds and check.gap_where_claimed is True
     gains = {c.setting: round(c.gain, 4) for c in check.comparisons}
     assert gains == {(0.1, 0.2): 0.2, (0.1, 1.0): 0.01}
+    assert check.gap_resolved and "the gap is largest where the paper says" in check.verdict
     assert check.comparisons[1].within_noise  # 0.01 < std 0.0141
     tie = [{**r, "final-test-accuracy": "0.5"} for r in rows]  # the same mean everywhere
     verdict = check_claim(parse_grid(GRID).paper, tie).verdict
@@ -90,6 +91,21 @@ def test_claim_verdict_and_gap_location(tmp_path: Path) -> None:
     assert check_claim(loss_claim, rows).holds
     paired = {**parse_grid(GRID).paper, "pairs": [["fedavg", "hafedho"]]}  # overrides `better`
     assert not check_claim(paired, rows).holds
+
+
+def test_a_largest_gap_within_one_seed_sd_of_the_next_is_not_resolved() -> None:
+    """Gains +0.0043 (p=0.1) and +0.0042 (p=0.3) with seed sds of 0.002-0.003: the gap is
+    largest at low participation by 0.0001, far inside the spread, so not a resolved location."""
+    def rows(p: float, fedavg: list[float], hafedho: list[float]) -> list[dict[str, str]]:
+        return [{"algorithm": a, "dirichlet-alpha": "0.1", "fraction-train": str(p), "seed": str(i),
+                 "final-test-accuracy": str(v)} for a, vs in (("fedavg", fedavg), ("hafedho", hafedho))
+                for i, v in enumerate(vs)]
+    table = rows(0.1, [0.786, 0.789, 0.7922], [0.7917, 0.7937, 0.7957]) + \
+        rows(0.3, [0.799, 0.802, 0.805], [0.8042, 0.8062, 0.8082])
+    check = check_claim(parse_grid(GRID).paper, table)
+    assert check is not None and check.holds and check.gap_where_claimed is True
+    assert not check.gap_resolved and "is **not resolved**" in check.verdict
+    assert "largest where the paper says" not in check.verdict
 
 
 def test_page_has_the_table_claim_and_plot(tmp_path: Path) -> None:
