@@ -111,10 +111,13 @@ def _verdict(holds: bool, gap: bool | None, comparisons: list[Comparison], resol
         text = "**does not hold** here: the claimed order is reversed in every comparison"
     if noisy:
         text += f" ({noisy} of {len(comparisons)} gaps are within one seed standard deviation)"
-    if gap is not None and not resolved:
-        text += ("; where the gap is largest is **not resolved** (the largest exceeds the next by "
-                 "less than one seed standard deviation)")
-    elif gap is not None:
-        text += "; the gap is largest where the paper says" if gap else \
-            "; the gap is **not** largest where the paper says"
-    return text + "."
+    return text + _gap_clause(gap, resolved) + "."
+
+
+def _gap_clause(gap: bool | None, resolved: bool) -> str:
+    if gap is None:
+        return ""
+    if not resolved:
+        return ("; where the gap is largest is **not resolved** (the largest exceeds the next by "
+                "less than one seed standard deviation)")
+    return "; the gap is " + ("largest" if gap else "**not** largest") + " where the paper says"
