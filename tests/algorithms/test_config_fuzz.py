@@ -30,7 +30,7 @@ MAX_DRAWS = 320  # choice shifts every later draw, so a fixed count would hang o
 # Where and how the run happens, not what it computes: fixed so each draw stays small.
 FIXED = {"num-server-rounds": 1, "model": "mlp", "task": "fashion-mnist", "max-precond-dim": 100}
 # Small unless drawn (a draw of either key overrides it): the declared defaults (K = 50 steps of
-# 50 examples) made a run ~5 s and the test ~4 min; validity never depends on them being large.
+# 50 examples) are what most draws trained; no refusal depends on them being large.
 SMALL_UNLESS_DRAWN = {"local-steps": 2, "batch-size": 16}
 NOT_DRAWN = {"results-dir", "run-name", "resume", "resume-from", "client-state-dir", "data-dir",
              "device", "num-threads", "round-timeout", "min-replies", "task", "model", "algorithm",
