@@ -58,7 +58,7 @@ scale=1  # the stages' timeouts are the GPU machine's; a dry run on a shared CPU
 if [ $dry = 1 ]; then
   scale=3; dev=cpu; gpus=0; nodes=2; fedact=(--model cnn --batch 8 --repeats 3 --warmup 1 --round-steps 2 --diagnostics-every 1)
   big=(--model cnn --repeats 3 --warmup 1 --only update); muon=(--model mlp --muon-routing all-2d --steps 2 --threads 1)
-  round=(--model cnn --clients 2 --steps 2 --rounds 2 --batch 16); topk=(--numel 100000 --repeats 3)
+  round=(--model mlp --clients 2 --steps 2 --rounds 2 --batch 16); topk=(--numel 100000 --repeats 3)
   cohort=(--model mlp --clients 4 --nodes 4 --steps 3 --rounds 2 --repeats 1)
   tests=(tests/local_update/test_sync_free_step.py tests/local_update/test_device_paths.py -k "fedact and not a_local_step and not fedact-local")
   rounds="local-steps=2 batch-size=16 model='mlp'"

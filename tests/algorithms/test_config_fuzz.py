@@ -29,6 +29,9 @@ DRAWS = 200  # at least; up to MAX_DRAWS until each outcome below has its share 
 MAX_DRAWS = 320  # choice shifts every later draw, so a fixed count would hang on luck)
 # Where and how the run happens, not what it computes: fixed so each draw stays small.
 FIXED = {"num-server-rounds": 1, "model": "mlp", "task": "fashion-mnist", "max-precond-dim": 100}
+# Small unless drawn (a draw of either key overrides it): the declared defaults (K = 50 steps of
+# 50 examples) are what most draws trained; no refusal depends on them being large.
+SMALL_UNLESS_DRAWN = {"local-steps": 2, "batch-size": 16}
 NOT_DRAWN = {"results-dir", "run-name", "resume", "resume-from", "client-state-dir", "data-dir",
              "device", "num-threads", "round-timeout", "min-replies", "task", "model", "algorithm",
              "num-server-rounds", "max-precond-dim", "partitioning",
@@ -66,7 +69,7 @@ def _value(info: Any, rng: random.Random) -> Any:
 
 
 def _draw(rng: random.Random) -> dict[str, Any]:
-    values: dict[str, Any] = {**FIXED, "algorithm": rng.choice(sorted(catalog())),
+    values: dict[str, Any] = {**FIXED, **SMALL_UNLESS_DRAWN, "algorithm": rng.choice(sorted(catalog())),
                               "partitioning": rng.choice(["iid", "dirichlet", "pathological"])}
     for kind, switch in SLOTS.values():
         if switch and rng.random() < 0.3:

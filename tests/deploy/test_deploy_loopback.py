@@ -40,6 +40,12 @@ pytestmark = [
 ]
 
 
+# Each module fixture is one deployment; an xdist group per fixture keeps its tests on one worker,
+# so `-n 2 --dist loadgroup` builds it once (spread over both, each worker built its own copy).
+ON_DEPLOYMENT = pytest.mark.xdist_group("loopback-deployment")
+ON_ATTACKED = pytest.mark.xdist_group("loopback-attacked")
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory) -> LoopbackResult:
     workdir = tmp_path_factory.mktemp("loopback")
@@ -54,6 +60,7 @@ def _rows(result: LoopbackResult) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["round"] >= 1]
 
 
+@ON_DEPLOYMENT
 def test_two_rounds_of_fedact_over_tls_with_node_auth(deployment, tmp_path) -> None:
     assert deployment.run.returncode == 0, deployment.run.stdout[-3000:] + deployment.run.stderr[-3000:]
     superlink_log = (deployment.log_dir / "superlink.log").read_text()
@@ -76,6 +83,7 @@ def test_two_rounds_of_fedact_over_tls_with_node_auth(deployment, tmp_path) -> N
         assert torch.equal(deployed[name], expected[name]), name
 
 
+@ON_DEPLOYMENT
 def test_a_supernode_with_an_unregistered_key_is_refused(deployment) -> None:
     intruder_log = (deployment.log_dir / "supernode-intruder.log").read_text()
     # Flower logs its code 305 but the process exits with status 1 (deploy/README.md says so).
@@ -87,6 +95,7 @@ def test_a_supernode_with_an_unregistered_key_is_refused(deployment) -> None:
     assert all(r["replies-sampled"] == 2 and r["replies-accepted"] == 2 for r in _rows(deployment))
 
 
+@ON_DEPLOYMENT
 def test_the_loopback_runs_the_commands_of_the_compose_demo(deployment) -> None:
     """Same programs and flags in the same order; only addresses and file paths differ."""
     from tests.deploy.test_deploy_compose import merged, service_argv
@@ -106,6 +115,7 @@ def test_the_loopback_runs_the_commands_of_the_compose_demo(deployment) -> None:
         <= set(deployment.commands)
 
 
+@ON_DEPLOYMENT
 def test_the_supernode_apis_for_their_superexecs_listen_on_loopback_only(deployment) -> None:
     for name, argv in deployment.commands.items():
         if name.startswith("supernode-"):
@@ -154,6 +164,7 @@ def attacked(tmp_path_factory) -> LoopbackResult:
                         trusted_entities=trusted, timeout=300)
 
 
+@ON_ATTACKED
 @pytest.mark.parametrize("attempt,path", [("register", "/v1/control/register-node"),
                                           ("ls", "/v1/control/list-runs"),
                                           ("run", "/v1/control/start-run")])
@@ -165,6 +176,7 @@ def test_someone_with_only_ca_crt_can_neither_enrol_nor_list_nor_run(attacked, a
     assert superlink_log.count("/v1/control/register-node") == 1  # the operator's, not the attacker's
 
 
+@ON_ATTACKED
 def test_a_supernode_with_trusted_entities_refuses_an_unsigned_app(attacked) -> None:
     node_log = (attacked.log_dir / "supernode-1.log").read_text()
     assert "The FAB could not be verified" in node_log
@@ -174,6 +186,7 @@ def test_a_supernode_with_trusted_entities_refuses_an_unsigned_app(attacked) -> 
     assert "flwr-clientapp" not in (attacked.log_dir / "superexec-clientapp-1.log").read_text()
 
 
+@ON_ATTACKED
 @pytest.mark.parametrize("attempt", ["register", "ls", "run"])
 def test_a_local_process_outside_the_namespace_cannot_reach_the_superlinks_port(attacked, attempt) -> None:
     """Issue 21 §5: on the host's 127.0.0.1, any local process holding ca.crt reached the

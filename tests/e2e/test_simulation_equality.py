@@ -26,10 +26,12 @@ CODECS = {"codec": "nf4", "codec-delta": "top10%:int8+ef"}
 @needs_fashion_mnist
 @pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
 @pytest.mark.parametrize("codecs", [{}, CODECS], ids=["fp32", "compressed"])
-def test_two_rounds_of_fedact_match_between_simulation_and_in_process(codecs, tmp_path) -> None:
-    results = tmp_path / "results"
+def test_two_rounds_of_fedact_match_between_simulation_and_in_process(codecs, tiny_data, tmp_path) -> None:
+    # conftest's tiny Fashion-MNIST: the full set made each side load and evaluate 70,000
+    # images (~40 s of the test); equality and the wire's bytes do not depend on the data's size
+    results, data = tmp_path / "results", {"data-dir": tiny_data["fashion-mnist"]}
     overrides = " ".join(f"{k}={v}" for k, v in SETTINGS.items())
-    overrides += "".join(f" {k}='{v}'" for k, v in codecs.items())
+    overrides += "".join(f" {k}='{v}'" for k, v in {**codecs, **data}.items())
     run_config = f"{overrides} results-dir='{results}' run-name='sim' algorithm='fedact'"
     try:
         done = flwr_run_simulation(tmp_path / "flwr-home", 3, run_config)
@@ -39,7 +41,7 @@ def test_two_rounds_of_fedact_match_between_simulation_and_in_process(codecs, tm
     sim_dir = results / "sim"
     assert (sim_dir / "model.pt").exists(), done.stdout[-3000:]
 
-    cfg = RunConfig.from_flower({**SETTINGS, **codecs,
+    cfg = RunConfig.from_flower({**SETTINGS, **codecs, **data,
                                  "results-dir": str(results), "run-name": "inproc"})
     torch.set_num_threads(1)
     inproc_dir = run_inprocess(cfg, num_nodes=3)
