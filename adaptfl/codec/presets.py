@@ -5,7 +5,8 @@
            second moment v travels (FedACT's v-sync), v kept local instead (v-sync='none': each
            client starts v from zero every round, as FedAda2 does), since v at any codec costs
            as much as Δ. On the main job's FedACT: 12.4x fewer client -> server bytes than
-           FedAvg fp32, 1.0 point below FedACT fp32 at 8 rounds (docs/results.md).
+           FedAvg fp32, 1.6 points below FedACT fp32 at 8 rounds (3 seeds), 2.8 at 20
+           (docs/results.md): not the 1.5 the goal asks.
 
 The preset fills only the keys the run leaves unset, so `codec='lean' codec-delta='int8+ef'`
 keeps its own Δ codec; `--print-config` shows what it expanded to (`codec` becomes fp32 and

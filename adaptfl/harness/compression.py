@@ -25,8 +25,11 @@ from typing import Any
 
 from adaptfl.harness.compression_goals import (
     ALPHA,
+    FIRST_SEED,
     NUM_NODES,
     PLAIN_MEAN,
+    REPEATED,
+    SHORT,
     goal_cells,
     goal_table,
     per_round,
@@ -170,9 +173,9 @@ def section(rows: list[dict[str, str]], host: str = "", lora_skipped: str = "") 
               "K=50, batch 50)", "",
               "The main job's defaults (cosine schedule over the run's rounds, so an 8-round run is "
               "its own run, not round 8 of a 20-round one). The lean goal and its two references ran "
-              "with 3 seeds (42, 43, 44) at 8 and at 20 rounds; the other rows with seed 42 at 8 "
-              "rounds (what the shared cores allowed), where a gap under about a point is within "
-              "run-to-run noise.", "",
+              f"{_runs_text(REPEATED)}; the other rows with seed {FIRST_SEED} at {SHORT} rounds (what "
+              "the shared cores allowed), where a gap under about a point is within run-to-run "
+              "noise. A run that resumed after an interruption shows its last attempt's wall time.", "",
               *goal_table(rows)]
     lines += ["", "Per-round bytes: down, the last round's (round 1 broadcasts no Δ_G or v̄ yet); up, "
               "the mean over the rounds. Run wall times depend on the load on the 2 shared cores. "
@@ -193,6 +196,13 @@ def section(rows: list[dict[str, str]], host: str = "", lora_skipped: str = "") 
         lines.append(f"Not run: {lora_skipped or 'no LoRA rows in the table'}. To run it: `{LORA_COMMAND}`.")
     lines += [END, ""]
     return "\n".join(lines)
+
+
+def _runs_text(runs: dict[int, tuple[int, ...]]) -> str:
+    """'with seeds 42, 43, 44 at 8 rounds and seed 42 at 20' from {8: (42, 43, 44), 20: (42,)}."""
+    parts = [f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} at {rounds} rounds"
+             for rounds, seeds in runs.items()]
+    return "with " + " and ".join(parts)
 
 
 def lora_verdict(lora: list[dict[str, str]]) -> str:
