@@ -27,6 +27,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -284,3 +285,8 @@ def array_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 def spec_bytes(spec: ArraySpec) -> int:
     return sum(array_bytes(shape, dtype) for shape, dtype in spec.values())
+
+
+def wire_bytes(record: Mapping[str, Any]) -> int:
+    """An ArrayRecord's bytes as they go over the wire: each array's serialised bytes."""
+    return sum(len(arr.data) for arr in record.values())

@@ -16,6 +16,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from adaptfl.codec.codec import wire_bytes
 from adaptfl.core import wire
 from adaptfl.secagg import blame, crypto, fixedpoint
 from adaptfl.secagg import protocol as p
@@ -40,7 +41,7 @@ class SecureRound:
 
 def content_bytes(content: RecordDict) -> int:
     """A message's payload bytes: its arrays' serialised bytes and its config values' bytes."""
-    total = sum(len(a.data) for rec in content.array_records.values() for a in rec.values())
+    total = sum(map(wire_bytes, content.array_records.values()))
     for rec in content.config_records.values():
         for value in rec.values():
             items = value if isinstance(value, list) else [value]

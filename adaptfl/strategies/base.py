@@ -34,7 +34,7 @@ from adaptfl.algorithms.config import RunConfig, declared_keys
 from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.sampling import hostile_count, sample_size, secret_sample, wait_for_nodes
 from adaptfl.algorithms.settings import SETTINGS
-from adaptfl.codec.codec import spec_bytes
+from adaptfl.codec.codec import spec_bytes, wire_bytes
 from adaptfl.codec.settings import check_domains
 from adaptfl.core import wire
 from adaptfl.core.contract import Contract, ModelSpec
@@ -237,7 +237,7 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
         assert self.state is not None
         raw = {wire.ARRAYS: self.state.model, **self.payload()}
         for name, record in content.array_records.items():
-            self.report.down_bytes[name] = nodes * sum(len(arr.data) for arr in record.values())
+            self.report.down_bytes[name] = nodes * wire_bytes(record)
             self.report.fp32_bytes += nodes * spec_bytes({n: (tuple(t.shape), t.dtype)
                                                           for n, t in raw[name].items()})
         self.report.bytes_down = sum(self.report.down_bytes.values())

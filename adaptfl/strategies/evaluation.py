@@ -31,6 +31,7 @@ from flwr.serverapp import Grid
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import EVALUATE_STEPS
+from adaptfl.codec.codec import wire_bytes
 from adaptfl.core import wire
 from adaptfl.privacy.release import detail_level, released
 from adaptfl.strategies.screen import cap_to_median
@@ -171,8 +172,7 @@ class FederatedEvaluation:
                                for node in sampled]
         self.eval_report.sampled = len(sampled)
         # bytes-down counts training's messages; evaluation's model broadcast is its own column
-        self.eval_report.bytes_down = len(sampled) * sum(
-            len(arr.data) for record in content.array_records.values() for arr in record.values())
+        self.eval_report.bytes_down = len(sampled) * sum(map(wire_bytes, content.array_records.values()))
         return self._eval_messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

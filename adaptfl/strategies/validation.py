@@ -20,7 +20,7 @@ from typing import TypeGuard, cast
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
-from adaptfl.codec.codec import Codec
+from adaptfl.codec.codec import Codec, wire_bytes
 from adaptfl.codec.values import MalformedEncoding
 from adaptfl.core import wire
 from adaptfl.core.contract import ArraySpec
@@ -199,8 +199,7 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
     if set(content.metric_records) != {wire.METRICS}:
         raise ReplyRejected(f"metric records {sorted(content.metric_records)}, "
                             f"expected ['{wire.METRICS}']")
-    by_record = {name: sum(len(arr.data) for arr in rec.values())
-                 for name, rec in content.array_records.items()}
+    by_record = {name: wire_bytes(rec) for name, rec in content.array_records.items()}
     size = sum(by_record.values())
     if size > max_bytes:
         raise ReplyRejected(f"reply of {size} bytes exceeds the bound of {max_bytes} bytes")
