@@ -49,7 +49,6 @@ from adaptfl.codec.values import MalformedEncoding
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.core.stage import ClientData, ClientPart, ClientRound, RoundInfo
-from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.privacy.client import check_floor
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
@@ -161,7 +160,6 @@ class ClientSession:
         self._losses: list[torch.Tensor] = []
         self._stepped = self._lossed = False
         self._g_hat: dict[str, torch.Tensor] | None = None
-        self._native_steps = native.steps_run()  # to tell the reply's step-path
 
     def _decoded(self, name: str, record: ArrayRecord) -> dict[str, torch.Tensor]:
         """A broadcast record as the server's codec for it wrote it (the server keeps the same
@@ -281,7 +279,7 @@ class ClientSession:
             values[wire.TRAIN_LOSS] = train_loss
         values.update(self.optimizer.diagnostics())
         values[wire.STEP_PATH] = wire.STEP_PATHS.index(f"cohort-{batched}") if batched else \
-            step_path(self.device, native.steps_run() - self._native_steps)
+            step_path(self.device, self.optimizer.paths["native"])
         if self.info.local_epochs > 0.0:  # the K this client ran; the server recomputes it
             values[wire.LOCAL_STEPS] = self.info.local_steps
         for out in outputs:
@@ -309,9 +307,9 @@ class ClientSession:
 
 def step_path(device: torch.device, native_steps: int) -> int:
     """The `step-path` code (wire.STEP_PATHS) of a round: native where the CPU loops ran at least
-    one of its steps (the steps that measure PosRatio/TopMass run the eager passes by design),
-    cuda on a CUDA device, eager otherwise (no compiler, a rule without native loops, a model
-    below the loops' size)."""
+    one of its steps (the optimizer's `paths`, as local_update/step/choose.py chose them; the
+    steps that measure PosRatio/TopMass keep their scores in the fused form by design), cuda on
+    a CUDA device, eager otherwise (no compiler, a rule without native loops, a small model)."""
     if native_steps > 0:
         return wire.STEP_PATHS.index("native")
     return wire.STEP_PATHS.index("cuda" if device.type == "cuda" else "eager")

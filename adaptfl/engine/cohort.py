@@ -40,7 +40,7 @@ from adaptfl.engine.cohort_steps import (
     train_cohort,
 )
 from adaptfl.engine.inprocess import ClientHandler, InProcessGrid
-from adaptfl.local_update import native
+from adaptfl.local_update.step.choose import native_declines
 from adaptfl.server_app.loop import run_federated
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,7 @@ def cohort_key(job: LocalJob, form: str) -> tuple:
     loops run, float32: one client at a time they beat the batched reference there,
     benchmarks/bench_cohort.py --algorithm fedact: 0.78x on an Intel Xeon, docs/scale.md)."""
     key = signature(job)
-    opt = job.session.optimizer
-    native_trust = form == "auto" and opt.trust.active and job.session.device.type == "cpu" \
-        and opt.param_groups[0]["params"][0].dtype == torch.float32 and native.library() is not None
+    native_trust = form == "auto" and native_declines(job.session.optimizer, diagnose=False) is None
     return key if key is not None and not native_trust else ("own", *own_signature(job))
 
 

@@ -18,7 +18,7 @@ Three forms of the gradients:
 grouped and vmap need models without buffers or randomness, algorithms without loss terms, and
 first-order rules; the loop takes the rest.
 Two kinds of step:
-  reference  one `local_update.reference.elementwise_step` moves all C rows and their stacked
+  reference  one `local_update.step.reference.elementwise_step` moves all C rows and their stacked
              optimizer state: what a GPU would otherwise launch C times.
   own        each client's own `LocalUpdate.step` on its row of the batched gradients: for the
              rules the reference lacks (Muon, SOAP, a user's own) and for FedACT's native CPU
@@ -39,8 +39,8 @@ from adaptfl.core.wire import COHORT_FORMS
 from adaptfl.engine.cohort_data import Batches, draw_batches, own_stream
 from adaptfl.engine.cohort_rows import CohortDeclined, Stacked
 from adaptfl.engine.grouped import GroupedModel
-from adaptfl.local_update.reference import Chain, elementwise_step, refresh_hessian, supports
 from adaptfl.local_update.rules import Step
+from adaptfl.local_update.step.reference import Chain, elementwise_step, refresh_hessian, supports
 from adaptfl.local_update.trust import rows_diagnostics
 from adaptfl.workloads.losses import task_loss
 

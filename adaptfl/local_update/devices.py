@@ -14,11 +14,12 @@ branches (docs/speed.md lists them too):
   copy; accelerator: a shift and a mask.
 - `radix._chunk_rows`: CPU: digit passes in chunks of about 1M entries that stay in cache;
   accelerator: all rows in one kernel.
-- `fused_act.act_step_` (`native.usable`): CPU: FedACT's scores, band count and step as two C
-  loops (native_source.py); accelerator: the eager passes (and without a C compiler on a CPU too).
-- not a branch of ours: `rules.adam.adam_direction_` runs torch's fused AdamW kernel on CPU and
+- `step/choose.py` (`cpu_path`): CPU: the native form (step/native.py), FedACT's scores, band
+  count and step as two C loops (native_source.py); accelerator: the fused form (and without a
+  C compiler on a CPU too).
+- not a branch of ours: `step.fused_adam.adam_direction_` runs torch's fused AdamW kernel on CPU and
   CUDA alike (its step count a tensor on the data's device, its lr negative), the eager passes
-  on other devices (MPS, XPU) and under `adam.EAGER`, which the tests set to run them on CPU.
+  on other devices (MPS, XPU) and under `fused_adam.EAGER`, which the tests set to run them on CPU.
 """
 
 from __future__ import annotations

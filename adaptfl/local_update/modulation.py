@@ -7,45 +7,38 @@
 - `mgup`: the same α/γ split, always ranked within each tensor, as MGUP's code does.
 - `cautious`: φ = 1[s > 0] rescaled by D / (nnz + 1) (C-AdamW's mask).
 
-The math is in trust.py / topk.py; these classes only declare and check the hyperparameters.
+These classes only declare and check the hyperparameters: the math is the reference's
+(`step/reference.py`, `modulate`) and the fast forms' (`step/fused.py`: trust.py's radix
+selection; `step/native.py`: the C loops), which `step/choose.py` picks between. A rule of the
+user's own overrides `phi_` (it then runs through the fused form's chain, never natively).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from adaptfl.core.params import Component, component, param
-from adaptfl.local_update.fused_act import act_step_
-from adaptfl.local_update.trust import phi_
-from adaptfl.local_update.workspace import Workspace
+
+if TYPE_CHECKING:
+    from adaptfl.local_update.workspace import Workspace
 
 
 class Trust(Component):
     """Base: φ ≡ 1."""
 
     active = False  # whether φ is not 1 (the shell skips the scores otherwise)
-    takes_pending = False  # whether `step_` may run the rule's pending last pass itself
+    mode = "none"  # the built-in math this rule is (trust.py's modes); a user's rule: its phi_
 
     def phi_(self, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
              scale: float = 1.0) -> torch.Tensor:
         """scale·φ from the scores s = u ⊙ g, written over them (the step is x += scale·φ ⊙ u
-        with scale = -lr, so the shell folds the lr in here and saves a pass)."""
+        with scale = -lr, so the shell folds the lr in here and saves a pass). The built-in
+        rules' φ is the fused form's (`step.fused.phi_`); a rule of the user's overrides this."""
         return scores.fill_(scale)
-
-    def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
-              decay: float | None, ws: Workspace, grads: list[torch.Tensor] | None = None,
-              grad_views: list[torch.Tensor] | None = None, pending: Any = None) -> bool:
-        """x = decay·x + (scale·φ) ⊙ u from s = u ⊙ g in fewer passes than `phi_` and the step,
-        where a rule can (g may be overwritten; with `grads`, g is still to be filled from
-        them, into its `grad_views`; with `pending`, u is still to be written by that pass,
-        which step_ then runs, maybe as part of its own); False, nothing touched (nor run),
-        where it cannot."""
-        return False
-
 
 
 @component("trust", "none")
@@ -65,6 +58,7 @@ class _Ranked(Trust):
 
     active = True
     per_tensor = True
+    mode = "act"
 
     @property
     def trust_alpha(self) -> float:
@@ -79,11 +73,6 @@ class _Ranked(Trust):
             raise ValueError(f"invalid gamma={self.trust_gamma:g}: must not exceed alpha="
                              f"{self.trust_alpha:g} (trusted coordinates get α ≥ γ)")
 
-    def phi_(self, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
-             scale: float = 1.0) -> torch.Tensor:
-        return phi_(scores, "act", self.tau, self.trust_alpha, self.trust_gamma, sizes,
-                    per_tensor=self.per_tensor, ws=ws, scale=scale)
-
 
 @component("trust", "act")
 @dataclass(frozen=True)
@@ -97,22 +86,13 @@ class ACT(_Ranked):
     def per_tensor(self) -> bool:  # type: ignore[override]
         return self.trust_scope == "per-tensor"
 
-    @property
-    def takes_pending(self) -> bool:  # type: ignore[override]
-        return not self.per_tensor
-
-    def step_(self, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, scale: float,
-              decay: float | None, ws: Workspace, grads: list[torch.Tensor] | None = None,
-              grad_views: list[torch.Tensor] | None = None, pending: Any = None) -> bool:
-        return not self.per_tensor and act_step_(x, u, g, self.tau, self.trust_alpha,
-                                                 self.trust_gamma, scale, decay, ws, grads,
-                                                 grad_views, pending)
-
 
 @component("trust", "mgup")
 @dataclass(frozen=True)
 class MGUP(_Ranked):
     """MGUP (Chang & Yuan 2025): α/γ ranked within each tensor."""
+
+    mode = "mgup"
 
 
 @component("trust", "cautious")
@@ -121,7 +101,4 @@ class Cautious(Trust):
     """C-AdamW's mask (Liang et al. 2024)."""
 
     active = True
-
-    def phi_(self, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
-             scale: float = 1.0) -> torch.Tensor:
-        return phi_(scores, "cautious", 0.5, 1.0, 1.0, sizes, per_tensor=False, ws=ws, scale=scale)
+    mode = "cautious"

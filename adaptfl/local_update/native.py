@@ -19,8 +19,8 @@ as fused multiply-add or as product then sum, whichever matches torch's `addcmul
 part against `torch._fused_adamw_` (the form, of those torch's compiler may have built, that
 matches; none: the kernel runs, then `band`). Without a compiler, or if the check fails, or with
 `ADAPTFL_NATIVE=0`, `library()` is None and the eager passes run: the same numbers, slower (one
-warning line per process, except under `ADAPTFL_NATIVE=0`). `steps_run()` counts the native steps
-taken, so a round's reply can say which path ran (`step_path`, the metric `step-path`).
+warning line per process, except under `ADAPTFL_NATIVE=0`). Whether a step runs here is decided
+by `step/choose.py` alone; the optimizer counts the forms its steps took (`LocalUpdate.paths`).
 """
 
 from __future__ import annotations
@@ -119,21 +119,6 @@ class Segments:
 
 _loaded: Library | None = None
 _tried = False
-_steps_run = 0  # FedACT steps the loops ran in this process (`note_step`)
-
-
-def note_step() -> None:
-    """Count one step that the loops ran (fused_act.act_step_, once per step it takes)."""
-    global _steps_run
-    _steps_run += 1
-
-
-def steps_run() -> int:
-    """How many steps the loops have run in this process: a client compares it before and
-    after its round to say which path the round took (client_app/session.py, `step-path`)."""
-    return _steps_run
-
-
 def library() -> Library | None:
     """The checked loops, built or loaded on first call; None where they cannot be used."""
     global _loaded, _tried

@@ -23,18 +23,17 @@ FedACT's update is a handful of passes over one vector and its top-k one global 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import torch
 
 from adaptfl.core.params import fields_of, lookup
-from adaptfl.local_update import fused_directions
 from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.diagnostics import Diagnostics
-from adaptfl.local_update.fused_directions import Fusion
 from adaptfl.local_update.groups import as_groups, build_component
-from adaptfl.local_update.modulation import Trust
+from adaptfl.local_update.modulation import ACT, Trust
 from adaptfl.local_update.rules import (
     Preconditioner,
     Step,
@@ -44,6 +43,10 @@ from adaptfl.local_update.rules import (
     torch_keywords,
 )
 from adaptfl.local_update.slots import NamedSlots
+from adaptfl.local_update.step import fused
+from adaptfl.local_update.step import native as native_form
+from adaptfl.local_update.step.choose import Path, choose_path, flat_layout
+from adaptfl.local_update.step.fused import Fusion
 from adaptfl.local_update.workspace import Workspace
 
 CORRECTIONS = ("mix", "after-step")
@@ -122,6 +125,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self.mix_lambda, self.diagnostics_every = mix_lambda, diagnostics_every
         self.bs = 1  # examples (tokens) in the current batch: Sophia's bs
         self.steps = 0  # optimizer steps taken (the diagnostics schedule)
+        self.paths: Counter[str] = Counter()  # steps taken in each form (step/choose.py)
+        self.last_path: Path | None = None  # the form of the last step, and why
         self.work = Workspace()
         self._rules: dict[tuple, Preconditioner] = {}
         self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
@@ -215,16 +220,19 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.steps += 1
+        path = choose_path(self, self.diagnostics_due())
         blocks = []
         for gi, group in enumerate(self.param_groups):
             active = [p for p in group["params"] if p.grad is not None]
             if active:
-                blocks.extend(self._directions(gi, group, active))
+                blocks.extend(self._directions(gi, group, active, path))
         if blocks:
+            self.paths[path.form] += 1
+            self.last_path = path
             chain = self.trust.active or any(b.corrected for b in blocks)
             in_chain = self._measure(blocks, chain)  # diagnostics never change the step
             if chain:
-                self._chain(blocks, diagnose=in_chain)
+                self._chain(blocks, in_chain, path)
             else:  # each rule's own step in its authors' order, then the correction (spec §3)
                 for block in blocks:
                     block.apply_own_step(1.0 - self.rho)
@@ -233,7 +241,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             self._refresh_hessian(g_hat)
         return loss
 
-    def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor]) -> list[Block]:
+    def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor],
+                    path: Path) -> list[Block]:
         rule = self.rule(group)
         lr, wd = group["lr"], group["weight_decay"]
         states = [self.state[p] for p in active]
@@ -243,38 +252,37 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         decay = 0.0 if rule.coupled_decay else lr * wd
         if self.correction == "after-step":  # FedPAC: the local optimizer (and so its decay)
             decay *= 1.0 - self.rho  # runs at lr·(1-ρ); the (1-ρ) of its move is the chain's
-        if rule.elementwise and len(active) == len(group["params"]) and len(steps) == 1:
-            return [self._flat_block(gi, rule, active, steps.pop(), lr, wd, decay)]
+        if flat_layout(rule, active, group["params"], steps):
+            return [self._flat_block(gi, rule, active, steps.pop(), lr, wd, decay, path)]
         return self._tensor_blocks(rule, active, steps, lr, wd, decay)
 
     def _flat_block(self, gi: int, rule: Preconditioner, active: list[torch.Tensor], k: int,
-                    lr: float, wd: float, decay: float) -> Block:
+                    lr: float, wd: float, decay: float, path: Path) -> Block:
         """The whole group as one flat vector (an elementwise rule, every parameter active at
         one step count): the rule's direction in the group's `u` buffer, gradients read in place
-        where they can stay (`_grads_stay`)."""
+        where the path lets them stay."""
         g, views = self._flat_grad(gi, active)
         n, like = g.numel(), g
         out = self.work.get(f"u{gi}", n, like)
         bucket = self._bucket(gi, active) if self.bucket_view else None
         grads = cast(list[torch.Tensor], [p.grad for p in active])  # active: the params with a grad
-        in_place = self._grads_stay(rule, wd, g, grads)
+        in_place = path.grads_stay
         if not in_place:
             torch._foreach_copy_(views, grads)
         if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
             g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
                    alpha=wd)
         st = self._flat[gi]
-        # One group alone in the optimizer: the rule may fuse u = ρ·Δ_G + (1-ρ)·(lr/L)·d
-        # itself (lr/L = 1 unless this group runs at its own lr, as Muon's AdamW half does).
-        fuse = self.rho > 0.0 and len(self.param_groups) == 1 and "global_direction" in st
+        # The rule may fuse u = ρ·Δ_G + (1-ρ)·(lr/L)·d itself (lr/L = 1 unless this group runs
+        # at its own lr, as Muon's AdamW half does) and leave that pass to the native loops.
         mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
-        fusion = Fusion(out, mix, self._scaled_direction(st["global_direction"]) if fuse else None,
-                        defer=self.trust.takes_pending)
+        fusion = Fusion(out, mix, self._scaled_direction(st["global_direction"])
+                        if path.fuse_correction else None, defer=path.form == "native")
         if in_place:
             fusion.grads = grads
             fusion.views = {"out": self._views_of(gi, "out", out, active),
                             **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
-        d = fused_directions.direction(rule, g, st, Step(k, self.step_offset + k, self.mix_lambda,
+        d = fused.direction(rule, g, st, Step(k, self.step_offset + k, self.mix_lambda,
                                                          self.bs), fusion)
         _check_fresh(rule, d.d, st, g)
         return Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
@@ -304,16 +312,6 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                        self.state[p].get("global_direction"))
                 for p, g, (d, scale) in zip(active, grads, directions, strict=True)]
 
-    def _grads_stay(self, rule: Preconditioner, wd: float, g: torch.Tensor,
-                    grads: list[torch.Tensor]) -> bool:
-        """Whether the gradients stay where backward left them, unflattened: the rule reads them
-        per tensor (torch's fused AdamW kernel, as `AdamW(fused=True)` runs it) and the chain
-        copies them into g only where it reads g (`Block.fill_g`: the scores, the
-        diagnostics); FedACT's native step reads them in place. One group only."""
-        return len(self.param_groups) == 1 and not (rule.coupled_decay and wd) \
-            and fused_directions.reads_in_place(rule, g) \
-            and all(t.is_contiguous() and t.dtype == g.dtype for t in grads)
-
     def _views_of(self, gi: int, name: str, flat: torch.Tensor, params: list[torch.Tensor]
                   ) -> list[torch.Tensor]:
         """Views of one of the group's flat buffers shaped like its parameters (the same memory
@@ -335,7 +333,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             self._scaled_key = key
         return cast(torch.Tensor, self._scaled)  # computed together with _scaled_key, so set here
 
-    def _chain(self, blocks: list[Block], diagnose: bool) -> None:
+    def _chain(self, blocks: list[Block], diagnose: bool, path: Path) -> None:
         """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped:
         combine → (the trust rule's own fused passes, where it has them) → modulate → move."""
         if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
@@ -343,9 +341,13 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         else:
             u, g, at_step = self._combine_blocks(blocks)
         scale = -self.ref_lr * at_step  # the step's factor of u
-        if self._fused_trust_step(blocks, u, g, scale, diagnose):
-            return  # the rule's own passes (FedACT on a CPU: native loops, fused_act.py)
         b = blocks[0]
+        if path.form == "native":  # FedACT on a CPU: the native loops (step/native.py)
+            trust = cast(ACT, self.trust)  # choose_path: the native form is ACT's
+            native_form.act_step_(cast(torch.Tensor, b.bucket), u, g, trust.tau, trust.trust_alpha,
+                      trust.trust_gamma, scale, b.decay_factor(), self.work, b.grads,
+                      b.grad_views, b.pending, adam=path.native_adam)
+            return
         b.settle()  # u written, if its pass was left to the trust step
         sizes = [p.numel() for b in blocks for p in b.params]
         phi = self._modulate(b, u, g, sizes, diagnose, scale)
@@ -390,16 +392,6 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 u.add_(dg, alpha=self.rho)
         return u, g, 1.0
 
-    def _fused_trust_step(self, blocks: list[Block], u: torch.Tensor, g: torch.Tensor,
-                          scale: float, diagnose: bool) -> bool:
-        """The one door to the fast paths: the trust rule's fused modulate-and-move over one
-        bucketed block (native loops or fused_act.py); False where it has none for this step."""
-        b = blocks[0]
-        if not self.trust.active or diagnose or len(blocks) != 1 or b.bucket is None or b.decay_after:
-            return False
-        return self.trust.step_(b.bucket, u, g, scale, b.decay_factor(), self.work, b.grads,
-                                b.grad_views, b.pending)
-
     def _modulate(self, b: Block, u: torch.Tensor, g: torch.Tensor, sizes: list[int],
                   diagnose: bool, scale: float) -> torch.Tensor | None:
         """s = u ⊙ g (in g's buffer: g is not read after this), the diagnostics of s, and the
@@ -410,7 +402,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         scores = g.mul_(u)
         if diagnose:
             self._record(scores)
-        return self.trust.phi_(scores, sizes, self.work, scale=scale) if self.trust.active else None
+        return fused.phi_(self.trust, scores, sizes, self.work, scale=scale) if self.trust.active else None
 
     @staticmethod
     def _move(blocks: list[Block], u: torch.Tensor, sizes: list[int], phi: torch.Tensor | None,

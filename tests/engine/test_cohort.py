@@ -28,6 +28,7 @@ from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update import native
 from adaptfl.server_app import outputs
 from adaptfl.server_app.loop import run_federated
+from tests.support.native_steps import count_native_steps
 from tests.support.run_outputs import die_before_checkpoint, metric_rows
 
 TASK = "tests.support.float64_task"
@@ -216,19 +217,20 @@ def test_a_bad_cohort_is_refused_in_one_line(given: str, error: str, capsys) -> 
     assert capsys.readouterr().err.strip() == f"config error: {error}"
 
 
-def test_auto_leaves_fedact_on_a_cpu_to_the_native_loops(tiny_data, tmp_path, caplog) -> None:
+def test_auto_leaves_fedact_on_a_cpu_to_the_native_loops(tiny_data, tmp_path, caplog,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """float32 FedACT on a CPU where the native loops build: each client's own step (the native
     loops) is faster than the batched reference there (docs/scale.md), so --cohort-form auto
     batches the gradients only and says so; an explicit form takes the reference step."""
     caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
     cfg = RunConfig.of(algorithm="fedact", model="mlp", num_server_rounds=1, local_steps=2, batch_size=16,
                        data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="auto")
-    before = native.steps_run()
+    steps = count_native_steps(monkeypatch)
     alone = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg.replace(run_name="alone")))
-    alone_native, before = native.steps_run() - before, native.steps_run()
+    alone_native, steps[0] = steps[0], 0
     rows = metric_rows(run_federated(CohortGrid(2, cfg.to_flower(), 2), cfg))
     assert rows[-1]["step-path"] == "cohort-grouped"
-    ran_native = native.steps_run() - before
+    ran_native = steps[0]
     forced = metric_rows(run_federated(CohortGrid(2, cfg.to_flower(), 2, "vmap"),
                                        cfg.replace(run_name="vmap")))
     assert forced[-1]["step-path"] == "cohort-vmap"

@@ -27,6 +27,7 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.local_update import devices
 from adaptfl.local_update.rules import adam
+from adaptfl.local_update.step import fused_adam
 from adaptfl.server_app.loop import run_federated
 from tests.conftest import FASHION_MNIST_DIR, TINY_FASHION_MNIST, _write_idx
 from tests.support.run_outputs import final_model, metric_rows
@@ -133,11 +134,11 @@ def test_the_fused_kernel_takes_a_device_step_count_and_a_negative_lr(
     addend = 1e-3 * torch.randn(n, generator=gen)
     results = {}
     for eager, device in ((True, "cpu"), (False, "cuda")):
-        monkeypatch.setattr(adam, "EAGER", eager)
+        monkeypatch.setattr(fused_adam, "EAGER", eager)
         m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
         for k, g in enumerate(grads, start=1):
             n_m, n_v = adam.bias_steps(mode, k, 40 + k)
-            d, scale, _ = adam.adam_direction_(m, v, g.to(device), 0.9, 0.999, 1e-8, n_m, n_v,
+            d, scale, _ = fused_adam.adam_direction_(m, v, g.to(device), 0.9, 0.999, 1e-8, n_m, n_v,
                                             out=torch.empty(n, device=device), mix=0.5,
                                             addend=addend.to(device))
         results[device] = (d * scale).cpu(), m.cpu(), v.cpu()

@@ -16,6 +16,7 @@ import adaptfl.local_update.radix as radix
 import adaptfl.local_update.topk as topk
 from adaptfl.local_update import LocalUpdate
 from adaptfl.local_update.rules import adam
+from adaptfl.local_update.step import fused_adam
 from adaptfl.local_update.trust import modulate_, pos_ratio, top_mass
 
 
@@ -113,7 +114,7 @@ def _reference_step(x: list[torch.Tensor], grads: list[torch.Tensor], state: dic
 
 @pytest.mark.parametrize("tau", [0.5, 0.1])
 def test_fedact_step_is_bitwise_the_plain_formula(tau: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(adam, "EAGER", True)  # the reference passes; the fused kernel: below
+    monkeypatch.setattr(fused_adam, "EAGER", True)  # the reference passes; the fused kernel: below
     gen = torch.Generator().manual_seed(7)
     params = _params(gen)
     twins = [p.detach().clone() for p in params.values()]
@@ -172,9 +173,9 @@ def test_the_fused_kernel_is_the_eager_reference_to_rounding(mode: str, fused_co
         n_m, n_v = adam.bias_steps(mode, k, 40 + k)
         out = {}
         for eager in (True, False):
-            monkeypatch.setattr(adam, "EAGER", eager)
+            monkeypatch.setattr(fused_adam, "EAGER", eager)
             m, v = state[eager]
-            d, scale, _ = adam.adam_direction_(m, v, g, 0.9, 0.999, 1e-8, n_m, n_v, out=torch.empty(n),
+            d, scale, _ = fused_adam.adam_direction_(m, v, g, 0.9, 0.999, 1e-8, n_m, n_v, out=torch.empty(n),
                                             mix=0.5, addend=addend if fused_correction else None)
             out[eager] = d * scale
         assert torch.equal(state[True][0], state[False][0]) and torch.equal(state[True][1], state[False][1])

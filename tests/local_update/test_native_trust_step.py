@@ -1,4 +1,4 @@
-"""FedACT's native trust pass and step (local_update/native_source.py, fused_act.py) against the eager
+"""FedACT's native trust pass and step (local_update/native_source.py, step/native.py) against the eager
 passes they replace: the same parameters and moments bit for bit, step after step, whether the
 band hits, misses to the sample's band or to the radix selection; the loops alone against
 torch's compares, counts and `torch.topk`'s set (ties to the lower index) at any thread split;
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptfl.local_update import LocalUpdate, band, fused_act, native
-from adaptfl.local_update.workspace import Workspace
+from adaptfl.local_update import LocalUpdate, band, native
+from adaptfl.local_update.step.choose import choose_path
 
 N = 40_000  # above topk._SMALL: the band path
 _STEP, _ACT = native.step, native.act
@@ -112,6 +112,17 @@ def test_native_steps_are_the_eager_steps_bit_for_bit(monkeypatch: pytest.Monkey
         assert torch.equal(a, b), f"step {i // 2 + 1}, {'x' if i % 2 == 0 else 'v'}"
 
 
+def _fedact() -> LocalUpdate:
+    """FedACT's optimizer over N coordinates with gradients set: the native form's case."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(N, generator=gen))
+    w.grad = torch.randn(N, generator=gen)
+    opt = LocalUpdate([("w", w)], preconditioner="adamw", lr=1e-3, rho=0.5, trust="act",
+                      parameters_as_bucket_view=True)
+    opt.set_global_direction({"w": torch.randn(N, generator=gen)})
+    return opt
+
+
 def _scores(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     u, g = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
     u[::13], g[::13] = 0.5, 0.25  # ties
@@ -172,9 +183,8 @@ def test_without_a_compiler_the_eager_passes_run(fresh_native, monkeypatch: pyte
     monkeypatch.setenv("CC", str(fresh_native / "no-such-compiler"))
     assert native.library() is None and not native.usable(torch.zeros(1))
     assert not list(fresh_native.iterdir())
-    gen = torch.Generator().manual_seed(0)
-    x, u, g = (torch.randn(N, generator=gen) for _ in range(3))
-    assert not fused_act.act_step_(x, u, g, 0.5, 2.0, 0.5, -1e-3, None, Workspace())
+    path = choose_path(_fedact(), diagnose=False)
+    assert path.form == "fused" and "not built here" in path.reason, path
 
 
 def test_the_loops_build_from_the_python_source_alone(fresh_native,  # noqa: ANN001
@@ -196,15 +206,13 @@ def test_without_a_compiler_one_warning_line_however_many_steps(fresh_native, mi
         monkeypatch.setattr(native, "_compiler", lambda: None)
     else:
         monkeypatch.setenv("CC", str(fresh_native / "no-such-compiler"))
-    gen = torch.Generator().manual_seed(0)
-    x, u, g = (torch.randn(N, generator=gen) for _ in range(3))
-    before = native.steps_run()
+    opt = _fedact()
     with caplog.at_level(logging.INFO, logger=native.__name__):
         for _ in range(5):
-            assert not fused_act.act_step_(x, u, g.clone(), 0.5, 2.0, 0.5, -1e-3, None, Workspace())
+            opt.step()
     said = [r for r in caplog.records if r.name == native.__name__]
     assert len(said) == 1 and said[0].levelno == logging.WARNING, said
-    assert native.steps_run() == before  # no native step counted
+    assert opt.paths == {"fused": 5}  # no native step
 
 
 # A C compiler that takes -fopenmp yet links no OpenMP runtime, as zig cc (the compose image's,
@@ -252,6 +260,8 @@ def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa:
 
 def test_the_accelerator_branch_never_runs_the_loops(accelerator_paths: None) -> None:
     assert not native.usable(torch.zeros(N))
+    path = choose_path(_fedact(), diagnose=False)
+    assert path.form == "fused" and path.reason.endswith("(the loops take float32 on a CPU)"), path
 
 
 def _kernel(u: torch.Tensor, g: list[torch.Tensor], m: torch.Tensor, v: torch.Tensor,

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from adaptfl.core import params as registry
-from adaptfl.local_update import fused_directions
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
 from adaptfl.local_update.shell import LocalUpdate
+from adaptfl.local_update.step import fused as fused_directions
 
 
 @dataclass(frozen=True)

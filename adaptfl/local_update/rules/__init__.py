@@ -16,7 +16,7 @@ group, so FedACT's global top-k is a single selection; the others per tensor. Ev
 the direction — mixing, correction, trust modulation, the step — is written once, in
 `local_update/shell.py`. The rules know nothing of the fast paths: where AdamW's and SGD's
 directions are written into the chain's buffers, read the gradients in place or carry the
-correction in their last pass is `local_update/fused_directions.py`, by the rule's exact class.
+correction in their last pass is `local_update/step/fused.py`, by the rule's exact class.
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from adaptfl.local_update.modulation import ACT, MGUP, Cautious, NoTrust, Trust
-from adaptfl.local_update.reference.selection import segment_top_k_mask
 from adaptfl.local_update.rules import Preconditioner, Step
 from adaptfl.local_update.rules.adam import Adam, AdamW, bias_steps
 from adaptfl.local_update.rules.sgd import SGD
 from adaptfl.local_update.rules.sophia import Sophia
+from adaptfl.local_update.step.selection import segment_top_k_mask
 
 State = dict[str, torch.Tensor]  # slot (torch's names: exp_avg, exp_avg_sq, hessian, …) -> [C, D]
 Direction = tuple[torch.Tensor, float, State]  # (d [C, D], the factor c/lr of its step, new state)

@@ -1,13 +1,16 @@
-"""The fast passes of AdamW's and SGD's directions, kept out of the rules, which stay pure
-(`rules/`: a fresh d from g and the state). On the one-vector path of a single param group
-(`LocalUpdate._flat_block`) a rule listed here, by its exact class, may:
+"""The fused form of the local step: torch's kernels over one flat vector per param group.
+
+The fast passes of AdamW's and SGD's directions, kept out of the rules, which stay pure
+(`rules/`: a fresh d from g and the state), and the trust rules' φ (trust.py's radix / band
+top-k). On the one-vector path of a single param group (`LocalUpdate._flat_block`, when
+`step/choose.py` says so) a rule listed here, by its exact class, may:
 
 - write its direction into the chain's workspace instead of a fresh tensor;
 - read the gradients where backward left them, per tensor (torch's fused AdamW kernel, as
   `AdamW(fused=True)` runs it), so the chain copies them into g only where it reads g;
 - carry the correction in its last pass: u = ρ·Δ_G + (1-ρ)·(lr/L)·d, flagged `corrected`;
 - leave that pass to the trust step (`pending`), which may do the same work in its own first
-  pass (FedACT's native loops, fused_act.py).
+  pass (FedACT's native loops, step/native.py).
 
 A subclass that changes `direction` is not listed, so it runs through its own `direction` and the
 chain does the rest: a new rule cannot inherit a fast path that computes something else.
@@ -16,15 +19,19 @@ tests/local_update/test_rule_purity.py runs each rule through every path it is e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
+from adaptfl.local_update.modulation import Trust, _Ranked
 from adaptfl.local_update.rules import Direction, Preconditioner, Step
-from adaptfl.local_update.rules.adam import Adam, AdamW, FusedAdamPass, adam_direction_, bias_steps, fuses
+from adaptfl.local_update.rules.adam import Adam, AdamW, bias_steps
 from adaptfl.local_update.rules.sgd import SGD
+from adaptfl.local_update.step.fused_adam import FusedAdamPass, adam_direction_
+from adaptfl.local_update.trust import phi_ as trust_phi_
+from adaptfl.local_update.workspace import Workspace
 
 
 @dataclass
@@ -70,7 +77,7 @@ def _sgd(rule: Any, g: torch.Tensor, st: dict[str, Any], step: Step, f: Fusion) 
 
 FUSED: dict[type[Preconditioner], Callable[[Any, torch.Tensor, dict[str, Any], Step, Fusion], Fused]] = {
     AdamW: _adamw, Adam: _adamw, SGD: _sgd}
-READS_IN_PLACE = (AdamW, Adam)  # the fused kernel takes the gradients as per-tensor lists
+
 FUSED_NAMES = frozenset(cls.name for cls in FUSED)  # registry names: "adamw", "adam", "sgd"
 
 
@@ -84,6 +91,14 @@ def direction(rule: Preconditioner, g: torch.Tensor, st: dict[str, Any], step: S
     return Fused(d.d, d.scale)
 
 
-def reads_in_place(rule: Preconditioner, g: torch.Tensor) -> bool:
-    """Whether the rule's fused pass reads the gradients per tensor, where they lie."""
-    return type(rule) in READS_IN_PLACE and fuses(g)
+def phi_(trust: Trust, scores: torch.Tensor, sizes: Sequence[int], ws: Workspace,
+         scale: float = 1.0) -> torch.Tensor:
+    """scale·φ of the trust rule written over the scores s = u ⊙ g: the built-in rules by their
+    `mode` (trust.py: the radix / band top-k, the cautious mask), a rule of the user's own
+    through its own `phi_`."""
+    if type(trust).phi_ is not Trust.phi_ or trust.mode == "none":
+        return trust.phi_(scores, sizes, ws, scale)
+    if isinstance(trust, _Ranked):
+        return trust_phi_(scores, trust.mode, trust.tau, trust.trust_alpha, trust.trust_gamma, sizes,
+                          per_tensor=trust.per_tensor, ws=ws, scale=scale)
+    return trust_phi_(scores, trust.mode, 0.5, 1.0, 1.0, sizes, per_tensor=False, ws=ws, scale=scale)

@@ -1,6 +1,7 @@
-"""FedACT's AdamW direction, trust modulation and step on the CPU in two native passes
-(native.py), the same numbers as torch's fused AdamW kernel and the eager passes they replace
-(rules.adam.FusedAdamPass, trust.act_phi_, then Block.move), in one call (`native.act`):
+"""The native form of the local step: FedACT's AdamW direction, trust modulation and step on
+the CPU in two native passes (local_update/native.py), the same numbers as torch's fused AdamW
+kernel and the eager passes they replace (fused_adam.FusedAdamPass, trust.act_phi_, then
+Block.move), in one call (`native.act`):
 
 1. the first pass runs the kernel's arithmetic (u = ρ·Δ_G + the AdamW direction, m and v
    updated), forms the scores s = u ⊙ g without storing them and counts the band around the
@@ -21,37 +22,14 @@ import itertools
 import math
 from typing import cast
 
-import numpy as np
 import torch
 
 from adaptfl.local_update import band, native
-from adaptfl.local_update.rules.adam import FusedAdamPass
-from adaptfl.local_update.topk import _SMALL
+from adaptfl.local_update.step.fused_adam import FusedAdamPass
 from adaptfl.local_update.trust import act_phi_
 from adaptfl.local_update.workspace import Workspace
 
 _CAP = 8  # band positions kept per thread: up to 1/_CAP of its entries (more: counted a miss)
-
-
-def applies(tau: float, scale: float, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether `act_step_` steps these tensors natively: the loops are built and checked, x, u
-    and g are float32 on the CPU's branch (gradients given with them are like g: the shell's
-    `_grads_stay` checks), ⌊τD⌋ lies in (0, D), D is not below the sort's size, and scale < 0."""
-    n = u.numel()
-    k = math.floor(tau * n)
-    return 0 < k < n and n >= _SMALL and scale < 0.0 and native.usable(x, u, g)
-
-
-def _adam_fuses(kernel: FusedAdamPass, u: torch.Tensor, g: torch.Tensor,
-                grads: list[torch.Tensor] | None) -> bool:
-    """Whether `native.act` can do this pending kernel pass: a form of the kernel matched
-    here, u is its output, its tensors are g's segments, a Δ_G to add (the optimizer's flat
-    float32 buffers, as u), and m's update the kernel's small-weight lerp (1-β1 < 0.5 in
-    float, as for every β1 in use)."""
-    return (native.adam_usable() and kernel.out is u and kernel.addend is not None
-            and (kernel.lists[1] is grads if grads is not None else kernel.lists[1][0] is g)
-            and bool(np.float32(1.0 - kernel.beta1) < 0.5)
-            and kernel.addend.dtype == kernel.exp_avg.dtype == kernel.exp_avg_sq.dtype == torch.float32)
 
 
 def _segments(g: torch.Tensor, grads: list[torch.Tensor] | None, ws: Workspace) -> native.Segments:
@@ -70,17 +48,14 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
               gamma: float, scale: float, decay: float | None, ws: Workspace,
               grads: list[torch.Tensor] | None = None,
               grad_views: list[torch.Tensor] | None = None,
-              pending: FusedAdamPass | None = None) -> bool:
+              pending: FusedAdamPass | None = None, adam: bool = False) -> None:
     """x = decay·x + (scale·φ) ⊙ u for `act` ranked over the whole vector, s = u ⊙ g (g may be
-    overwritten by s). With `grads`, g is not filled yet: the loops read the gradients where
-    they are, and a band that misses copies them into g (its `grad_views`) first. With
-    `pending`, u is not written yet: the band's pass does the kernel's work where it can
-    (`native.act`), else the kernel runs first. True if done; False, nothing touched
-    (nor run), where `applies` says no."""
-    if not applies(tau, scale, x, u, g):
-        return False
-    native.note_step()
-    kernel = pending if pending is not None and _adam_fuses(pending, u, g, grads) else None
+    overwritten by s), where `step/choose.py` chose this form (float32 on a CPU, the loops
+    built, 0 < ⌊τD⌋ < D, scale < 0). With `grads`, g is not filled yet: the loops read the
+    gradients where they are, and a band that misses copies them into g (its `grad_views`)
+    first. With `pending`, u is not written yet: with `adam` (choose_path's `native_adam`) the
+    band's pass does the kernel's work (`native.act`), else the kernel runs first."""
+    kernel = pending if adam else None
     if pending is not None and kernel is None:
         pending.run()
     n = u.numel()
@@ -90,18 +65,18 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
     if previous is not None:  # the previous threshold's band: one native call does the step
         nt = native.threads(n)
         cap = n // (_CAP * nt) + 256
-        adam = None if kernel is None else (
-            cast(torch.Tensor, kernel.addend), kernel.exp_avg, kernel.exp_avg_sq,  # _adam_fuses: not None
+        fused_pass = None if kernel is None else (
+            cast(torch.Tensor, kernel.addend), kernel.exp_avg, kernel.exp_avg_sq,  # native_adam: fused
             native.adam_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr, kernel.step,
                                      ws.get("act.adam", 6, g)))
         kernel = None  # done by the call, hit or miss
-        found = native.act(x, u, adam, _segments(g, grads, ws), *previous, k, decay,
+        found = native.act(x, u, fused_pass, _segments(g, grads, ws), *previous, k, decay,
                            alpha * scale, gamma * scale, ws.get("act.index", cap * nt, g, torch.int64),
                            ws.get("act.values", cap * nt, g), ws.get("act.counts", 2 * nt, g, torch.int64),
                            nt, ws.get("act.work", cap * nt + 1, g), ws.get("act.ipos", 2, g, torch.int64))
         band.counted(key, ws, previous, n, *(found or (None,)))
         if found is not None:
-            return True
+            return
     if kernel is not None:  # no band to count yet (the first step): u from the kernel itself
         kernel.run()
     if grads is not None:  # the loops did not read them in place: g is filled now
@@ -109,7 +84,6 @@ def act_step_(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, tau: float, alp
             raise ValueError("act_step_ with grads needs their grad_views (g's views) to copy them into")
         torch._foreach_copy_(grad_views, grads)
     _step_after_a_miss(x, u, g, k, tau, alpha, gamma, scale, decay, ws)
-    return True
 
 
 def _step_after_a_miss(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, k: int, tau: float,
