@@ -1,5 +1,6 @@
-"""The readable reference (local_update/step/reference.py) against hand computations, and every path of
-`LocalUpdate` (eager passes, torch's fused kernel, the native CPU loops) against the reference.
+"""The readable reference (local_update/step/reference.py) against hand computations, and every
+form of `LocalUpdate`'s elementwise step (the fused form with torch's fused AdamW kernel or its
+eager passes, the native CPU loops) against the reference.
 
 The reference runs C clients at once; each client's row must equal that client run alone
 through `LocalUpdate`, whatever the other rows hold."""
@@ -126,6 +127,7 @@ def _run_alone(rule, trust: Trust, rho: float, correction: str, wd: float, lr: f
         g_hat = {n: torch.randn(p.shape, generator=gen, dtype=dtype) for n, p in params.items()} \
             if rule.needs_loss and rule.refresh_due(k) else None
         opt.step(g_hat=g_hat)
+    assert opt.paths == {"fused": steps}, opt.last_path  # one flat vector, torch's kernels
     state = {slot: _flat(opt.export_state(slot)) for slot in rule.slots}
     return _flat({n: p.detach() for n, p in params.items()}), state
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from adaptfl.local_update.modulation import ACT, MGUP, Cautious, NoTrust, Trust
-from adaptfl.local_update.rules import Preconditioner, Step
+from adaptfl.local_update.rules import Preconditioner, Step, sophia
 from adaptfl.local_update.rules.adam import Adam, AdamW, bias_steps
 from adaptfl.local_update.rules.sgd import SGD
 from adaptfl.local_update.rules.sophia import Sophia
@@ -63,20 +63,21 @@ def adam_direction(rule: AdamW, g: torch.Tensor, state: State, at: Step) -> Dire
 
 
 def sophia_direction(rule: Sophia, g: torch.Tensor, state: State, at: Step) -> Direction:
-    """d = clip(m / max(ρ_s·bs·h̃, 1e-15), -1, 1), h̃ = (1-λ)·h^r + λ·h (FedMIX-P's mix)."""
-    m = rule.sophia_beta1 * state["exp_avg"] + (1.0 - rule.sophia_beta1) * g
-    h = state["hessian"]
-    if "ref_hessian" in state and at.lam != 1.0:
-        h = (1.0 - at.lam) * state["ref_hessian"] + at.lam * h
-    d = (m / (h * (rule.sophia_rho * at.bs)).clamp(min=1e-15)).clamp(-1.0, 1.0)
+    """d = clip(m / max(ρ_s·bs·h̃, 1e-15), -1, 1), h̃ = (1-λ)·h^r + λ·h (FedMIX-P's mix): the
+    rule's own formula (rules/sophia.py, written once), on a copy of m."""
+    m = state["exp_avg"].clone()
+    d = sophia.sophia_direction(g, m, state["hessian"], rule.sophia_beta1, rule.sophia_rho, at.bs,
+                                state.get("ref_hessian"), at.lam)
     return d, 1.0, {**state, "exp_avg": m}
 
 
 def refresh_hessian(rule: Preconditioner, state: State, g_hat: torch.Tensor) -> State:
-    """Sophia's h = β2·h + (1-β2)·ĝ², after the step that used h (ĝ: the GNB gradient)."""
+    """Sophia's h = β2·h + (1-β2)·ĝ², after the step that used h (ĝ: the GNB gradient): the
+    rule's own formula, on a copy of h."""
     if not isinstance(rule, Sophia):
         raise TypeError(f"local rule {rule.name!r} refreshes nothing from a second gradient")
-    h = rule.sophia_beta2 * state["hessian"] + (1.0 - rule.sophia_beta2) * g_hat * g_hat
+    h = state["hessian"].clone()
+    sophia.hessian_update_(h, g_hat, rule.sophia_beta2)
     return {**state, "hessian": h}
 
 
