@@ -21,7 +21,7 @@ selection may branch on counts:
    the new threshold, its width scaled so that it holds about `_TARGET` of the entries, and
    widened after a miss.
 
-FedACT's native pass (fused_act.py) counts the scores as it forms them, without storing them:
+FedACT's native pass (step/native.py) counts the scores as it forms them, without storing them:
 it takes the first band from `previous_band`, selects in C, and reports back through `counted`.
 """
 
@@ -92,7 +92,7 @@ def select(x: torch.Tensor, k: int, ws: Workspace, hint: bool = True) -> Selecti
 
 def previous_band(key: tuple, ws: Workspace) -> tuple[float, float] | None:
     """The band around the threshold the selection `key` found last (`select`'s first try),
-    for a caller that counts the scores as it forms them (fused_act.py); None if none."""
+    for a caller that counts the scores as it forms them (step/native.py); None if none."""
     previous = ws.hints.get(key)
     return None if previous is None else (previous[0] - previous[1], previous[0] + previous[1])
 

@@ -1,4 +1,5 @@
-"""The one place that decides which parameters Muon updates and which go to AdamW (spec §2).
+"""The one place that decides which parameters Muon updates and which go to AdamW (Jordan
+et al. 2024: Muon for hidden matrices, AdamW for the rest).
 
 `hidden` (default, Muon's authors): hidden ≥2-D weights only; the first layer, embeddings, the
 classifier head, biases and norms go to AdamW. `all-2d` (the FedPAC authors' code): every ≥2-D

@@ -233,7 +233,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             in_chain = self._measure(blocks, chain)  # diagnostics never change the step
             if chain:
                 self._chain(blocks, in_chain, path)
-            else:  # each rule's own step in its authors' order, then the correction (spec §3)
+            else:  # each rule's own step in its authors' order, then the correction (FedPAC,
+                # seed 001: x -= ρ·lr·g_G after the step)
                 for block in blocks:
                     block.apply_own_step(1.0 - self.rho)
                     block.add_correction(-self.ref_lr * self.rho)
@@ -445,7 +446,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                 b.add_correction(-ref_lr * self.rho * decay, only=p)
 
     def _refresh_hessian(self, g_hat: Mapping[str, torch.Tensor]) -> None:
-        """Sophia's h refreshed AFTER use (spec §4), for the parameters ĝ covers."""
+        """Sophia's h refreshed AFTER use (Liu et al. 2023, Alg. 1; FedMIX-P, seed 002), for the
+        parameters ĝ covers."""
         by_name = self._by_name()
         for name, grad in g_hat.items():
             if name not in by_name:  # a parameter outside this optimizer: as torch ignores its grad

@@ -1,10 +1,12 @@
-"""Θ, the shareable preconditioner state, on the wire (spec §3, §4, §8).
+"""Θ, the shareable preconditioner state, on the wire (FedPAC, seed 001: Θ averaged and
+warm-starting clients; FedMIX-P, seed 002: the shared reference P^r).
 
 Keys are `"<parameter name>/<slot>"` with torch's slot names, so the server averages Θ by
 name, never by position: Sophia `hessian` (h), Muon `momentum_buffer` (M of the Muon-managed
 matrices), SOAP `gg<i>` (the Kronecker statistic of mode i; SOAP's L is gg0 and R is gg1).
 
-`light` (fedpac-light, spec §3) uploads a compressed Θ that the server expands before averaging:
+`light` (fedpac-light, seed 001's light variant) uploads a compressed Θ that the server expands
+before averaging:
 Muon a rank-r truncated SVD `.us` [m, r] and `.v` [n·…, r] with r = ⌊c·m·n/(m+n+1)⌋; SOAP the
 top-r eigenpairs `.vecs` [d, r], `.vals` [r] with r = ⌈c·d⌉; Sophia one mean per tensor `.mean`.
 """

@@ -1,7 +1,7 @@
-"""Muon as a pure per-matrix rule (spec §2; Jordan et al. 2024, `torch.optim.Muon`).
+"""Muon as a pure per-matrix rule (Jordan et al. 2024, `torch.optim.Muon`).
 
     M = β·M + (1-β)·g                     momentum (in place)
-    M̃ = (1-λ)·M^r + λ·M                   FedMIX-P (spec §4): mix before the Nesterov blend
+    M̃ = (1-λ)·M^r + λ·M                   FedMIX-P (seed 002): mix before the Nesterov blend
     U = (1-β)·g + β·M̃                     Nesterov
     O = NS5(U)·sqrt(max(1, rows/cols))    orthogonalised, conv weights as [out, -1]
 

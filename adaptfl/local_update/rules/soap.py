@@ -1,4 +1,4 @@
-"""SOAP as a pure per-tensor rule (spec §2; Vyas et al. 2024): Adam in Shampoo's eigenbasis.
+"""SOAP as a pure per-tensor rule (Vyas et al. 2024): Adam in Shampoo's eigenbasis.
 
 State of one tensor with modes d_0 … d_{n-1} (a conv weight has 4):
     gg<i>  [d_i, d_i]   Kronecker statistic of mode i (absent where d_i > max_precond_dim, or 1-D)
@@ -13,7 +13,7 @@ One step (n = Adam step from 1):
     gg<i> = lerp(gg<i>, g ×_{≠i} g, 1-shampoo_β) and every f steps Q <- QR(gg̃·Q), v re-sorted.
 A fresh tensor's first step only initialises gg and Q (no move); a warm-started one (FedPAC's
 alignment) derives Q from the received statistics and takes a full step at once.
-FedMIX-P (spec §4) derives Q from gg̃ = (1-λ)·gg^r + λ·gg.
+FedMIX-P (seed 002) derives Q from gg̃ = (1-λ)·gg^r + λ·gg.
 """
 
 from __future__ import annotations

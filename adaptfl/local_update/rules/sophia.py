@@ -1,7 +1,7 @@
-"""SophiaG as a pure rule (spec §2; Liu et al. 2023, the authors' `SophiaG`).
+"""SophiaG as a pure rule (Liu et al. 2023, the authors' `SophiaG`).
 
     m = β1·m + (1-β1)·g
-    h̃ = (1-λ)·h^r + λ·h                       FedMIX-P (spec §4); h itself when λ = 1
+    h̃ = (1-λ)·h^r + λ·h                       FedMIX-P (seed 002); h itself when λ = 1
     d = clip(m / max(ρ_s·bs·h̃, 1e-15), -1, 1)
     every k_h steps, AFTER the step:  h = β2·h + (1-β2)·ĝ²
 
@@ -49,7 +49,8 @@ def gnb_loss(logits: torch.Tensor, loss_fn: Callable[[torch.Tensor, torch.Tensor
 @component("preconditioner", "sophia")
 @dataclass(frozen=True)
 class Sophia(Preconditioner):
-    """SophiaG with the GNB Hessian refresh (which MUST run: spec §3)."""
+    """SophiaG with the GNB Hessian refresh (which MUST run: seed 001 notes that the authors'
+    code never calls it)."""
 
     sophia_rho: float = param(0.04, "Sophia's ρ_s in clip(m / max(ρ_s·bs·h, 1e-15))",
                               within=(0.0, None), open_low=True)
