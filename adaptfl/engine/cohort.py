@@ -84,7 +84,8 @@ def cohort_key(job: LocalJob, form: str) -> tuple:
     loops run, float32: one client at a time they beat the batched reference there,
     benchmarks/bench_cohort.py --algorithm fedact: 0.78x on an Intel Xeon, docs/scale.md)."""
     key = signature(job)
-    native_trust = form == "auto" and native_declines(job.session.optimizer, diagnose=False) is None
+    opt = job.session.optimizer
+    native_trust = form == "auto" and native_declines(opt, opt.rule(opt.param_groups[0]), False) is None
     return key if key is not None and not native_trust else ("own", *own_signature(job))
 
 

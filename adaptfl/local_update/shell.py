@@ -220,12 +220,14 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.steps += 1
-        path = choose_path(self, self.diagnostics_due())
+        groups = self.param_groups
+        rules = [self.rule(group) for group in groups]
+        actives = [[p for p in group["params"] if p.grad is not None] for group in groups]
+        path = choose_path(self, rules[0], actives[0], self.diagnostics_due())
         blocks = []
-        for gi, group in enumerate(self.param_groups):
-            active = [p for p in group["params"] if p.grad is not None]
-            if active:
-                blocks.extend(self._directions(gi, group, active, path))
+        for gi, group in enumerate(groups):
+            if actives[gi]:
+                blocks.extend(self._directions(gi, group, rules[gi], actives[gi], path))
         if blocks:
             self.paths[path.form] += 1
             self.last_path = path
@@ -242,9 +244,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             self._refresh_hessian(g_hat)
         return loss
 
-    def _directions(self, gi: int, group: dict[str, Any], active: list[torch.Tensor],
-                    path: Path) -> list[Block]:
-        rule = self.rule(group)
+    def _directions(self, gi: int, group: dict[str, Any], rule: Preconditioner,
+                    active: list[torch.Tensor], path: Path) -> list[Block]:
         lr, wd = group["lr"], group["weight_decay"]
         states = [self.state[p] for p in active]
         for st in states:

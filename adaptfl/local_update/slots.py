@@ -182,6 +182,10 @@ class NamedSlots:
             raise ValueError(f"param group {gi} is not elementwise: its state is per tensor")
         return self._flat[gi]
 
+    def has_flat_slot(self, slot: str, gi: int = 0) -> bool:
+        """Whether group gi keeps `slot` as a flat buffer (Δ_G once the server sent one)."""
+        return slot in self._flat[gi]
+
     def adopt_flat_slots(self, rows: Mapping[str, torch.Tensor], gi: int = 0) -> None:
         """Move the elementwise group's flat state into the given [D] tensors (rows of the
         cohort engine's stacked state): values copied there, then `state[p][slot]` views them."""

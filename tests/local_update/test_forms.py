@@ -27,7 +27,7 @@ from adaptfl.local_update.modulation import ACT, NoTrust, Trust
 from adaptfl.local_update.rules import Step
 from adaptfl.local_update.rules.soap import SOAP
 from adaptfl.local_update.rules.sophia import sophia_direction
-from adaptfl.local_update.step.choose import choose_path
+from adaptfl.local_update.step.choose import Path, choose_path
 from adaptfl.local_update.step.reference import Chain
 from adaptfl.local_update.step.tensors import mixed, tensor_step
 
@@ -42,6 +42,12 @@ CASES = {  # name: (preconditioner, its options, trust, rho, correction)
     "muon-act-per-tensor": ("muon", {"muon_routing": "all-2d"}, ACT(tau=0.4, trust_scope="per-tensor"),
                             0.3, "mix"),
 }
+
+
+def _choose(opt: LocalUpdate, diagnose: bool) -> Path:
+    """choose_path as `opt.step` asks it: the first group's rule and parameters with a gradient."""
+    group = opt.param_groups[0]
+    return choose_path(opt, opt.rule(group), [p for p in group["params"] if p.grad is not None], diagnose)
 
 
 def _tensors(seed: int, matrices: bool = False) -> dict[str, torch.Tensor]:
@@ -145,9 +151,9 @@ def test_every_algorithm_takes_the_form_its_components_call_for(name: str) -> No
     model(torch.randn(16, 200)).logsumexp(1).sum().backward()
     rule = opt.rule(opt.param_groups[0])
     want = _expected_form(opt.trust, rule.elementwise, len(opt.param_groups))
-    path = choose_path(opt, diagnose=False)
+    path = _choose(opt, False)
     assert path.form == want, (path, want)
     if want != "eager":  # a step that records PosRatio/TopMass keeps its scores: never native
-        assert choose_path(opt, diagnose=True).form == "fused"
+        assert _choose(opt, True).form == "fused"
     opt.step()
     assert opt.last_path is not None and opt.last_path.form in (want, "fused"), opt.last_path

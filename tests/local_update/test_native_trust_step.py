@@ -20,10 +20,17 @@ import pytest
 import torch
 
 from adaptfl.local_update import LocalUpdate, band, native
-from adaptfl.local_update.step.choose import choose_path
+from adaptfl.local_update.step import choose
 
 N = 40_000  # above topk._SMALL: the band path
 _STEP, _ACT = native.step, native.act
+
+
+def _choose(opt: LocalUpdate, diagnose: bool) -> choose.Path:
+    """choose_path as `opt.step` asks it: the first group's rule and parameters with a gradient."""
+    group = opt.param_groups[0]
+    return choose.choose_path(opt, opt.rule(group), [p for p in group["params"] if p.grad is not None],
+                              diagnose)
 
 
 @pytest.fixture
@@ -183,7 +190,7 @@ def test_without_a_compiler_the_eager_passes_run(fresh_native, monkeypatch: pyte
     monkeypatch.setenv("CC", str(fresh_native / "no-such-compiler"))
     assert native.library() is None and not native.usable(torch.zeros(1))
     assert not list(fresh_native.iterdir())
-    path = choose_path(_fedact(), diagnose=False)
+    path = _choose(_fedact(), False)
     assert path.form == "fused" and "not built here" in path.reason, path
 
 
@@ -260,7 +267,7 @@ def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa:
 
 def test_the_accelerator_branch_never_runs_the_loops(accelerator_paths: None) -> None:
     assert not native.usable(torch.zeros(N))
-    path = choose_path(_fedact(), diagnose=False)
+    path = _choose(_fedact(), False)
     assert path.form == "fused" and path.reason.endswith("(the loops take float32 on a CPU)"), path
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -51,25 +51,24 @@ class Path:
     native_adam: bool = False  # the native loops do the AdamW kernel's pass too (`loops.act`)
 
 
-def choose_path(opt: LocalUpdate, diagnose: bool) -> Path:
-    """The form of `opt`'s coming step (its gradients set): `diagnose` is whether the step
-    records PosRatio/TopMass (those steps keep their scores, which the native loops never store)."""
+def choose_path(opt: LocalUpdate, rule: Preconditioner, active: list[torch.Tensor],
+                diagnose: bool) -> Path:
+    """The form of `opt`'s coming step: `rule` and `active` (its parameters with a gradient)
+    are its first group's; `diagnose` is whether the step records PosRatio/TopMass (those steps
+    keep their scores, which the native loops never store)."""
     groups = opt.param_groups
     group = groups[0]
     params = group["params"]
-    rule = opt.rule(group)
-    grads = [p.grad for p in params if p.grad is not None]
     if len(groups) != 1:
         return Path("eager", f"{len(groups)} param groups: one block per tensor")
     if not rule.elementwise:
         return Path("eager", f"{rule.name} is a per-tensor rule")
-    if not flat_layout(rule, [p for p in params if p.grad is not None], params,
-                       {opt.state[p]["step"] for p in params}):
+    if not flat_layout(rule, active, params, {opt.state[p]["step"] for p in active}):
         return Path("eager", "a parameter without a gradient or at another step count")
     like = params[0]
-    stay = _grads_stay(opt, rule, like, grads)
-    fuse = opt.rho > 0.0 and "global_direction" in opt.flat_slots(0)
-    declined = native_declines(opt, diagnose)
+    stay = _grads_stay(opt, rule, like, [cast(torch.Tensor, p.grad) for p in active])  # active: set
+    fuse = opt.rho > 0.0 and opt.has_flat_slot("global_direction")
+    declined = native_declines(opt, rule, diagnose)
     if declined is None:
         return Path("native", "FedACT's AdamW, scores, top-k and step in the C loops", stay, fuse,
                     _native_adam(opt, rule, like, fuse))
@@ -95,7 +94,7 @@ def _grads_stay(opt: LocalUpdate, rule: Preconditioner, like: torch.Tensor,
         and fuses(like) and all(t.is_contiguous() and t.dtype == like.dtype for t in grads)
 
 
-def native_declines(opt: LocalUpdate, diagnose: bool) -> str | None:
+def native_declines(opt: LocalUpdate, rule: Preconditioner, diagnose: bool) -> str | None:
     """Why the native loops do not take `opt`'s steps (None: they do), its gradients aside:
     the cohort engine asks this before any gradient exists."""
     trust = opt.trust
@@ -107,7 +106,7 @@ def native_declines(opt: LocalUpdate, diagnose: bool) -> str | None:
     if not opt.bucket_view:
         return "the parameters are not one bucket"
     group = opt.param_groups[0]
-    if opt.rule(group).decay_after or group["lr"] <= 0.0 or opt.ref_lr <= 0.0:
+    if rule.decay_after or group["lr"] <= 0.0 or opt.ref_lr <= 0.0:
         return "the step is not a plain descent step"
     n = sum(p.numel() for p in group["params"])
     if not 0 < math.floor(trust.tau * n) < n or n < _SMALL:
