@@ -43,6 +43,7 @@ from adaptfl.local_update.rules import (
     torch_keywords,
 )
 from adaptfl.local_update.slots import NamedSlots
+from adaptfl.local_update.step import eager as eager_form
 from adaptfl.local_update.step import fused
 from adaptfl.local_update.step import native as native_form
 from adaptfl.local_update.step.choose import Path, choose_path, flat_layout
@@ -59,20 +60,6 @@ def eager(method: Any) -> Any:
     ClientApp is a fresh process per message and never compiles, so it paid that on every
     message (docs/scale.md); in eager mode the wrapper only runs the method."""
     return getattr(method, "__wrapped__", method)
-
-
-def _check_fresh(rule: Preconditioner, d: torch.Tensor | None, st: dict[str, Any],
-                 g: torch.Tensor) -> None:
-    """Refuse a direction that shares memory with the rule's state or with g: the chain scales
-    u in place (and overwrites g with the scores), so an aliased d would corrupt them."""
-    if d is None:
-        return
-    ptr = d.untyped_storage().data_ptr()
-    held = [("g", g), *((k, v) for k, v in st.items() if isinstance(v, torch.Tensor))]
-    for key, t in held:
-        if t.numel() and t.untyped_storage().data_ptr() == ptr:
-            raise ValueError(f"local rule {rule.name!r} returned a direction aliasing its {key!r}: "
-                             f"direction() must return a fresh tensor (the chain scales it in place)")
 
 
 class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
@@ -256,7 +243,8 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             decay *= 1.0 - self.rho  # runs at lr·(1-ρ); the (1-ρ) of its move is the chain's
         if flat_layout(rule, active, group["params"], steps):
             return [self._flat_block(gi, rule, active, steps.pop(), lr, wd, decay, path)]
-        return self._tensor_blocks(rule, active, steps, lr, wd, decay)
+        return eager_form.tensor_blocks(rule, active, self.state, steps, lr, wd, decay,
+                                        Step(0, self.step_offset, self.mix_lambda, self.bs))
 
     def _flat_block(self, gi: int, rule: Preconditioner, active: list[torch.Tensor], k: int,
                     lr: float, wd: float, decay: float, path: Path) -> Block:
@@ -286,33 +274,11 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
                             **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
         d = fused.direction(rule, g, st, Step(k, self.step_offset + k, self.mix_lambda,
                                                          self.bs), fusion)
-        _check_fresh(rule, d.d, st, g)
+        eager_form.check_fresh(rule, d.d, st, g)
         return Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
                      st.get("global_direction"), flat=True, corrected=d.corrected,
                      bucket=bucket, grads=grads if in_place else None, grad_views=views,
                      pending=d.pending)
-
-    def _tensor_blocks(self, rule: Preconditioner, active: list[torch.Tensor], steps: set[int],
-                       lr: float, wd: float, decay: float) -> list[Block]:
-        """One block per tensor: the rule's directions tensor by tensor (or the whole group at
-        once where it declares `batched_directions`), each checked fresh."""
-        given = cast(list[torch.Tensor], [p.grad for p in active])  # active: the params with a grad
-        grads = [gr if not (rule.coupled_decay and wd) else gr.add(p, alpha=wd)
-                 for p, gr in zip(active, given, strict=True)]
-        if rule.batched_directions and len(steps) == 1:  # the whole group at once (Muon)
-            k = steps.pop()
-            directions = rule.directions(grads, [self.state[p] for p in active],
-                                         Step(k, self.step_offset + k, self.mix_lambda, self.bs))
-        else:
-            directions = [rule.direction(g, self.state[p], Step(self.state[p]["step"],
-                                                                self.step_offset + self.state[p]["step"],
-                                                                self.mix_lambda, self.bs))
-                          for p, g in zip(active, grads, strict=True)]
-        for p, g, direction in zip(active, grads, directions, strict=True):
-            _check_fresh(rule, direction[0], self.state[p], g)
-        return [Block([p], d, g, lr * scale, decay, rule.decay_after,
-                       self.state[p].get("global_direction"))
-                for p, g, (d, scale) in zip(active, grads, directions, strict=True)]
 
     def _views_of(self, gi: int, name: str, flat: torch.Tensor, params: list[torch.Tensor]
                   ) -> list[torch.Tensor]:
@@ -341,7 +307,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
             u, g, at_step = self._combine_flat(blocks[0])
         else:
-            u, g, at_step = self._combine_blocks(blocks)
+            u, g, at_step = eager_form.combine(blocks, self.ref_lr, self.rho, self.work)
         scale = -self.ref_lr * at_step  # the step's factor of u
         b = blocks[0]
         if path.form == "native":  # FedACT on a CPU: the native loops (step/native.py)
@@ -356,9 +322,9 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         if len(blocks) == 1 and b.bucket is not None:  # one pass over the flat parameters
             b.move(u, scale, phi)
         elif any(b.decay_after for b in blocks):
-            self._move_decaying_after(blocks, u, sizes, phi)
+            eager_form.move_decaying_after(blocks, u, sizes, phi, self.ref_lr, self.rho)
         else:
-            self._move(blocks, u, sizes, phi, scale)
+            eager_form.move(blocks, u, sizes, phi, scale)
 
     def _combine_flat(self, b: Block) -> tuple[torch.Tensor, torch.Tensor, float]:
         """u of one flat block, in place in its direction's buffer; (u, g, the factor of u left
@@ -378,22 +344,6 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
             u.add_(b.global_direction, alpha=self.rho)
         return u, b.g, 1.0
 
-    def _combine_blocks(self, blocks: list[Block]) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """u and g of several blocks (or one per tensor) gathered into one vector each."""
-        ref_lr = self.ref_lr
-        n, like = sum(p.numel() for b in blocks for p in b.params), blocks[0].params[0].detach()
-        u = torch.cat([b.scaled_direction(ref_lr).reshape(-1) for b in blocks],
-                      out=self.work.get("u", n, like))
-        g = torch.cat([b.g.reshape(-1) for b in blocks], out=self.work.get("g", n, like))
-        if self.rho > 0.0:  # Δ_G = 0 before the first aggregation (Algorithm 1)
-            u.mul_(1.0 - self.rho)
-            if all(b.global_direction is not None for b in blocks):
-                # cast: the all() above checked every block has one
-                dg = torch.cat([cast(torch.Tensor, b.global_direction).reshape(-1) for b in blocks],
-                               out=self.work.get("dg", n, like))
-                u.add_(dg, alpha=self.rho)
-        return u, g, 1.0
-
     def _modulate(self, b: Block, u: torch.Tensor, g: torch.Tensor, sizes: list[int],
                   diagnose: bool, scale: float) -> torch.Tensor | None:
         """s = u ⊙ g (in g's buffer: g is not read after this), the diagnostics of s, and the
@@ -405,46 +355,6 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         if diagnose:
             self._record(scores)
         return fused.phi_(self.trust, scores, sizes, self.work, scale=scale) if self.trust.active else None
-
-    @staticmethod
-    def _move(blocks: list[Block], u: torch.Tensor, sizes: list[int], phi: torch.Tensor | None,
-              scale: float) -> None:
-        """x = (1-δ)·x + scale·u (or + φ ⊙ u), per tensor with torch's foreach kernels; no decay
-        on a rule's initialising step (SOAP's first one moves nothing of its own)."""
-        params = [p for b in blocks for p in b.params]
-        steps = [v.view_as(p) for v, p in zip(u.split(sizes), params, strict=True)]
-        decays = [0.0 if b.d is None else b.decay for b in blocks for _ in b.params]
-        if any(decays):
-            if len(set(decays)) == 1:
-                torch._foreach_mul_(params, 1.0 - decays[0])
-            else:
-                for p, dec in zip(params, decays, strict=True):
-                    p.mul_(1.0 - dec)
-        if phi is None:
-            torch._foreach_add_(params, steps, alpha=scale)
-        else:
-            factors = [v.view_as(p) for v, p in zip(phi.split(sizes), params, strict=True)]
-            torch._foreach_addcmul_(params, steps, factors)
-
-    def _move_decaying_after(self, blocks: list[Block], u: torch.Tensor, sizes: list[int],
-                             phi: torch.Tensor | None) -> None:
-        """SOAP's order: x = (x - L·u)(1-δ), the correction's share given back undecayed."""
-        ref_lr = self.ref_lr
-        params = [p for b in blocks for p in b.params]
-        owners = [b for b in blocks for _ in b.params]
-        steps = u.split(sizes)
-        factors = None if phi is None else phi.split(sizes)
-        for i, (b, p) in enumerate(zip(owners, params, strict=True)):
-            decay = 0.0 if b.d is None else b.decay
-            if not b.decay_after:
-                p.mul_(1.0 - decay)
-            if factors is None:
-                p.add_(steps[i].view_as(p), alpha=-ref_lr)
-            else:
-                p.addcmul_(steps[i].view_as(p), factors[i].view_as(p))
-            if b.decay_after:
-                p.mul_(1.0 - decay)
-                b.add_correction(-ref_lr * self.rho * decay, only=p)
 
     def _refresh_hessian(self, g_hat: Mapping[str, torch.Tensor]) -> None:
         """Sophia's h refreshed AFTER use (Liu et al. 2023, Alg. 1; FedMIX-P, seed 002), for the

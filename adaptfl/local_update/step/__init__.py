@@ -9,6 +9,7 @@
     choose.py      `choose_path`: which form runs a `LocalUpdate` step, and why (the one place)
     fused.py       torch's kernels over one flat vector (fused_adam.py: the AdamW kernel pass)
     native.py      FedACT's C loops (local_update/native.py builds them)
+    eager.py       each tensor's own direction, then the chain's generic passes
 
 This package's __init__ imports nothing, so `step.reference` loads without the fast forms.
 """
