@@ -14,12 +14,15 @@ math with each paper's knob and name:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from adaptfl.core import wire
 from adaptfl.core.contract import Record
 from adaptfl.core.params import component, fields_of, param
 from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage
+
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
 UNIT = (0.0, 1.0)
 
@@ -62,7 +65,7 @@ class _SetDirection(ClientPart):
     def __init__(self, direction: dict | None) -> None:
         self.direction = direction
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         if self.direction is not None:
             opt.set_global_direction(self.direction)
 

@@ -24,18 +24,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from adaptfl.core import wire
-from adaptfl.core.contract import Record
+from adaptfl.core.contract import Record, Shape
 from adaptfl.core.domain import MOMENT
 from adaptfl.core.params import component, param
 from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
-def _shape(block: bool):  # noqa: ANN202 - a Record shape
+
+def _shape(block: bool) -> Shape:
     return lambda spec, algorithm: spec.blocks() if block else spec.params()
 
 
@@ -74,7 +77,7 @@ class _SyncV(ClientPart):
     def __init__(self, v_bar: Mapping[str, torch.Tensor] | None, block: bool, upload: bool) -> None:
         self.v_bar, self.block, self.upload = v_bar, block, upload
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         if self.v_bar is None:
             return
         if self.block:  # one value per tensor: broadcast it to the tensor's shape
@@ -84,7 +87,7 @@ class _SyncV(ClientPart):
         else:
             opt.import_state("exp_avg_sq", self.v_bar)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         if not self.upload:
             return PartOutput()
         v = opt.export_state("exp_avg_sq")

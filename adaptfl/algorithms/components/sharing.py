@@ -30,6 +30,7 @@ from adaptfl.local_update.theta import compress, drift, expand, light_domain, li
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.algorithm import Algorithm
+    from adaptfl.local_update import LocalUpdate
 
 
 def spec_bytes(spec: ArraySpec) -> int:
@@ -104,11 +105,11 @@ class _ShareTheta(ClientPart):
                  light_c: float | None) -> None:
         self.theta, self.mixing, self.light_c = theta, mixing, light_c
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         if self.theta is not None:
             opt.import_theta(self.theta, keep_reference=self.mixing)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         theta = {k: v.detach().cpu() for k, v in opt.export_theta().items()}
         if self.light_c is not None:
             theta = compress(theta, self.light_c)
