@@ -2,7 +2,7 @@
 
 More threads than CPUs is slow on CPU, not merely useless: torch's workers wait for each other
 at every kernel, and a descheduled one stalls the rest (on a loaded 2-core machine a round of
-the in-process engine took 4-9 s with torch's default of 2 threads, 0.3-0.5 s with 1; issue 20).
+the in-process engine took 4-9 s with torch's default of 2 threads, 0.3-0.5 s with 1; docs/speed.md).
 So the default (0) takes the CPUs the client was given:
 
     Flower's simulation     the CPUs Ray assigned to this ClientApp (client-resources-num-cpus)

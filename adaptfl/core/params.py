@@ -126,7 +126,7 @@ def coerce(key: str, value: Any, info: FieldInfo, has_preset: bool = False) -> A
     """One run-config value into the field's type; Flower parses `lr=1` as int, so an int is
     accepted for a float. Raises a one-line ValueError naming the key; it offers "preset" only
     where there is one (`has_preset`: an algorithm's preset sets the field, or its default is
-    derived), not for settings such as num-server-rounds (issue 33 §7)."""
+    derived), not for settings such as num-server-rounds."""
     if value is None and info.optional:
         return None
     expected = info.type

@@ -238,9 +238,10 @@ def superlink_answers(host: str, port: int, cafile: str = "") -> bool:
 
 
 def superlink_unreachable_from_host(runner: Runner, files: str, cafile: str = "") -> str:
-    """Issue 21 §5: no host process reaches the SuperLink's port: published nowhere (not on
-    127.0.0.1 either), and its container address on the `server` network has no route from the
-    host (inhibit_ipv4). The operator container reached it (the `flwr run` above)."""
+    """No host process reaches the SuperLink's port (docs/threat-model.md, "The deployment"):
+    published nowhere (not on 127.0.0.1 either), and its container address on the `server`
+    network has no route from the host (inhibit_ipv4). The operator container reached it (the
+    `flwr run` above)."""
     container = runner.compose(f"{files} ps -q superlink").stdout.strip()
     inspect = subprocess.run(
         [dockerd.DOCKER, "inspect", "-f", "{{json .NetworkSettings.Ports}} "

@@ -109,7 +109,8 @@ class InProcessGrid(Grid):
     def _deliver(self, msg: Message, timeout: float | None = None) -> Message | None:
         """The node's reply; None for one that claims another sender: Flower's SuperLink takes a
         reply only from the node it authenticated, so a forged one never reaches the server
-        there, and must not here either (issue 32 §5: it dropped the victim's own reply)."""
+        there, and must not here either (a forged reply once cost the victim its own;
+        docs/threat-model.md, "Hostile clients")."""
         node = msg.metadata.dst_node_id
         try:
             reply = contained(lambda: self.handler(msg, self.contexts[node]), timeout)

@@ -1,5 +1,5 @@
 """`dp-ledger`: one JSON-lines file of privacy events that every run naming it appends to, so ε
-covers all the runs on one data set (issue 31 §8), not each run alone.
+covers all the runs on one data set, not each run alone (docs/privacy.md, "A ledger across runs").
 
     one line per released round   {"z", "n", "N", "delta", "accounting", "run", "run-key", "round"}
     appended                      under an exclusive flock, as one O_APPEND write: runs in

@@ -1,4 +1,5 @@
-"""Safe defaults against one hostile reply under any aggregator (issue 21 §2): no claimed sample
+"""Safe defaults against one hostile reply under any aggregator (docs/threat-model.md, "Hostile
+clients", step 4b): no claimed sample
 count outweighs the round's median by more than a bounded factor, and each reply's records are
 compared with the round's other replies.
 
@@ -9,8 +10,8 @@ compared with the round's other replies.
              came 8.8× apart, and its domain bound holds it), f_i·||t_i|| > screen-ratio ·
              median_{j≠i} f_j·||t_j||, naming the record;
              declared once: the records are the contract's, so a component's new upload is
-             screened without a line here (issue 32 §2: one Δc of 1e30 made SCAFFOLD's c poison
-             every later round). Squared statistics (v ≥ 0, SOAP's PSD G·Gᵀ) by sqrt of their
+             screened without a line here (one Δc of 1e30 made SCAFFOLD's c poison every
+             later round). Squared statistics (v ≥ 0, SOAP's PSD G·Gᵀ) by sqrt of their
              norm. The median of the OTHER replies, so with two replies each is judged against
              the other; a reply alone in its round against the screen history: per record,
              the median size of the last WINDOW kept replies of earlier rounds, kept in the

@@ -1,4 +1,4 @@
-"""HaFedHo's objective rectification (seed 003, Algorithm 1; spec §5).
+"""HaFedHo's objective rectification (seed 003, Algorithm 1: the surrogate φ_i and its h, f̂).
 
 The server sends g^{t-1} (mean of the clients' summed local gradients), f̂^{t-1} (mean local
 loss) and |D|. Client i, with data share p_i = |D_i| / |D|:

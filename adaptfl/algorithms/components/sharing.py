@@ -138,7 +138,8 @@ class Mix(_Shared):
                                  "c-sqrt-R (c/√R)", choices=("constant", "lambda0-sqrt-r", "c-sqrt-R"))
 
     def round_lambda(self, info: RoundInfo) -> float:
-        """λ_r (spec §4), at most 1."""
+        """λ_r of FedMIX-P's H = (1-λ_r)·P^r + λ_r·P_i (seed 002, "Stepwise geometry mixing"), at most
+        1."""
         scale = {"constant": 1.0, "lambda0-sqrt-r": info.server_round**-0.5,
                  "c-sqrt-R": info.num_rounds**-0.5}[self.lambda_schedule]
         return min(1.0, self.mix_lambda * scale)
