@@ -55,7 +55,7 @@ def booked_multiplier(privacy: Privacy, replies: int, sampled: int) -> float:
 
 def worst_multiplier(privacy: Privacy, min_replies: int, sampled: int) -> float:
     """What a round is accounted at after the worst loss it accepts: under dp='client' a round
-    is released only with min-replies accepted (strategies/base.py), so m >= min(min-replies, n)."""
+    is released only with min-replies accepted (strategies/aggregation.py), so m >= min(min-replies, n)."""
     return booked_multiplier(privacy, max(1, min(min_replies, sampled)), sampled)
 
 
