@@ -31,7 +31,8 @@ def ray_assigned_cpus() -> float | None:
     if ray is None or not ray.is_initialized():
         return None
     try:
-        return ray.get_runtime_context().get_assigned_resources().get("CPU")
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        return None if cpus is None else float(cpus)
     except Exception:  # noqa: BLE001 - the driver process has no assigned resources
         return None
 

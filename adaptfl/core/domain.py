@@ -63,7 +63,7 @@ class Domain:
         if self.psd and t.ndim == 2:
             sym = 0.5 * (t.double() + t.double().T)
             vals, vecs = torch.linalg.eigh(sym)
-            return ((vecs * vals.clamp(min=0.0)) @ vecs.T).to(t.dtype)
+            return torch.matmul(vecs * vals.clamp(min=0.0), vecs.T).to(t.dtype)
         if self.nonneg:
             return t.clamp(min=0.0)
         return t

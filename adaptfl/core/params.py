@@ -77,7 +77,7 @@ def param(default: Any, doc: str, *, key: str = "", choices: tuple[Any, ...] | N
     return dataclasses.field(default=default, metadata={_META: meta})
 
 
-def key_of(field: dataclasses.Field) -> str:
+def key_of(field: dataclasses.Field[Any]) -> str:
     meta: Param = field.metadata[_META]
     return meta.key or field.name.replace("_", "-")
 
@@ -95,7 +95,7 @@ class FieldInfo:
     param: Param
 
 
-def _field_type(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
+def _field_type(cls: type, field: dataclasses.Field[Any]) -> tuple[type, bool]:
     hint = typing.get_type_hints(cls)[field.name]
     args = typing.get_args(hint)
     optional = type(None) in args
@@ -108,7 +108,7 @@ def _field_type(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
 
 def fields_of(cls: type) -> tuple[FieldInfo, ...]:
     """The declared hyperparameters of a component class, in declaration order."""
-    cached = cls.__dict__.get("_adaptfl_fields")
+    cached: tuple[FieldInfo, ...] | None = cls.__dict__.get("_adaptfl_fields")
     if cached is not None:
         return cached
     out = []

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from adaptfl import source as where
 from adaptfl.deploy import dockerd, loopback, stand_in
@@ -163,7 +164,7 @@ def results_in_volume(runner: Runner, files: str, run_name: str) -> str:
     return judge_results(run_name, json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def judge_results(run_name: str, found: dict) -> str:
+def judge_results(run_name: str, found: dict[str, Any]) -> str:
     """The summary of a run's results (`results_script`'s output), or CheckFailed naming what is off."""
     rows = [tuple(r[:3]) for r in found["rows"]]
     paths = sorted({r[3] for r in found["rows"]})

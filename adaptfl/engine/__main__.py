@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=cfg.federation.num_server_rounds, unit="round", desc=cfg.algorithm.name,
                disable=None)  # disable=None: no bar when stderr is not a terminal
 
-    def on_round(row: dict) -> None:
+    def on_round(row: dict[str, Any]) -> None:
         bar.n = int(row["round"])
         bar.set_postfix(accuracy=f"{row['test-accuracy']:.4f}", refresh=True)
 

@@ -129,7 +129,7 @@ class InProcessGrid(Grid):
                                  reason=traceback.format_exc()), reply_to=msg)
 
 
-def run_inprocess(cfg: RunConfig, num_nodes: int, on_round: Callable[[dict], None] | None = None
+def run_inprocess(cfg: RunConfig, num_nodes: int, on_round: Callable[[dict[str, Any]], None] | None = None
                   ) -> Path:
     """One federated run with `num_nodes` clients in this process; returns its results dir."""
     return run_federated(InProcessGrid(num_nodes, cfg.to_flower()), cfg, on_round=on_round)

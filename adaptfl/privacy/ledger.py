@@ -26,7 +26,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -94,7 +94,7 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
     if not ok:
         raise ValueError(f"dp-ledger {path} line {number}: not a privacy event (a JSON object with "
                          f"{', '.join(KEYS)}); repair or remove that line")
-    return entry
+    return cast("dict[str, Any]", entry)
 
 
 def check(path: Path, entries: Iterable[dict[str, Any]], delta: float, accounting: str) -> None:

@@ -66,7 +66,7 @@ def shared(reply: DecodedReply, only: Collection[str] | None = None,
     return out
 
 
-def record_sizes(records: Sequence[Mapping[str, dict]], squared: Collection[str] = ()
+def record_sizes(records: Sequence[Mapping[str, Mapping[str, torch.Tensor]]], squared: Collection[str] = ()
                  ) -> dict[str, list[float]]:
     """record -> ||t_i|| per reply (sqrt of it for records in `squared`: second moments, SOAP's
     G·Gᵀ (v ≥ 0 or PSD) are compared on the scale of the gradients they square: a client with
@@ -76,7 +76,7 @@ def record_sizes(records: Sequence[Mapping[str, dict]], squared: Collection[str]
     return {r: [_size(rec[r], r in squared) for rec in records] for r in sorted(records[0])}
 
 
-def pull_ratios(records: Sequence[Mapping[str, dict]], factors: Sequence[float],
+def pull_ratios(records: Sequence[Mapping[str, Mapping[str, torch.Tensor]]], factors: Sequence[float],
                 squared: Collection[str] = (), reference: Mapping[str, Sequence[float]] | None = None
                 ) -> list[tuple[float, str, float, float]]:
     """Per reply: its largest ratio f_i·||t_i|| / median_{j≠i} f_j·||t_j|| over the records,
@@ -99,7 +99,7 @@ def pull_ratios(records: Sequence[Mapping[str, dict]], factors: Sequence[float],
     return out
 
 
-def _size(tensors: dict, squared: bool) -> float:
+def _size(tensors: Mapping[str, torch.Tensor], squared: bool) -> float:
     norm = float(flat(tensors).norm())
     return math.sqrt(norm) if squared else norm
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from adaptfl.core import wire
 from adaptfl.core.contract import Record
 from adaptfl.core.params import component, fields_of, param
-from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage, Tensors
 
 if TYPE_CHECKING:
     from adaptfl.local_update import LocalUpdate
@@ -62,7 +62,7 @@ class Correction(Stage):
 
 
 class _SetDirection(ClientPart):
-    def __init__(self, direction: dict | None) -> None:
+    def __init__(self, direction: Tensors | None) -> None:
         self.direction = direction
 
     def configure(self, opt: LocalUpdate) -> None:

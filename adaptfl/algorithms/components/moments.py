@@ -60,6 +60,10 @@ class Moments(Stage):
         """Whether this round's replies carry v."""
         return self.synced
 
+    def upload_schedule(self) -> str:
+        """The run-config keys that thin v's uploads, as set ('' where v has no schedule)."""
+        return ""
+
     def records_up_on(self, server_round: int) -> tuple[Record, ...]:
         return self.records_up() if self.uploads_on(server_round) else ()
 
@@ -117,6 +121,9 @@ class _Synced(Moments):
 
     def skips_uploads(self) -> bool:
         return self.v_sync_every > 1 or self.v_sync_until > 0
+
+    def upload_schedule(self) -> str:
+        return f"v-sync-every={self.v_sync_every} v-sync-until={self.v_sync_until}"
 
 
 @component("moments", "full")

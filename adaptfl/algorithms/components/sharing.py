@@ -45,7 +45,7 @@ def full_theta(spec: ModelSpec, algorithm: Algorithm) -> ArraySpec:
 def uploaded_theta(spec: ModelSpec, algorithm: Algorithm) -> ArraySpec:
     sharing = algorithm.sharing
     full = full_theta(spec, algorithm)
-    return light_spec(full, sharing.light_c) if getattr(sharing, "light", False) else full
+    return light_spec(full, sharing.light_c) if isinstance(sharing, _Shared) and sharing.light else full
 
 
 def theta_domain(algorithm: Algorithm, key: str) -> Domain:
@@ -140,8 +140,8 @@ class Mix(_Shared):
     def round_lambda(self, info: RoundInfo) -> float:
         """λ_r of FedMIX-P's H = (1-λ_r)·P^r + λ_r·P_i (seed 002, "Stepwise geometry mixing"), at most
         1."""
-        scale = {"constant": 1.0, "lambda0-sqrt-r": info.server_round**-0.5,
-                 "c-sqrt-R": info.num_rounds**-0.5}[self.lambda_schedule]
+        scale = {"constant": 1.0, "lambda0-sqrt-r": float(info.server_round**-0.5),
+                 "c-sqrt-R": float(info.num_rounds**-0.5)}[self.lambda_schedule]
         return min(1.0, self.mix_lambda * scale)
 
     def optimizer_options(self, info: RoundInfo) -> dict[str, Any]:
