@@ -13,10 +13,13 @@ import logging
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
 from adaptfl.core.wire import COHORT_FORMS
+
+if TYPE_CHECKING:  # heavy: torch, Flower (imported where a run needs them)
+    from adaptfl.algorithms.config import RunConfig
 
 PROG = "python -m adaptfl.engine"
 
@@ -55,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolved_config(cfg: Any, given: dict[str, object]) -> str:
+def resolved_config(cfg: RunConfig, given: dict[str, object]) -> str:
     """`key = value  # source` per key the run reads (TOML values, so a line can be copied into
     a --run-config file); keys this algorithm does not read are left out."""
     from adaptfl.algorithms.config import declared_keys

@@ -22,11 +22,11 @@ and with fraction-evaluate > 0 federated too (evaluation.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -98,7 +98,8 @@ class AdaptiveStrategy(RoundAggregation, FederatedEvaluation, Strategy):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
         """Flower's `Strategy.start`; the lr schedule runs over `num_rounds`. Evaluation is
         central (`evaluate_fn`), and with fraction_evaluate > 0 federated too (evaluation.py,
         `evaluate_config` going to the clients as `config`); without it an `evaluate_config`
