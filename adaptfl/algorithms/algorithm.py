@@ -22,14 +22,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from adaptfl.algorithms.components.local_state import Fresh
+from adaptfl.algorithms.components.local_state import Fresh, LocalState
 from adaptfl.core import wire
 from adaptfl.core.contract import Contract, ModelSpec, Record
 from adaptfl.core.domain import bounded
 from adaptfl.core.params import PRESET, Component, component, fields_of, param, registry
 from adaptfl.core.stage import Stage
+
+if TYPE_CHECKING:  # the components import Algorithm for their own annotations
+    from adaptfl.algorithms.components.correction import Correction
+    from adaptfl.algorithms.components.moments import Moments
+    from adaptfl.algorithms.components.sharing import Sharing
+    from adaptfl.local_update.modulation import Trust
+    from adaptfl.local_update.rules import Preconditioner
+    from adaptfl.server_rules.aggregators import Aggregator
+    from adaptfl.server_rules.server_opt import ServerOpt
 
 # slot of the Algorithm -> (component kind, the run-config key that switches it; "" = fixed)
 SLOTS = {
@@ -77,22 +86,18 @@ class Selection(Component):
 class Algorithm:
     name: str
     paper: str
-    preconditioner: Any  # Preconditioner
-    correction: Any  # Correction
-    trust: Any  # Trust
-    moments: Any  # Moments
-    sharing: Any  # Sharing
-    server_opt: Any  # ServerOpt
-    aggregator: Any  # Aggregator
+    preconditioner: Preconditioner
+    correction: Correction
+    trust: Trust
+    moments: Moments
+    sharing: Sharing
+    server_opt: ServerOpt
+    aggregator: Aggregator
     terms: tuple[Stage, ...] = ()
-    local_state: Any = None  # LocalState; None: fresh (set by the catalog and the recipe)
+    local_state: LocalState = dataclasses.field(default_factory=Fresh)
     # the algorithm's own weight decay (DiLoCo's 0.1), used while its preconditioner is kept;
     # None: the preconditioner's default
     weight_decay: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.local_state is None:
-            object.__setattr__(self, "local_state", Fresh())
 
     def stages(self) -> tuple[Stage, ...]:
         """The components with a part on each side of the wire, in the order they run (the kept
@@ -146,14 +151,14 @@ class Algorithm:
         if self.sharing.shares and not rule.shareable:
             raise ValueError(f"algorithm {name!r} shares preconditioner state Θ, which "
                              f"preconditioner={rule.name!r} does not have; choose sophia, muon or soap")
-        if rule.name == "muon" and self.trust.active and not rule.trust_on_muon:
+        if rule.name == "muon" and self.trust.active and not getattr(rule, "trust_on_muon", False):
             raise ValueError(f"trust={self.trust.name!r} scales single coordinates of Muon's "
                              "orthogonalised update, which breaks its orthogonality; set "
                              "trust-on-muon=true to opt in")
-        if self.local_state.persists and getattr(rule, "bias_correction", "local") in \
-                ("paper", "single-counter"):
+        bias_correction = getattr(rule, "bias_correction", "local")  # Adam's (rules/adam.py)
+        if self.local_state.persists and bias_correction in ("paper", "single-counter"):
             raise ValueError(f"local-state='persist' carries the step count k across rounds, so "
-                             f"bias-correction={rule.bias_correction!r} (v on the global step "
+                             f"bias-correction={bias_correction!r} (v on the global step "
                              "(r-1)·K + k) would count the earlier rounds twice; use 'local' "
                              "(torch's AdamW, kept) or 'off'")
         names = [r.name for s in self.stages() for r in (*s.records_down(), *s.records_up())]

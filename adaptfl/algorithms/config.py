@@ -35,13 +35,13 @@ from adaptfl.algorithms.settings import (
     LanguageModel,
     LocalTraining,
     Output,
-    Privacy,
     Runtime,
     check_llm_keys,
 )
 from adaptfl.codec import presets
 from adaptfl.codec.settings import CompressionBase, check_shared
 from adaptfl.core.params import PRESET, Component, FieldInfo, all_fields, fields_of, registry
+from adaptfl.core.privacy_settings import Privacy
 from adaptfl.core.secagg_settings import SecAggBase
 from adaptfl.core.stage import RoundInfo
 
@@ -228,8 +228,7 @@ def check_upload_schedule(cfg: RunConfig) -> None:
         return
     blocker = "dp" if cfg.privacy.on else "secagg" if cfg.secagg.on else ""
     if blocker:
-        moments = cfg.algorithm.moments
-        raise ValueError(f"v-sync-every={moments.v_sync_every} v-sync-until={moments.v_sync_until} "
+        raise ValueError(f"{cfg.algorithm.moments.upload_schedule()} "
                          f"with {blocker} on: its records are fixed per run, so the replies must "
                          "carry v every round; use v-sync-every=1 v-sync-until=0 or v-sync='none'")
 

@@ -15,10 +15,10 @@ from typing import Any, cast
 
 from adaptfl.algorithms.algorithm import SLOTS, Algorithm
 from adaptfl.algorithms.catalog import catalog
-from adaptfl.algorithms.settings import Data, LanguageModel, Privacy, Runtime
+from adaptfl.algorithms.settings import Data, LanguageModel, Runtime
 from adaptfl.codec.settings import Compression, CompressionBase
 from adaptfl.core.params import Component, fields_of, lookup
-from adaptfl.core.privacy_settings import SERVER_ONLY
+from adaptfl.core.privacy_settings import SERVER_ONLY, Privacy
 from adaptfl.core.stage import RoundInfo, Stage
 
 CLIENT_STATE_DIR = "output.client-state-dir"

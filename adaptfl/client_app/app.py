@@ -138,8 +138,8 @@ def prepare_train(msg: Message, context: Context, evaluating: bool = False) -> L
     model = build_task_model(data.model, task, llm, data_dir)
     split = task.train
     chunk = min(512, task.eval_batch_size)
-    batches = lambda: [split.batch(rows) for rows in indices.split(chunk)]  # noqa: E731
-    batches_of = lambda positions: [split.batch(rows) for rows in indices[positions].split(chunk)]  # noqa: E731
+    batches = lambda: [split.batch(rows) for rows in torch.split(indices, chunk)]  # noqa: E731
+    batches_of = lambda positions: [split.batch(rows) for rows in torch.split(indices[positions], chunk)]  # noqa: E731
     client_data = ClientData(num_examples=len(indices), full_batches=batches, loss=task.loss,
                              batches_of=batches_of, sample_seed=client_id)
     reset_peak_memory(device)

@@ -2,7 +2,7 @@
 
 More threads than CPUs is slow on CPU, not merely useless: torch's workers wait for each other
 at every kernel, and a descheduled one stalls the rest (on a loaded 2-core machine a round of
-the in-process engine took 4-9 s with torch's default of 2 threads, 0.3-0.5 s with 1; issue 20).
+the in-process engine took 4-9 s with torch's default of 2 threads, 0.3-0.5 s with 1; docs/speed.md).
 So the default (0) takes the CPUs the client was given:
 
     Flower's simulation     the CPUs Ray assigned to this ClientApp (client-resources-num-cpus)
@@ -31,7 +31,8 @@ def ray_assigned_cpus() -> float | None:
     if ray is None or not ray.is_initialized():
         return None
     try:
-        return ray.get_runtime_context().get_assigned_resources().get("CPU")
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        return None if cpus is None else float(cpus)
     except Exception:  # noqa: BLE001 - the driver process has no assigned resources
         return None
 

@@ -24,7 +24,8 @@ PRELOAD_BYTES = 1 << 30  # a partition up to this size (as the model reads it) m
 # reading 6,000 Fashion-MNIST rows as floats costs a client's round as much as a fifth of its
 # 50 steps (docs/scale.md). Only splits that declare batch() pure (`deterministic_batches`).
 PRELOAD_CACHE_BYTES = 512 << 20
-_preloaded: OrderedDict[tuple, tuple[Split, torch.Tensor, torch.Tensor]] = OrderedDict()
+# (id of the split, device, sha1 of the rows) -> (the split, x, y)
+_preloaded: OrderedDict[tuple[int, str, str], tuple[Split, torch.Tensor, torch.Tensor]] = OrderedDict()
 
 
 def round_seed(seed: int, server_round: int, partition_id: int) -> int:
@@ -53,8 +54,7 @@ def preload_partition(split: Split, indices: torch.Tensor, device: torch.device
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     if key is not None and per_row * len(indices) <= PRELOAD_CACHE_BYTES:
         _preloaded[key] = (split, x, y)
-        size = lambda entry: entry[1].nbytes + entry[2].nbytes  # noqa: E731
-        while sum(size(e) for e in _preloaded.values()) > PRELOAD_CACHE_BYTES:
+        while sum(kx.nbytes + ky.nbytes for _, kx, ky in _preloaded.values()) > PRELOAD_CACHE_BYTES:
             _preloaded.popitem(last=False)
     return x, y
 

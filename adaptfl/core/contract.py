@@ -20,7 +20,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -119,7 +119,7 @@ def frozen_digest(model: torch.nn.Module) -> str:
 
 
 # the few bases this process hashed last: (weak refs to their parameters, stamp, digest)
-_DIGESTS: deque[tuple[list[weakref.ref], tuple, str]] = deque(maxlen=4)
+_DIGESTS: deque[tuple[list[weakref.ref[torch.Tensor]], tuple[Any, ...], str]] = deque(maxlen=4)
 _DIGESTS_LOCK = threading.Lock()  # clients of the in-process engine may run in threads
 PROBE = 64  # values sampled per tensor
 

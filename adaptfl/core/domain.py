@@ -9,9 +9,9 @@ place that says so:
     FINITE      every value finite (what validation always demanded)
     SQUARABLE   finite after squaring at float32, |x| < 1.8e19: Δ under the server rules that
                 square it (FedAdam, FedYogi, FedAdagrad, FedAdamom), and every uploaded record
-                and metric besides Δ (`bounded`: Δc, v, Θ_i, f̂_i; issue 32 §2)
+                and metric besides Δ (`bounded`: Δc, v, Θ_i, f̂_i)
     NONNEG      ≥ 0: Sophia's h, the server rules' own v
-    MOMENT      ≥ 0 and squarable: FedACT's v and v̄ (issue 13 §1b)
+    MOMENT      ≥ 0 and squarable: FedACT's v and v̄ (seed 000, Algorithm 1: sqrt(v̂))
     PSD         symmetric positive semi-definite matrices: SOAP's Kronecker statistics
 
 Only floating-point arrays are checked (integer buffers such as BatchNorm's counter are exact).
@@ -63,7 +63,7 @@ class Domain:
         if self.psd and t.ndim == 2:
             sym = 0.5 * (t.double() + t.double().T)
             vals, vecs = torch.linalg.eigh(sym)
-            return ((vecs * vals.clamp(min=0.0)) @ vecs.T).to(t.dtype)
+            return torch.matmul(vecs * vals.clamp(min=0.0), vecs.T).to(t.dtype)
         if self.nonneg:
             return t.clamp(min=0.0)
         return t
@@ -87,7 +87,7 @@ def _why_not_psd(t: torch.Tensor) -> str | None:
 
 def bounded(domain: Domain) -> Domain:
     """`domain` with |x| < SQUARE_BOUND: every record and metric a client uploads (Δc, v, Θ_i,
-    ∇f_i(x), f̂_i) is held to it on arrival (issue 32 §2: a finite Δc of 1e30 went into
+    ∇f_i(x), f̂_i) is held to it on arrival (a finite Δc of 1e30 once went into
     SCAFFOLD's c and every later honest reply overflowed); the screen's and the drift's norms
     square it, and no honest state comes within 1e15 of it. Δ keeps its server rule's domain."""
     return domain if domain.squarable else replace(domain, squarable=True)

@@ -77,7 +77,7 @@ def param(default: Any, doc: str, *, key: str = "", choices: tuple[Any, ...] | N
     return dataclasses.field(default=default, metadata={_META: meta})
 
 
-def key_of(field: dataclasses.Field) -> str:
+def key_of(field: dataclasses.Field[Any]) -> str:
     meta: Param = field.metadata[_META]
     return meta.key or field.name.replace("_", "-")
 
@@ -95,7 +95,7 @@ class FieldInfo:
     param: Param
 
 
-def _field_type(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
+def _field_type(cls: type, field: dataclasses.Field[Any]) -> tuple[type, bool]:
     hint = typing.get_type_hints(cls)[field.name]
     args = typing.get_args(hint)
     optional = type(None) in args
@@ -108,7 +108,7 @@ def _field_type(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
 
 def fields_of(cls: type) -> tuple[FieldInfo, ...]:
     """The declared hyperparameters of a component class, in declaration order."""
-    cached = cls.__dict__.get("_adaptfl_fields")
+    cached: tuple[FieldInfo, ...] | None = cls.__dict__.get("_adaptfl_fields")
     if cached is not None:
         return cached
     out = []
@@ -126,7 +126,7 @@ def coerce(key: str, value: Any, info: FieldInfo, has_preset: bool = False) -> A
     """One run-config value into the field's type; Flower parses `lr=1` as int, so an int is
     accepted for a float. Raises a one-line ValueError naming the key; it offers "preset" only
     where there is one (`has_preset`: an algorithm's preset sets the field, or its default is
-    derived), not for settings such as num-server-rounds (issue 33 §7)."""
+    derived), not for settings such as num-server-rounds."""
     if value is None and info.optional:
         return None
     expected = info.type

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from adaptfl import source as where
 from adaptfl.deploy import dockerd, loopback, stand_in
@@ -163,7 +164,7 @@ def results_in_volume(runner: Runner, files: str, run_name: str) -> str:
     return judge_results(run_name, json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def judge_results(run_name: str, found: dict) -> str:
+def judge_results(run_name: str, found: dict[str, Any]) -> str:
     """The summary of a run's results (`results_script`'s output), or CheckFailed naming what is off."""
     rows = [tuple(r[:3]) for r in found["rows"]]
     paths = sorted({r[3] for r in found["rows"]})
@@ -238,9 +239,10 @@ def superlink_answers(host: str, port: int, cafile: str = "") -> bool:
 
 
 def superlink_unreachable_from_host(runner: Runner, files: str, cafile: str = "") -> str:
-    """Issue 21 §5: no host process reaches the SuperLink's port: published nowhere (not on
-    127.0.0.1 either), and its container address on the `server` network has no route from the
-    host (inhibit_ipv4). The operator container reached it (the `flwr run` above)."""
+    """No host process reaches the SuperLink's port (docs/threat-model.md, "The deployment"):
+    published nowhere (not on 127.0.0.1 either), and its container address on the `server`
+    network has no route from the host (inhibit_ipv4). The operator container reached it (the
+    `flwr run` above)."""
     container = runner.compose(f"{files} ps -q superlink").stdout.strip()
     inspect = subprocess.run(
         [dockerd.DOCKER, "inspect", "-f", "{{json .NetworkSettings.Ports}} "

@@ -22,7 +22,7 @@ def _argv0(proc: subprocess.Popen[bytes]) -> str:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def listens(port: int) -> bool:

@@ -1,7 +1,7 @@
 """A deployed run's outcome from the SuperLink, not from `flwr run`'s exit status.
 
 Flower 1.42's `flwr run --stream` exits 0 however the run ended: it returns when the log stream
-does, and under load the stream can end before the run (issue 33 §6: exit 0 with 3 of 4 rounds'
+does, and under load the stream can end before the run (seen: exit 0 with 3 of 4 rounds'
 rows). `settled` waits for the run's final status (`flwr ls --run-id N --format json`, as
 scripts/main_job.sh does) and gives `flwr run`'s result a return code that says it: 0 only for
 `finished:completed`.

@@ -13,10 +13,13 @@ import logging
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
 from adaptfl.core.wire import COHORT_FORMS
+
+if TYPE_CHECKING:  # heavy: torch, Flower (imported where a run needs them)
+    from adaptfl.algorithms.config import RunConfig
 
 PROG = "python -m adaptfl.engine"
 
@@ -55,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolved_config(cfg: Any, given: dict[str, object]) -> str:
+def resolved_config(cfg: RunConfig, given: dict[str, object]) -> str:
     """`key = value  # source` per key the run reads (TOML values, so a line can be copied into
     a --run-config file); keys this algorithm does not read are left out."""
     from adaptfl.algorithms.config import declared_keys
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=cfg.federation.num_server_rounds, unit="round", desc=cfg.algorithm.name,
                disable=None)  # disable=None: no bar when stderr is not a terminal
 
-    def on_round(row: dict) -> None:
+    def on_round(row: dict[str, Any]) -> None:
         bar.n = int(row["round"])
         bar.set_postfix(accuracy=f"{row['test-accuracy']:.4f}", refresh=True)
 

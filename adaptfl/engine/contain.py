@@ -1,6 +1,6 @@
 """Run one client call so that neither a wedged client nor a client's `sys.exit` takes the
-in-process engine with it (issue 13 §5: a 1 s round-timeout took 20.3 s; `sys.exit(3)` in a
-ClientApp ended the whole run).
+in-process engine with it (without it a 1 s round-timeout took 20.3 s and `sys.exit(3)` in a
+ClientApp ended the whole run; docs/robustness.md).
 
 The call runs in this thread, as before (results stay bit-identical to Flower's), under a
 SIGALRM deadline: at `timeout` seconds a `ClientTimedOut` is raised inside the client, wherever

@@ -113,7 +113,7 @@ class GroupedModel:
                 h = h.reshape(h.shape[0], c, -1).transpose(0, 1) if grouped else h.reshape(c, h.shape[1], -1)
                 grouped = False
             elif type(m) is nn.Unflatten:  # on [C, B, ...]: one axis further in
-                h = h.unflatten(m.dim + 1, m.unflattened_size)
+                h = torch.unflatten(h, m.dim + 1, m.unflattened_size)
             elif type(m) in (nn.MaxPool2d, nn.AvgPool2d):
                 h = _pool(m, h, grouped)
             else:

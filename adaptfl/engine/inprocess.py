@@ -109,7 +109,8 @@ class InProcessGrid(Grid):
     def _deliver(self, msg: Message, timeout: float | None = None) -> Message | None:
         """The node's reply; None for one that claims another sender: Flower's SuperLink takes a
         reply only from the node it authenticated, so a forged one never reaches the server
-        there, and must not here either (issue 32 §5: it dropped the victim's own reply)."""
+        there, and must not here either (a forged reply once cost the victim its own;
+        docs/threat-model.md, "Hostile clients")."""
         node = msg.metadata.dst_node_id
         try:
             reply = contained(lambda: self.handler(msg, self.contexts[node]), timeout)
@@ -128,7 +129,7 @@ class InProcessGrid(Grid):
                                  reason=traceback.format_exc()), reply_to=msg)
 
 
-def run_inprocess(cfg: RunConfig, num_nodes: int, on_round: Callable[[dict], None] | None = None
+def run_inprocess(cfg: RunConfig, num_nodes: int, on_round: Callable[[dict[str, Any]], None] | None = None
                   ) -> Path:
     """One federated run with `num_nodes` clients in this process; returns its results dir."""
     return run_federated(InProcessGrid(num_nodes, cfg.to_flower()), cfg, on_round=on_round)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from adaptfl.harness.stats import Row, Setting, Summary, final, group
 
@@ -41,7 +42,7 @@ def lower_is_better(metric: str) -> bool:
     return any(word in metric for word in ("loss", "perplexity", "nll"))
 
 
-def check_claim(paper: dict, rows: list[Row]) -> ClaimCheck | None:
+def check_claim(paper: dict[str, Any], rows: list[Row]) -> ClaimCheck | None:
     """None when the grid states no claim or the claimed algorithms have no rows yet."""
     better, metric = paper.get("better") or [], paper.get("metric", "final-test-accuracy")
     pairs = paper.get("pairs") or list(zip(better, better[1:], strict=False))

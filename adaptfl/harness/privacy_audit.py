@@ -45,7 +45,9 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ConfigRecord, RecordDict
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.sampling import sample_size
@@ -59,6 +61,11 @@ from adaptfl.privacy.audit_bound import epsilon_lower_bound
 from adaptfl.privacy.mechanism import ALIASES, GaussianMean, round_seed, shared_records
 from adaptfl.server_rules.aggregators import Combine, Items, Tensors
 from adaptfl.strategies.base import AdaptiveStrategy
+
+if TYPE_CHECKING:
+    from adaptfl.algorithms.settings import Federation
+    from adaptfl.core.contract import Contract
+    from adaptfl.core.privacy_settings import Privacy
 
 PROG = "python -m adaptfl.harness.privacy_audit"
 # under the overrides given; an audit measures ε, so a plan past dp-accept-epsilon (the audit's
@@ -93,14 +100,16 @@ def canaries_in(canaries: Canaries) -> Iterator[None]:
     (dp='client') every instruction names the n + m nodes of the cohort, and they read its recipe."""
     original, instruction = server.round_combine, AdaptiveStrategy.instruction
 
-    def combine(privacy, fed, contract, replies, sampled, server_round):  # noqa: ANN001, ANN202
+    def combine(privacy: Privacy, fed: Federation, contract: Contract, replies: int, sampled: int,
+                server_round: int) -> GaussianMean:
         return CanaryMean(privacy, len(shared_records(contract)),
                           server.share_bound(fed, replies + canaries.count),
                           round_seed(privacy.dp_seed, "server", server_round),
                           server.count_stddev(privacy, sampled), canaries=canaries,
                           server_round=server_round)
 
-    def cohort(self, server_round, config=None, sampled=None):  # noqa: ANN001, ANN202
+    def cohort(self: AdaptiveStrategy, server_round: int, config: ConfigRecord | None = None,
+               sampled: int | None = None) -> RecordDict:
         if sampled is None:  # the preflight's one-node dry run: no cohort
             return instruction(self, server_round, config)
         content = instruction(self, server_round, config, sampled + canaries.count)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.harness.claims import check_claim
@@ -88,7 +89,7 @@ def sft_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def claim_lines(paper: dict, rows: list[Row]) -> list[str]:
+def claim_lines(paper: dict[str, Any], rows: list[Row]) -> list[str]:
     """The claim checked on `metric`, or on each of `metrics` (a list) when the grid names several."""
     metrics = paper.get("metrics") or [paper.get("metric", "final-test-accuracy")]
     parts: list[str] = []

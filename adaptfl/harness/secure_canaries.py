@@ -96,7 +96,8 @@ class SecureCanaries(NodeCanaries):
         digest = hashlib.sha256(f"canary/{rnd.server_round}/{i}".encode()).digest()
         rounding = torch.Generator().manual_seed(int.from_bytes(digest[:7], "little"))
         q = fixedpoint.encode(records, {}, [slot], rnd.bound, rounding)
-        return q + noise.discrete_gaussian(std, len(q))
+        noised: np.ndarray = q + noise.discrete_gaussian(std, len(q))
+        return noised
 
     def add_to(self, total: np.ndarray, rnd: Round) -> np.ndarray:
         """The unmasked sum with the m canary nodes' integers added."""
@@ -124,7 +125,8 @@ def secure_cohort(canaries: SecureCanaries) -> Iterator[None]:
         canaries.noise_std = original(privacy, bound, slots, sampled + m)
         return canaries.noise_std
 
-    def decode(total: np.ndarray, slots: list[fixedpoint.Slot], bound: int, count: int):  # noqa: ANN202
+    def decode(total: np.ndarray, slots: list[fixedpoint.Slot], bound: int, count: int
+               ) -> tuple[dict[str, Tensors], dict[str, float]]:
         rnd = Round(slots, bound, canaries.bits, canaries.noise_std, canaries.server_round)
         return fixedpoint.decode_mean(canaries.add_to(total, rnd), slots, bound, count + m)
 

@@ -26,7 +26,8 @@ from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.deploy.processes import descendants, free_port, rss_kb
 
-# Spec §8: what crosses the wire per sampled client and round, in model-sized arrays
+# What each algorithm's paper sends per sampled client and round (docs/algorithms.md's table of
+# records down / up), in model-sized arrays
 # (down, up), from the second round on (round 1 sends no Δ_G / v̄ / g).
 SPEC_WIRE = {
     "fedavg": (1, 1, "x / Δ"), "localadamw": (1, 1, "x / Δ"), "fedadam": (1, 1, "x / Δ"),

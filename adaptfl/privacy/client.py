@@ -86,7 +86,7 @@ class NodeFloor:
         def number(key: str) -> float:
             value = node_config.get(key, DEFAULTS[key])
             try:
-                out = float(value)  # type: ignore[arg-type]
+                out = float(value)
             except (TypeError, ValueError):
                 out = math.nan
             if not math.isfinite(out) or out <= 0.0:

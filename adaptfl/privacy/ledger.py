@@ -1,5 +1,5 @@
 """`dp-ledger`: one JSON-lines file of privacy events that every run naming it appends to, so ε
-covers all the runs on one data set (issue 31 §8), not each run alone.
+covers all the runs on one data set, not each run alone (docs/privacy.md, "A ledger across runs").
 
     one line per released round   {"z", "n", "N", "delta", "accounting", "run", "run-key", "round"}
     appended                      under an exclusive flock, as one O_APPEND write: runs in
@@ -26,7 +26,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -94,7 +94,7 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
     if not ok:
         raise ValueError(f"dp-ledger {path} line {number}: not a privacy event (a JSON object with "
                          f"{', '.join(KEYS)}); repair or remove that line")
-    return entry
+    return cast("dict[str, Any]", entry)
 
 
 def check(path: Path, entries: Iterable[dict[str, Any]], delta: float, accounting: str) -> None:

@@ -118,7 +118,7 @@ def records_noise_multiplier(privacy: Privacy, k: int, count_stddev: float) -> f
         raise ValueError(f"dp-count-stddev={count_stddev:g}: the clipped counts of {k} records "
                          f"alone spend more than dp-noise-multiplier={privacy.dp_noise_multiplier:g}; "
                          f"use dp-count-stddev > {math.sqrt(k) * privacy.dp_noise_multiplier / 2:g}")
-    return rest ** -0.5
+    return float(rest ** -0.5)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""What a dp run releases (issue 31 §5): a whitelist, declared here once.
+"""What a dp run releases (docs/privacy.md, "What a dp run releases"): a whitelist, declared
+here once.
 
 Under dp the outputs meant to be shared (metrics.jsonl, metrics.csv, the plots, TensorBoard, the
 log at INFO and above, the MetricRecord Flower's `Strategy.start` logs) hold only the keys of

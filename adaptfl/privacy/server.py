@@ -55,7 +55,7 @@ def booked_multiplier(privacy: Privacy, replies: int, sampled: int) -> float:
 
 def worst_multiplier(privacy: Privacy, min_replies: int, sampled: int) -> float:
     """What a round is accounted at after the worst loss it accepts: under dp='client' a round
-    is released only with min-replies accepted (strategies/base.py), so m >= min(min-replies, n)."""
+    is released only with min-replies accepted (strategies/aggregation.py), so m >= min(min-replies, n)."""
     return booked_multiplier(privacy, max(1, min(min_replies, sampled)), sampled)
 
 
@@ -94,7 +94,7 @@ def target_error(privacy: Privacy, planned: float, rounds: int, sampled: int, po
     return (f"dp-target-epsilon={privacy.dp_target_epsilon:g}: {what} of dp-noise-multiplier="
             f"{privacy.dp_noise_multiplier:g}, {sampled} of {population} nodes sampled{loss}, spend ε="
             f"{planned:.4g} at dp-delta={privacy.dp_delta:g}; raise dp-noise-multiplier or the target"
-            # Fewer rounds cannot help when round 1 alone is past the target (issue 33 §3).
+            # Fewer rounds cannot help when round 1 alone is past the target.
             + (", or plan fewer rounds (or dp-on-target='stop')" if rounds > 1 else ""))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
@@ -26,7 +26,7 @@ from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.mechanism import metric_domains, shared_records, start_bound
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint
-from adaptfl.secagg.server import SecAggServer, SecureRefused, ring_seed
+from adaptfl.secagg.server import Admit, SecAggServer, SecureRefused, SecureRound, ring_seed
 from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics
 
 if TYPE_CHECKING:
@@ -97,13 +97,13 @@ def project(domains: dict[str, Domain], arrays: dict[str, torch.Tensor]) -> dict
             for n, t in arrays.items()}
 
 
-def admit(strategy: AdaptiveStrategy):  # noqa: ANN201 - a callback of SecAggServer.run
+def admit(strategy: AdaptiveStrategy) -> Admit:
     """Each masked reply's plain metrics checked as any reply's, and its partition id bound,
     before unmasking: a node refused after the unmask could not be taken out of the sum."""
     contract, privacy = strategy.contract(), strategy.cfg.privacy
     plain = {k: v for k, v in metric_domains(contract, privacy).items() if k not in contract.up_metrics}
 
-    def check(metrics_by_node: dict[int, dict]) -> dict[int, str]:
+    def check(metrics_by_node: dict[int, dict[str, Any]]) -> dict[int, str]:
         assert strategy.state is not None
         why: dict[int, str] = {}
         checked: dict[int, DecodedReply] = {}
@@ -119,7 +119,7 @@ def admit(strategy: AdaptiveStrategy):  # noqa: ANN201 - a callback of SecAggSer
     return check
 
 
-def _note(strategy: AdaptiveStrategy, out) -> None:  # noqa: ANN001 - a SecureRound
+def _note(strategy: AdaptiveStrategy, out: SecureRound) -> None:
     """The round's drops, bytes and answers into the strategy's report."""
     report = strategy.report
     for node, why in out.dropped.items():

@@ -51,13 +51,15 @@ def _geometric(t: float, u: np.ndarray) -> np.ndarray:
     float64 and int64; the 53-bit grid of U only coarsens G beyond G ≈ t·(36.7 - ln t): 16·t at
     t = 1e9, where the acceptance below is < e^-100 (9·t and < e^-30 at MAX_SIGMA).
     """
-    return np.floor(np.log(u) / (-1.0 / t)).astype(np.int64)
+    g: np.ndarray = np.floor(np.log(u) / (-1.0 / t)).astype(np.int64)
+    return g
 
 
 def discrete_laplace(t: int, size: int, rng: np.random.Generator | None = None) -> np.ndarray:
     """Samples with pmf ∝ exp(-|x|/t) over the integers: the difference of two iid geometrics."""
     u = _uniforms(2 * size, rng)
-    return _geometric(float(t), u[:size]) - _geometric(float(t), u[size:])
+    x: np.ndarray = _geometric(float(t), u[:size]) - _geometric(float(t), u[size:])
+    return x
 
 
 def _check_sigma(sigma: float, name: str = "sigma") -> float:

@@ -32,7 +32,7 @@ class SecureRound:
 
     total: np.ndarray | None = None  # the live nodes' summed integers (int64), None if refused
     live: list[int] = field(default_factory=list)  # nodes whose masked input is in the sum
-    metrics: dict[int, dict] = field(default_factory=dict)  # each live node's plain metrics
+    metrics: dict[int, dict[str, Any]] = field(default_factory=dict)  # each live node's plain metrics
     dropped: dict[int, str] = field(default_factory=dict)  # node -> why it left the round
     bytes_down: int = 0
     bytes_up: int = 0
@@ -298,4 +298,4 @@ def ring_seed(seed: int, server_round: int) -> int:
     return int.from_bytes(hashlib.sha256(f"secagg/{seed}/{server_round}".encode()).digest()[:8], "little")
 
 
-Admit = Callable[[dict[int, dict]], dict[int, str]]
+Admit = Callable[[dict[int, dict[str, Any]]], dict[int, str]]

@@ -16,6 +16,7 @@ engine's CLI exits with `EXIT_CODE`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ __all__ = ["EXIT_CODE", "RunAborted", "SkipGuard", "check_final_model", "fell_be
 EXIT_CODE = ABORTED_EXIT_CODE  # `python -m adaptfl.engine`: every code in core/exit_codes.py
 
 
-def fell_below_start(rows: Sequence[Mapping], where: str = "metrics.jsonl") -> str | None:
+def fell_below_start(rows: Sequence[Mapping[str, Any]], where: str = "metrics.jsonl") -> str | None:
     """A warning line if the final model tests worse than the initial one (round 0), naming the
     round from which the accuracy stayed below it; None otherwise (or without round 0). `where`:
     the file with the rounds' rejected replies (under dp the confidential one)."""

@@ -71,7 +71,7 @@ def preflight(merged: dict[str, Any], nodes: int = 0) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = RunConfig.from_flower(merged)
-            # A relative results-dir first (issue 33 §2): Flower's ServerApp runs in the SuperLink's
+            # A relative results-dir first: Flower's ServerApp runs in the SuperLink's
             # working directory, so it would fail there after Ray started; refused here, naming
             # the key, before the task is loaded or anything is written.
             results_root(cfg)
@@ -82,7 +82,7 @@ def preflight(merged: dict[str, Any], nodes: int = 0) -> None:
             _, _, task = build_run(cfg)
             if nodes > 0:  # the simulation's node count: the checks the engine makes with its nodes
                 check_nodes(cfg, task, [{} for _ in range(nodes)])
-            check_privacy_ledger(cfg.privacy)  # a bad line, another δ or mode (issue 31 §8)
+            check_privacy_ledger(cfg.privacy)  # a bad line, another δ or mode (docs/privacy.md, dp-ledger)
             check_results_dir(cfg, check_only=True)  # a run-name in use, a resume that cannot
     finally:
         logging.disable(logging.NOTSET)

@@ -103,7 +103,7 @@ def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:
         return None
     if run_dir is None or not cfg.output.run_name:
         raise ValueError("resume=true needs run-name (the run to continue) or resume-from")
-    if not run_dir.is_dir():  # a misspelt run-name must not start a fresh run (issue 33 §7)
+    if not run_dir.is_dir():  # a misspelt run-name must not start a fresh run
         import difflib
 
         root = run_dir.parent

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -173,7 +173,8 @@ def restore_or_start(cfg: RunConfig, strategy: AdaptiveStrategy) -> RunOutputs:
     return outputs
 
 
-def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] | None = None) -> Path:
+def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None = None
+                  ) -> Path:
     """Train for `num-server-rounds` rounds; returns the results directory.
 
     After every round the metrics row, then the whole server state, go to the results dir,
@@ -200,7 +201,7 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict], None] |
 
 
 def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: torch.nn.Module,
-                 task: Task, outputs: RunOutputs, on_round: Callable[[dict], None] | None) -> None:
+                 task: Task, outputs: RunOutputs, on_round: Callable[[dict[str, Any]], None] | None) -> None:
     """Round 0 of a fresh run, then the rounds left, then the final model (run_federated)."""
     strategy.summary()
     fed = cfg.federation
@@ -304,7 +305,7 @@ def exchange(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_roun
 
 
 def evaluate_federated(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_round: int
-                       ) -> dict:
+                       ) -> dict[str, Any]:
     """Federated evaluation of the round's global model (strategies/evaluation.py), sent as the
     training messages are, within round-timeout; its columns of the row ({} when
     fraction-evaluate is 0: central evaluation only)."""
@@ -321,7 +322,7 @@ def evaluate_federated(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, s
 
 
 def round_row(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task, server_round: int,
-              missing: list[int], started: float, device: torch.device | None = None) -> dict:
+              missing: list[int], started: float, device: torch.device | None = None) -> dict[str, Any]:
     """The round's metrics row: central evaluation of the new global model (on `device`) and
     the report."""
     report = strategy.report

@@ -1,5 +1,5 @@
-"""Settings that no single key's range can refuse, checked before round 1 (issue 13 §5: each of
-these used to "complete" with every round skipped and an untrained model).
+"""Settings that no single key's range can refuse, checked before round 1 (docs/robustness.md: each
+of these used to "complete" with every round skipped and an untrained model).
 
 Anywhere (build_run):
     a model that cannot read the task's inputs, or whose output width is not Task.num_outputs

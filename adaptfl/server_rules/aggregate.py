@@ -50,9 +50,10 @@ def direction_consistency(deltas: Sequence[Tensors], mean: Tensors) -> float:
 
 
 def cap_shares(weights: Sequence[float], max_share: float) -> list[float]:
-    """Weights whose shares w_i / Σw are at most `max_share` (issue 13: one reply claiming
-    num-examples = 2**62 was the whole mean). Water-filling: the capped replies sit at the cap,
-    the others keep their proportions of the rest. If nobody exceeds the cap the weights are
+    """Weights whose shares w_i / Σw are at most `max_share` (`max-weight-share`,
+    docs/robustness.md: one reply claiming num-examples = 2**62 was the whole mean).
+    Water-filling: the capped replies sit at the cap, the others keep their proportions of the
+    rest. If nobody exceeds the cap the weights are
     returned unchanged (bit-identical means); if n·cap < 1 no shares can satisfy it and the
     closest, equal shares, are used."""
     n = len(weights)

@@ -1,4 +1,4 @@
-"""The contribution bound (issue 32 §1; docs/robustness.md "Contribution bound"): what one reply
+"""The contribution bound (docs/robustness.md, "Contribution bound"): what one reply
 can pull on the round's weighted mean, whatever it claims and sends inside the per-part screens.
 
     c    = the coordinate-wise median of the round's kept replies (per array of the record)

@@ -213,7 +213,7 @@ class FederatedEvaluation:
                 continue
             try:
                 if node in seen:  # one sampled node, one reply: neither of two is trusted
-                    accepted.pop(cast(int, node), None)
+                    accepted.pop(node, None)
                     raise ReplyRejected("more than one evaluate reply from one node")
                 scores = self._scores_of(node, msg)
             except ReplyRejected as why:

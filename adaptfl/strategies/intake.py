@@ -18,6 +18,7 @@ from adaptfl.algorithms.settings import parse_partition_map
 from adaptfl.codec.codec import spec_bytes
 from adaptfl.core import wire
 from adaptfl.core.contract import ArraySpec, Contract, ModelSpec
+from adaptfl.core.domain import Domain
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import detail_level
 from adaptfl.strategies import contribution
@@ -195,8 +196,9 @@ class ReplyIntake:
             accepted[node] = decoded
         return accepted
 
-    def _decode_one(self, node: int | None, msgs: list[Message], expected, max_bytes: int,  # noqa: ANN001
-                    domains, metrics, codecs: Codecs) -> DecodedReply:  # noqa: ANN001
+    def _decode_one(self, node: int | None, msgs: list[Message], expected: Mapping[str, ArraySpec],
+                    max_bytes: int, domains: Mapping[str, Mapping[str, Domain]],
+                    metrics: Mapping[str, Domain], codecs: Codecs) -> DecodedReply:
         if node is None:
             raise ReplyRejected(f"{len(msgs)} repl{'ies' if len(msgs) > 1 else 'y'} to no "
                                 "instruction of this round")

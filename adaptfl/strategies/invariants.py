@@ -1,5 +1,5 @@
 """The server state a round leaves must be usable by the next one: checked after aggregation,
-before the new state replaces the old (strategies/base.py). A round that fails is refused and
+before the new state replaces the old (strategies/aggregation.py). A round that fails is refused and
 the previous state kept, so a combination of individually valid replies (or a rule's overflow)
 can neither end the run with a non-finite model nor poison every client's next round.
 

@@ -1,7 +1,8 @@
-"""Which node a partition id belongs to (issue 32 §4). A reply's partition id is the one thing
-in it the client asserts about who it is; the node it came from is Flower's (the SuperLink
-authenticates the connection, intake checks the reply answers that node's instruction). So a
-binding may rest on node ids and on the order the server saw them, never on who claimed first:
+"""Which node a partition id belongs to (docs/robustness.md, "Partition ownership"). A reply's
+partition id is the one thing in it the client asserts about who it is; the node it came from
+is Flower's (the SuperLink authenticates the connection, intake checks the reply answers that
+node's instruction). So a binding may rest on node ids and on the order the server saw them,
+never on who claimed first:
 
 - `partition-map` given (run config): it is the binding. A listed node may claim its own id only;
   a node not listed is dropped.

@@ -1,4 +1,5 @@
-"""Safe defaults against one hostile reply under any aggregator (issue 21 §2): no claimed sample
+"""Safe defaults against one hostile reply under any aggregator (docs/threat-model.md, "Hostile
+clients", step 4b): no claimed sample
 count outweighs the round's median by more than a bounded factor, and each reply's records are
 compared with the round's other replies.
 
@@ -9,8 +10,8 @@ compared with the round's other replies.
              came 8.8× apart, and its domain bound holds it), f_i·||t_i|| > screen-ratio ·
              median_{j≠i} f_j·||t_j||, naming the record;
              declared once: the records are the contract's, so a component's new upload is
-             screened without a line here (issue 32 §2: one Δc of 1e30 made SCAFFOLD's c poison
-             every later round). Squared statistics (v ≥ 0, SOAP's PSD G·Gᵀ) by sqrt of their
+             screened without a line here (one Δc of 1e30 made SCAFFOLD's c poison every
+             later round). Squared statistics (v ≥ 0, SOAP's PSD G·Gᵀ) by sqrt of their
              norm. The median of the OTHER replies, so with two replies each is judged against
              the other; a reply alone in its round against the screen history: per record,
              the median size of the last WINDOW kept replies of earlier rounds, kept in the
@@ -65,7 +66,7 @@ def shared(reply: DecodedReply, only: Collection[str] | None = None,
     return out
 
 
-def record_sizes(records: Sequence[Mapping[str, dict]], squared: Collection[str] = ()
+def record_sizes(records: Sequence[Mapping[str, Mapping[str, torch.Tensor]]], squared: Collection[str] = ()
                  ) -> dict[str, list[float]]:
     """record -> ||t_i|| per reply (sqrt of it for records in `squared`: second moments, SOAP's
     G·Gᵀ (v ≥ 0 or PSD) are compared on the scale of the gradients they square: a client with
@@ -75,7 +76,7 @@ def record_sizes(records: Sequence[Mapping[str, dict]], squared: Collection[str]
     return {r: [_size(rec[r], r in squared) for rec in records] for r in sorted(records[0])}
 
 
-def pull_ratios(records: Sequence[Mapping[str, dict]], factors: Sequence[float],
+def pull_ratios(records: Sequence[Mapping[str, Mapping[str, torch.Tensor]]], factors: Sequence[float],
                 squared: Collection[str] = (), reference: Mapping[str, Sequence[float]] | None = None
                 ) -> list[tuple[float, str, float, float]]:
     """Per reply: its largest ratio f_i·||t_i|| / median_{j≠i} f_j·||t_j|| over the records,
@@ -98,7 +99,7 @@ def pull_ratios(records: Sequence[Mapping[str, dict]], factors: Sequence[float],
     return out
 
 
-def _size(tensors: dict, squared: bool) -> float:
+def _size(tensors: Mapping[str, torch.Tensor], squared: bool) -> float:
     norm = float(flat(tensors).norm())
     return math.sqrt(norm) if squared else norm
 

@@ -6,6 +6,7 @@ the last skip-window rounds, or a run no round trained, end the run with `RunAbo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class RunAborted(RuntimeError):
@@ -25,12 +26,12 @@ def _gist(reason: str) -> str:
 
 class SkipGuard:
     """Counts skipped rounds; raises RunAborted when `limit` are consecutive or `limit` fall
-    within the last `window` rounds (issue 21 §3: a run refused every other round never had 3 in
-    a row), or at the end of a run that no round trained, naming the last cause. A resumed run
-    starts from its rows, so a streak (or a run that never trained) carries over the
-    interruption. window 0: 2 × limit."""
+    within the last `window` rounds (a run refused every other round never has 3 in a row;
+    docs/threat-model.md, "Hostile clients", step 7), or at the end of a run that no round
+    trained, naming the last cause. A resumed run starts from its rows, so a streak (or a run
+    that never trained) carries over the interruption. window 0: 2 × limit."""
 
-    def __init__(self, limit: int, rows: Sequence[Mapping] = (), window: int = 0) -> None:
+    def __init__(self, limit: int, rows: Sequence[Mapping[str, Any]] = (), window: int = 0) -> None:
         self.limit, self.streak, self.trained, self.last = limit, 0, False, "no replies"
         self.window = max(window or 2 * limit, limit)
         self.recent: list[bool] = []  # skipped?, the last `window` rounds

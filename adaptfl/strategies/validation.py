@@ -92,8 +92,8 @@ def _numpy_name(dtype: torch.dtype) -> str | None:
 
 def _check_metadata(record_name: str, record: Mapping[str, Array], spec: ArraySpec) -> None:
     """Names, serialisation, shape, dtype and byte count from the arrays' metadata, so that a
-    reply of the wrong size is dropped before its tensors are decoded (issue 21 §4: a 600 MiB
-    reply was decoded in full, 2.7× the memory, before its shape was found wrong)."""
+    reply of the wrong size is dropped before its tensors are decoded (a 600 MiB reply was once
+    decoded in full, 2.7× the memory, before its shape was found wrong)."""
     names = set(record)
     if names != set(spec):
         missing, unknown = sorted(set(spec) - names), sorted(names - set(spec))
@@ -124,7 +124,8 @@ def _check_metrics(metrics: Mapping[str, object], required: frozenset[str],
     within their domain at float32, the partition id a non-negative int. A client's own extra
     metric that is not a finite number is left out of the round's record (logged), not a reason
     to drop the reply; lists of numbers are kept apart (allowed by Flower, recorded by nobody)
-    unless the strategy reads the key: `num-examples = [1, 2]` is a bad reply (issue 21 §1)."""
+    unless the strategy reads the key: `num-examples = [1, 2]` is a bad reply
+    (docs/threat-model.md, "Hostile clients", step 2)."""
     missing = sorted(({wire.NUM_EXAMPLES} | required) - set(metrics))
     if missing:
         raise ReplyRejected(f"{wire.METRICS}: missing keys {missing}")

@@ -21,10 +21,13 @@ import copy
 import importlib.util
 import os
 from functools import lru_cache
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 EXTRA_HINT = "pip install 'adaptfl[llm]' (transformers, peft, gguf)"
 
@@ -68,11 +71,12 @@ def resolve(spec: str, data_dir: str = "") -> tuple[str, str | None]:
 def _quiet() -> None:
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # GGUF conversion bars, per client process: floods the logs
+    # GGUF conversion bars, per client process: flood the logs (transformers leaves it unannotated)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 @lru_cache(maxsize=2)
-def load_tokenizer(folder: str, gguf_file: str | None):  # noqa: ANN201 - a transformers tokenizer
+def load_tokenizer(folder: str, gguf_file: str | None) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     _quiet()
@@ -112,7 +116,8 @@ class CausalLM(nn.Module):
             raise ValueError(f"CausalLM reads integer [B, 2, T] (ids, mask), got {x.dtype} "
                              f"{tuple(x.shape)}")
         out = self.lm(input_ids=x[:, 0], attention_mask=x[:, 1], use_cache=False)
-        return out.logits.float()
+        logits: torch.Tensor = out.logits.float()
+        return logits
 
 
 @lru_cache(maxsize=2)
@@ -130,7 +135,8 @@ def _adapted(spec: str, data_dir: str, rank: int, alpha: float, dropout: float, 
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"model={spec!r}: transformers cannot load it ({first})") from None
     if checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.gradient_checkpointing_enable(  # type: ignore[no-untyped-call]  # unannotated upstream
+            gradient_checkpointing_kwargs={"use_reentrant": False})
     # peft annotates lora_alpha as int but only divides by it (scaling = alpha / r): a float is fine
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,  # type: ignore[arg-type]
                         task_type="CAUSAL_LM", target_modules=_target_modules(base, targets, spec))
@@ -155,6 +161,6 @@ def build_causal_lm(spec: str, llm: object, data_dir: str = "") -> CausalLM:
     return model
 
 
-def tokenizer_of(spec: str, data_dir: str = ""):  # noqa: ANN201
+def tokenizer_of(spec: str, data_dir: str = "") -> PreTrainedTokenizerBase:
     require_llm_extra(spec)
     return load_tokenizer(*resolve(spec, data_dir))

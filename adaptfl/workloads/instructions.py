@@ -21,13 +21,16 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import torch
 import torch.nn.functional as F
 
 from .task import Task
+
+if TYPE_CHECKING:
+    from adaptfl.algorithms.settings import LanguageModel
 
 IGNORE = -100  # target of prompt and padding positions
 OPTIONS = {"label", "test-fraction", "count"}
@@ -177,7 +180,7 @@ def tokenize(spec: str, records: list[dict[str, Any]], tokenizer: Any, max_lengt
     return ids, mask, targets
 
 
-def load_sft_task(spec: str, data_dir: str, model: str, llm: Any) -> Task:
+def load_sft_task(spec: str, data_dir: str, model: str, llm: LanguageModel) -> Task:
     """The SFT task of `spec`, tokenised with the tokenizer of `model` (an hf: model)."""
     if not model.startswith("hf:"):
         raise ValueError(f"task={spec!r} is tokenised with the model's tokenizer: it needs "

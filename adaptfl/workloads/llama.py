@@ -75,7 +75,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         q, k = apply_rotary(q, angles), apply_rotary(k, angles)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, dim))
+        out: torch.Tensor = self.out(y.transpose(1, 2).reshape(batch, seq, dim))
+        return out
 
 
 class SwiGLU(nn.Module):
@@ -88,7 +89,8 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        out: torch.Tensor = self.down(F.silu(self.gate(x)) * self.up(x))
+        return out
 
 
 class Block(nn.Module):
@@ -101,7 +103,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), angles)
-        return x + self.mlp(self.mlp_norm(x))
+        out: torch.Tensor = x + self.mlp(self.mlp_norm(x))
+        return out
 
 
 class LlamaDecoder(nn.Module):
@@ -134,4 +137,5 @@ class LlamaDecoder(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, angles)
-        return self.head(self.norm(x))
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits

@@ -89,7 +89,7 @@ def _vit(num_classes: int, in_channels: int, image_size: int, hidden: int, heads
     nn.init.trunc_normal_(patch_embedding.weight, std=math.sqrt(1 / fan_in))
     nn.init.zeros_(cast(nn.Parameter, patch_embedding.bias))  # bias=True (the default) creates it
     model.conv_proj = patch_embedding
-    return model
+    return cast(nn.Module, model)  # torchvision's models are untyped
 
 
 def build_vit_s(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
@@ -116,8 +116,8 @@ def build_resnet18(num_classes: int, in_channels: int, image_size: int) -> nn.Mo
     model = resnet18(num_classes=num_classes)
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision
-    model.maxpool = nn.Identity()  # type: ignore[assignment]
-    return model
+    model.maxpool = nn.Identity()
+    return cast(nn.Module, model)
 
 
 SWIN_EMBED_DIM = 48
@@ -134,7 +134,7 @@ def build_swin_lite(num_classes: int, in_channels: int, image_size: int) -> nn.M
                             num_heads=[3, 6, 12], window_size=[4, 4], num_classes=num_classes)
     # torchvision hard-codes 3 input channels in the patch embedding; swap in ours.
     model.features[0][0] = nn.Conv2d(in_channels, SWIN_EMBED_DIM, kernel_size=2, stride=2)
-    return model
+    return cast(nn.Module, model)
 
 
 MODEL_BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {

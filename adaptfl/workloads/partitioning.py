@@ -194,5 +194,5 @@ def sample_batches(
     batches: list[torch.Tensor] = []
     while len(batches) < num_steps:
         order = torch.randperm(num_examples, generator=generator)
-        batches.extend(order[: batches_per_epoch * size].split(size))
+        batches.extend(torch.split(order[: batches_per_epoch * size], size))
     return batches[:num_steps]

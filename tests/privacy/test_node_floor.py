@@ -22,7 +22,7 @@ from adaptfl.secagg import aggregate
 from adaptfl.secagg.server import SecAggServer
 from adaptfl.server_app.abort import RunAborted
 from adaptfl.server_app.loop import run_federated
-from adaptfl.strategies import base
+from adaptfl.strategies import broadcast
 
 NODES = 3
 
@@ -66,7 +66,7 @@ def _recipe_rewrite(monkeypatch, change: Callable[[dict], None]) -> None:  # noq
             change(out)
         return out
 
-    monkeypatch.setattr(base, "to_recipe", lying)
+    monkeypatch.setattr(broadcast, "to_recipe", lying)
 
 
 def _downgrade(to: str) -> Callable[[dict], None]:

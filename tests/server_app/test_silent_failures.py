@@ -21,7 +21,7 @@ from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import EXIT_CODE, RunAborted, SkipGuard
 from adaptfl.server_app.loop import run_federated
-from adaptfl.strategies import base
+from adaptfl.strategies import aggregation
 from tests.support.flower_processes import PROJECT
 from tests.support.run_outputs import metric_rows
 
@@ -198,7 +198,7 @@ def test_a_non_finite_final_model_ends_the_run_non_zero(tiny_data, tmp_path, mon
     (row,) = metric_rows(tmp_path / "out" / "t")
     assert row["skipped"] and "model[1.weight]: non-finite" in row["skip-reason"]
 
-    monkeypatch.setattr(base, "check_state", lambda *a: None)
+    monkeypatch.setattr(aggregation, "check_state", lambda *a: None)
     with pytest.raises(RunAborted, match=r"final model has non-finite values in \['1.weight'\]"):
         run_federated(InProcessGrid(1, cfg.to_flower(), handler=overflow), cfg.replace(overwrite=True))
 

@@ -14,12 +14,15 @@ math with each paper's knob and name:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from adaptfl.core import wire
 from adaptfl.core.contract import Record
 from adaptfl.core.params import component, fields_of, param
-from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, RoundInfo, Stage, Tensors
+
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
 UNIT = (0.0, 1.0)
 
@@ -36,7 +39,7 @@ class Correction(Stage):
 
     def check(self) -> None:
         # u = Δ_G alone: Δ_G starts at 0 and is the mean of what the clients moved, so nothing
-        # (but weight decay) ever moves the model; issue 13 §5 saw it "complete" untrained
+        # (but weight decay) ever moves the model: the run would "complete" untrained
         if self.weight >= 1.0:
             key = next(f.key for f in fields_of(type(self)))
             raise ValueError(f"invalid {key}={getattr(self, key.replace('-', '_'))!r}: the local "
@@ -59,10 +62,10 @@ class Correction(Stage):
 
 
 class _SetDirection(ClientPart):
-    def __init__(self, direction: dict | None) -> None:
+    def __init__(self, direction: Tensors | None) -> None:
         self.direction = direction
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         if self.direction is not None:
             opt.set_global_direction(self.direction)
 
@@ -88,7 +91,8 @@ class GlobalDirection(Correction):
 @component("correction", "fedpac")
 @dataclass(frozen=True)
 class FedPACCorrection(Correction):
-    """FedPAC: the local optimizer at lr·(1-β), then x -= β·lr·g_G after each step (spec §3)."""
+    """FedPAC (seed 001, Figure 4's local-global alignment; docs/algorithms.md): the local optimizer
+    at lr·(1-β), then x -= β·lr·g_G after each step."""
 
     fedpac_beta: float = param(0.5, "FedPAC's β: lr_loc = (1-β)·lr, x -= β·lr·g_G after each step",
                                within=UNIT)

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from adaptfl.core import wire
 from adaptfl.core.params import component, param
 from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
 STATE = "feddyn"
 H = "feddyn-h"  # server state slot of h (never sent)
@@ -56,7 +59,7 @@ class _FedDyn(ClientPart):
             if p.grad is not None:
                 p.grad.add_(p.detach() - self.ctx.start[n], alpha=self.alpha).sub_(self.prev_grad[n])
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         new = {n: g - self.alpha * delta[n].to(g) for n, g in self.prev_grad.items()}
         self.ctx.store.save(STATE, new)
         return PartOutput(metrics={wire.CLIENT_STATE: int(self.source)})

@@ -1,4 +1,4 @@
-"""HaFedHo's objective rectification (seed 003, Algorithm 1; spec §5).
+"""HaFedHo's objective rectification (seed 003, Algorithm 1: the surrogate φ_i and its h, f̂).
 
 The server sends g^{t-1} (mean of the clients' summed local gradients), f̂^{t-1} (mean local
 loss) and |D|. Client i, with data share p_i = |D_i| / |D|:
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,11 +45,15 @@ from adaptfl.core.params import component, param
 from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 from adaptfl.server_rules.aggregators import AggregationRefused
 
+if TYPE_CHECKING:
+    from adaptfl.algorithms.algorithm import Algorithm
+    from adaptfl.local_update import LocalUpdate
+
 STATE = "hafedho"
 RECTIFIED_LOSS = "rectified-loss"  # reply metric: mean φ_i(w_k) = f_i + μ(f + hᵀ(w - w_t))
 
 
-def _size_shape(spec: ModelSpec, algorithm: Any) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def _size_shape(spec: ModelSpec, algorithm: Algorithm) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     return {"n-total": ((1,), torch.float64)}  # float64: counts above 2^24 stay exact
 
 
@@ -167,7 +171,7 @@ class _HaFedHo(ClientPart):
         if self.mode == "gradient" and self.h:
             add_to_grads_(params, self.h, scale=self.mu)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         lr = self.ctx.info.lr
         g_i = {f"g.{n}": -delta[n] / lr for n in self.params}  # Σ_k ∇φ_i(w_k) for plain SGD
         round_ = torch.tensor([self.ctx.info.server_round], dtype=torch.int64)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -34,6 +34,9 @@ from adaptfl.core import wire
 from adaptfl.core.params import component
 from adaptfl.core.stage import ClientPart, ClientRound, PartOutput, Stage
 from adaptfl.local_update.persist import export_local_state, import_local_state
+
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
 log = logging.getLogger(__name__)
 STATE = "local-state"  # durable state name: <client-state-dir>/run-*/<client>/local-state.r<round>.pt
@@ -67,7 +70,7 @@ class _Persist(ClientPart):
         self.ctx = ctx
         self.stored, self.source = ctx.store.load(STATE)
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         """Runs first of the stages' hooks: what the server sends this round (v̄, Θ, Δ_G) is
         imported after it and wins over the kept copy of the same slots."""
         if self.stored is None:
@@ -77,6 +80,6 @@ class _Persist(ClientPart):
             log.warning("kept optimizer state unusable (%s): starting from zero", why)
             self.source = type(self.source)(0)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         self.ctx.store.save(STATE, export_local_state(opt))
         return PartOutput(metrics={wire.LOCAL_STATE_SOURCE: int(self.source)})

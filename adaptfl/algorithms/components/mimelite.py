@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,7 +25,11 @@ from adaptfl.algorithms.components.correction import Correction
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec, Record
 from adaptfl.core.params import component, param
-from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput
+from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Tensors
+
+if TYPE_CHECKING:
+    from adaptfl.algorithms.algorithm import Algorithm
+    from adaptfl.local_update import LocalUpdate
 
 MOMENTUM = wire.MIME_M  # the record and the server state slot of m
 
@@ -97,7 +101,8 @@ class MimeLite(Correction):
     def records_up(self) -> tuple[Record, ...]:
         return (Record(wire.GRAD_AT_X, doc="∇f_i(x^r) over the partition"),)
 
-    def payload(self, extras: Mapping[str, dict], spec: ModelSpec, algorithm: Any) -> dict:
+    def payload(self, extras: Mapping[str, Tensors], spec: ModelSpec, algorithm: Algorithm
+                ) -> dict[str, Tensors]:
         m = extras.get(MOMENTUM) or {n: torch.zeros(s, dtype=d) for n, (s, d) in spec.params().items()}
         return {MOMENTUM: m}
 
@@ -112,12 +117,12 @@ class MimeLite(Correction):
 
 
 class _Mime(ClientPart):
-    def __init__(self, m: dict | None, grad_at_x: dict[str, torch.Tensor]) -> None:
+    def __init__(self, m: Tensors | None, grad_at_x: dict[str, torch.Tensor]) -> None:
         self.m, self.grad_at_x = m, {n: g.cpu() for n, g in grad_at_x.items()}
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         if self.m is not None:
             opt.set_global_direction(self.m)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         return PartOutput(records={wire.GRAD_AT_X: self.grad_at_x})

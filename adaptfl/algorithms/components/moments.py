@@ -24,18 +24,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from adaptfl.core import wire
-from adaptfl.core.contract import Record
+from adaptfl.core.contract import Record, Shape
 from adaptfl.core.domain import MOMENT
 from adaptfl.core.params import component, param
 from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
 
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
-def _shape(block: bool):  # noqa: ANN202 - a Record shape
+
+def _shape(block: bool) -> Shape:
     return lambda spec, algorithm: spec.blocks() if block else spec.params()
 
 
@@ -57,6 +60,10 @@ class Moments(Stage):
         """Whether this round's replies carry v."""
         return self.synced
 
+    def upload_schedule(self) -> str:
+        """The run-config keys that thin v's uploads, as set ('' where v has no schedule)."""
+        return ""
+
     def records_up_on(self, server_round: int) -> tuple[Record, ...]:
         return self.records_up() if self.uploads_on(server_round) else ()
 
@@ -74,7 +81,7 @@ class _SyncV(ClientPart):
     def __init__(self, v_bar: Mapping[str, torch.Tensor] | None, block: bool, upload: bool) -> None:
         self.v_bar, self.block, self.upload = v_bar, block, upload
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         if self.v_bar is None:
             return
         if self.block:  # one value per tensor: broadcast it to the tensor's shape
@@ -84,7 +91,7 @@ class _SyncV(ClientPart):
         else:
             opt.import_state("exp_avg_sq", self.v_bar)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         if not self.upload:
             return PartOutput()
         v = opt.export_state("exp_avg_sq")
@@ -114,6 +121,9 @@ class _Synced(Moments):
 
     def skips_uploads(self) -> bool:
         return self.v_sync_every > 1 or self.v_sync_until > 0
+
+    def upload_schedule(self) -> str:
+        return f"v-sync-every={self.v_sync_every} v-sync-until={self.v_sync_until}"
 
 
 @component("moments", "full")

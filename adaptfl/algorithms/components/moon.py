@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,9 @@ import torch.nn.functional as F
 from adaptfl.core import wire
 from adaptfl.core.params import component, param
 from adaptfl.core.stage import ClientPart, ClientRound, PartOutput, Stage
+
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
 STATE = "moon"
 
@@ -83,7 +86,7 @@ class _Moon(ClientPart):
         return self.mu * contrastive_loss(z, representation(self.global_model, x),
                                           representation(self.prev_model, x), self.tau)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         self._hook.remove()
         self.ctx.store.save(STATE, dict(self.ctx.model.state_dict()))
         return PartOutput(metrics={wire.CLIENT_STATE: int(self.source)})

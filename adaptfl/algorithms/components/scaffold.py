@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +22,9 @@ from adaptfl.core import wire
 from adaptfl.core.contract import Record
 from adaptfl.core.params import component
 from adaptfl.core.stage import Aggregation, ClientPart, ClientRound, PartOutput, Stage
+
+if TYPE_CHECKING:
+    from adaptfl.local_update import LocalUpdate
 
 STATE = "scaffold"
 
@@ -64,7 +67,7 @@ class _Scaffold(ClientPart):
     def correct_(self, params: Mapping[str, torch.nn.Parameter]) -> None:
         add_to_grads_(params, self.correction)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         info = self.ctx.info
         scale = 1.0 / (info.local_steps * info.lr)
         c_plus = {n: self.c_i[n] - self.c[n] - delta[n].to(self.c_i[n]) * scale

@@ -30,6 +30,7 @@ from adaptfl.local_update.theta import compress, drift, expand, light_domain, li
 
 if TYPE_CHECKING:
     from adaptfl.algorithms.algorithm import Algorithm
+    from adaptfl.local_update import LocalUpdate
 
 
 def spec_bytes(spec: ArraySpec) -> int:
@@ -44,7 +45,7 @@ def full_theta(spec: ModelSpec, algorithm: Algorithm) -> ArraySpec:
 def uploaded_theta(spec: ModelSpec, algorithm: Algorithm) -> ArraySpec:
     sharing = algorithm.sharing
     full = full_theta(spec, algorithm)
-    return light_spec(full, sharing.light_c) if getattr(sharing, "light", False) else full
+    return light_spec(full, sharing.light_c) if isinstance(sharing, _Shared) and sharing.light else full
 
 
 def theta_domain(algorithm: Algorithm, key: str) -> Domain:
@@ -104,11 +105,11 @@ class _ShareTheta(ClientPart):
                  light_c: float | None) -> None:
         self.theta, self.mixing, self.light_c = theta, mixing, light_c
 
-    def configure(self, opt: Any) -> None:
+    def configure(self, opt: LocalUpdate) -> None:
         if self.theta is not None:
             opt.import_theta(self.theta, keep_reference=self.mixing)
 
-    def finish(self, opt: Any, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
+    def finish(self, opt: LocalUpdate, delta: Mapping[str, torch.Tensor], train_loss: float) -> PartOutput:
         theta = {k: v.detach().cpu() for k, v in opt.export_theta().items()}
         if self.light_c is not None:
             theta = compress(theta, self.light_c)
@@ -137,9 +138,10 @@ class Mix(_Shared):
                                  "c-sqrt-R (c/√R)", choices=("constant", "lambda0-sqrt-r", "c-sqrt-R"))
 
     def round_lambda(self, info: RoundInfo) -> float:
-        """λ_r (spec §4), at most 1."""
-        scale = {"constant": 1.0, "lambda0-sqrt-r": info.server_round**-0.5,
-                 "c-sqrt-R": info.num_rounds**-0.5}[self.lambda_schedule]
+        """λ_r of FedMIX-P's H = (1-λ_r)·P^r + λ_r·P_i (seed 002, "Stepwise geometry mixing"), at most
+        1."""
+        scale = {"constant": 1.0, "lambda0-sqrt-r": float(info.server_round**-0.5),
+                 "c-sqrt-R": float(info.num_rounds**-0.5)}[self.lambda_schedule]
         return min(1.0, self.mix_lambda * scale)
 
     def optimizer_options(self, info: RoundInfo) -> dict[str, Any]:

@@ -62,7 +62,7 @@ class Clip(Aggregator):
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         norms = [float(flat(item).norm()) for item in items]
         bound = self._bound(record, norms, ctx)
-        # a claimed num-examples of 2**62 took the whole mean at norm C (issue 21 §3): no reply
+        # a claimed num-examples of 2**62 would take the whole mean at norm C: no reply
         # weighs more than the median claim, as no reply's norm exceeds C ≈ the median norm
         median_weight = statistics.median(weights)
         bounded = [min(w, median_weight) for w in weights]

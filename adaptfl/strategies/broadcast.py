@@ -1,0 +1,128 @@
+"""What `AdaptiveStrategy` sends in a round: the sampled nodes (seeded, the RNG in the state;
+under dp from OS entropy), one instruction for all of them (the model as `arrays`, the
+`recipe`, Flower's train config with "server-round", and the records the algorithm's
+components send, through the round's codecs), the bytes that costs, and the records as the
+clients decode them, which the server keeps (docs/compression.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
+from adaptfl.algorithms.sampling import sample_size, secret_sample, wait_for_nodes
+from adaptfl.codec.codec import spec_bytes, wire_bytes
+from adaptfl.core import wire
+from adaptfl.core.contract import ModelSpec
+from adaptfl.privacy import server as dp
+from adaptfl.strategies.intake import ReplyIntake
+from adaptfl.strategies.state import RoundReport, ServerState, Tensors
+
+
+class RoundBroadcast(ReplyIntake):
+    """The sending half of `AdaptiveStrategy`'s round, on its round state (set there)."""
+
+    num_nodes: int  # connected nodes at the last sampling
+    data_key: str  # the data's identity: its per-user dp ledger (privacy/ledger.py)
+
+    def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None
+                   ) -> None:  # AdaptiveStrategy's
+        raise NotImplementedError
+
+    def refuse_adaptfl_keys(self, train_config: Mapping[str, Any]) -> None:  # AdaptiveStrategy's
+        raise NotImplementedError
+
+    def sample_nodes(self, grid: Grid) -> list[int]:
+        assert self.state is not None
+        fed = self.cfg.federation
+        nodes = wait_for_nodes(grid, fed)
+        self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
+        self._connected = set(nodes)
+        count = sample_size(fed, len(nodes))
+        if self.cfg.privacy.on:  # amplification by sampling needs a sample nobody can recompute
+            return sorted(secret_sample(nodes, count))
+        gen = torch.Generator()
+        gen.set_state(self.state.sampling_rng)
+        order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
+        self.state.sampling_rng = gen.get_state()
+        return [nodes[i] for i in sorted(order)]
+
+    def payload(self) -> dict[str, Tensors]:
+        """The records the algorithm's components send this round (all in its contract)."""
+        assert self.state is not None and self.spec is not None
+        algorithm, out = self.cfg.algorithm, {}
+        for stage in algorithm.stages():
+            out.update(stage.payload(self.state.extras, self.spec, algorithm))
+        undeclared = sorted(set(out) - set(self.contract().down))
+        if undeclared:  # a component sending what it did not declare is a bug, not a choice
+            raise RuntimeError(f"records {undeclared} are sent but not in {algorithm.name}'s contract")
+        return out
+
+    def instruction(self, server_round: int, config: ConfigRecord | None = None,
+                    sampled: int = 1) -> RecordDict:
+        """The round's message content, the same for every sampled node (`sampled` of them)."""
+        assert self.state is not None
+        cfg = self.cfg
+        info = cfg.round_info(server_round, self.state.run_key)
+        recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
+                           cfg.output.client_state_memory, cfg.llm,
+                           cfg.privacy, sampled, cfg.compression, cfg.secagg.on)
+        if self.spec is not None and self.spec.frozen_digest:
+            recipe[FROZEN_DIGEST] = self.spec.frozen_digest
+        self.refuse_adaptfl_keys(config or {})
+        train_config = ConfigRecord(dict(config or {}))
+        train_config["server-round"] = server_round  # as Flower's FedAvg does
+        content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
+                              wire.CONFIG: train_config})
+        compression = cfg.compression.for_round(server_round)  # codec-warmup: dense in rounds 1..R
+        if self.state.server_round < cfg.compression.codec_warmup < server_round:
+            self._as_broadcast(self.state, server_round)  # rounds skipped across the warm-up's end
+        for name, tensors in self.payload().items():  # as committed: re-encoding gives the same codes
+            content[name] = ArrayRecord(compression.of(name).encode(tensors, compression.codec_block))
+        return content
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if self.state is None:
+            self.initialize(arrays.to_torch_state_dict())
+        nodes = self.sample_nodes(grid)
+        assert self.state is not None
+        dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
+                        len(nodes), self.num_nodes, self.contract(),
+                        self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent
+        content = self.instruction(server_round, config, len(nodes))
+        self.report = RoundReport(sampled=len(nodes))
+        if self.cfg.compression.codec_warmup:  # the row says which codecs ran
+            self.report.codec_warmup = server_round <= self.cfg.compression.codec_warmup
+        self._count_down(content, len(nodes))
+        messages = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
+                    for node in nodes]
+        self._messages = messages
+        return messages
+
+    def _count_down(self, content: RecordDict, nodes: int) -> None:
+        """The round's bytes down, by record as they go over the wire, and at fp32."""
+        assert self.state is not None
+        raw = {wire.ARRAYS: self.state.model, **self.payload()}
+        for name, record in content.array_records.items():
+            self.report.down_bytes[name] = nodes * wire_bytes(record)
+            self.report.fp32_bytes += nodes * spec_bytes({n: (tuple(t.shape), t.dtype)
+                                                          for n, t in raw[name].items()})
+        self.report.bytes_down = sum(self.report.down_bytes.values())
+
+    def _as_broadcast(self, state: ServerState, next_round: int) -> None:
+        """The records the server sends in `next_round`, as its codecs deliver them: the server
+        keeps what its clients decode, bit for bit (values whose re-encoding decodes to
+        themselves: Codec.settled; so a kept record, v̄ in a round without v, settles to itself)."""
+        server_round = state.server_round
+        compression = self.cfg.compression.for_round(next_round)  # codec-warmup ends at a round
+        for name in self.contract().down:
+            codec = compression.of(name)
+            if not codec.lossless and name in state.extras:
+                generator = compression.generator(self.cfg.federation.seed, server_round, "server", name)
+                state.extras[name] = codec.settled(state.extras[name], compression.codec_block, generator)
