@@ -10,12 +10,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "adaptfl"
 LIMIT = 400
-# path under adaptfl/ -> its lines when listed; each one a module to split (the local step's,
-# which its redesign rewrites), not a licence
+# path under adaptfl/ -> its lines when listed; each one a module to split, not a licence (the
+# native loops' C source, held as one Python string)
 OVER_THE_LIMIT = {
-    "local_update/shell.py": 464,
     "local_update/native_source.py": 411,
-    "local_update/native.py": 401,
 }
 
 
