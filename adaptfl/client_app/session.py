@@ -213,7 +213,7 @@ class ClientSession:
                                         allow_unused=True)
             self._g_hat = {n: g for n, g in zip(names, grads, strict=True) if g is not None}
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)
 
     def step(self) -> None:
         """The algorithm's gradient corrections (SCAFFOLD, FedDyn), then the optimizer step."""

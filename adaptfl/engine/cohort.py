@@ -77,7 +77,7 @@ def fitting_cohort(job: LocalJob, sampled: int) -> int:
     return max(1, min(sampled, int(MEMORY_SHARE * free // per_client)))
 
 
-def cohort_key(job: LocalJob, form: str) -> tuple:
+def cohort_key(job: LocalJob, form: str) -> tuple[Any, ...]:
     """How `job`'s steps batch, and with whom: ("reference", …) where one reference step moves
     every row, else ("own", …): batched gradients, each client's optimizer stepping itself (a
     rule the reference lacks; or, with form auto, FedACT's trust step on a CPU where the native
@@ -219,6 +219,6 @@ class CohortGrid(InProcessGrid):
 
 
 def run_cohort(cfg: RunConfig, num_nodes: int, cohort: int | None, form: str = "auto",
-               on_round: Callable[[dict], None] | None = None) -> Path:
+               on_round: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """`run_inprocess` with the clients trained `cohort` at a time (None: as many as fit)."""
     return run_federated(CohortGrid(num_nodes, cfg.to_flower(), cohort, form), cfg, on_round=on_round)

@@ -64,7 +64,8 @@ class Stacked:
     def views_of(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """[C, *shape] views of `rows` [C, D], one per parameter, in row order."""
         c = rows.shape[0]
-        return [t.view(c, *s) for t, s in zip(rows.split(self.sizes, dim=1), self.shapes, strict=True)]
+        parts = torch.split(rows, list(self.sizes), dim=1)
+        return [t.view(c, *s) for t, s in zip(parts, self.shapes, strict=True)]
 
     def take_grads(self, i: int) -> None:
         """Client i's gradients (after its corrections) into row i of g."""

@@ -28,6 +28,7 @@ Two kinds of step:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch.func import functional_call, grad_and_value, vmap
@@ -47,9 +48,10 @@ from adaptfl.workloads.losses import task_loss
 IGNORED = -100  # F.cross_entropy's ignore_index: targets no loss counts (masked tokens)
 
 FORMS = COHORT_FORMS
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets) -> loss
 
 
-def signature(job: LocalJob) -> tuple | None:
+def signature(job: LocalJob) -> tuple[Any, ...] | None:
     """What must be equal for clients to share one reference step; None where the reference
     lacks this client's optimizer (several param groups, a per-tensor rule such as Muon or SOAP,
     a rule or trust class of the user's own)."""
@@ -69,7 +71,7 @@ def signature(job: LocalJob) -> tuple | None:
             opt.diagnostics_every, *own_signature(job), tuple(sorted(opt.flat_slots())))
 
 
-def own_signature(job: LocalJob) -> tuple:
+def own_signature(job: LocalJob) -> tuple[Any, ...]:
     """What must be equal for clients to share batched gradients, each then taking its own
     optimizer's step: the steps, the batch, the precision and the parameters group by group."""
     info, opt = job.session.info, job.session.optimizer
@@ -141,7 +143,7 @@ def loop_gradients(jobs: Sequence[LocalJob], rows: Stacked, batches: Batches,
     return torch.stack(hats) if hats else None
 
 
-def per_client_loss(loss_fn: Callable) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def per_client_loss(loss_fn: LossFn) -> LossFn:
     """[C] each client's loss over its own batch ([C, B, ...] logits and targets): the tasks'
     shared cross-entropy as one call (a mean over each client's counted targets, as its mean
     reduction takes it), any other loss through vmap (forward only)."""
@@ -170,7 +172,7 @@ class BatchedGradients:
         self.corrected = [i for i, job in enumerate(jobs)
                           if any(type(p).correct_ is not ClientPart.correct_ for p in job.session.parts)]
 
-    def _grouped(self, grouped: GroupedModel, loss_fn: Callable) -> Callable:
+    def _grouped(self, grouped: GroupedModel, loss_fn: LossFn) -> LossFn:
         rows = self.rows
         losses_of = per_client_loss(loss_fn)
 
@@ -186,7 +188,7 @@ class BatchedGradients:
             return losses.detach()
         return compute
 
-    def _vmapped(self, model: torch.nn.Module, loss_fn: Callable) -> Callable:
+    def _vmapped(self, model: torch.nn.Module, loss_fn: LossFn) -> LossFn:
         rows = self.rows
 
         def loss_of(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -197,7 +199,7 @@ class BatchedGradients:
         def compute(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             grads, losses = fn(rows.param_views(), x, y)
             torch.cat([grads[n].reshape(len(x), -1) for n in rows.names], dim=1, out=rows.g)
-            return losses
+            return cast(torch.Tensor, losses)
         return compute
 
     def __call__(self, batches: Batches, j: int) -> None:

@@ -65,7 +65,10 @@ def _sample_band(x: torch.Tensor, k: int) -> tuple[float, float]:
     return lo, hi
 
 
-def _key(x: torch.Tensor, k: int) -> tuple:
+BandKey = tuple[int, int, int, torch.dtype]  # buffer address, size, k, dtype
+
+
+def _key(x: torch.Tensor, k: int) -> BandKey:
     """Which earlier selection's threshold to start from: the same buffer (an optimizer scores
     into the same workspace memory every step; per-tensor scope selects in its slices, which
     may share a size), size, k and dtype."""
@@ -90,14 +93,14 @@ def select(x: torch.Tensor, k: int, ws: Workspace, hint: bool = True) -> Selecti
     return None if found is None else _adapt(ws, key, found, n, lo, hi)
 
 
-def previous_band(key: tuple, ws: Workspace) -> tuple[float, float] | None:
+def previous_band(key: BandKey, ws: Workspace) -> tuple[float, float] | None:
     """The band around the threshold the selection `key` found last (`select`'s first try),
     for a caller that counts the scores as it forms them (step/native.py); None if none."""
     previous = ws.hints.get(key)
     return None if previous is None else (previous[0] - previous[1], previous[0] + previous[1])
 
 
-def counted(key: tuple, ws: Workspace, band: tuple[float, float], n: int, t: float | None,
+def counted(key: BandKey, ws: Workspace, band: tuple[float, float], n: int, t: float | None,
             count: int = 0) -> None:
     """What a caller of `previous_band` found: the k-th largest t with `count` entries in the
     band (the next band re-centred on t), or None: it missed (the band widens; the caller
@@ -154,7 +157,7 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return candidates[mask.index_select(0, candidates)]
 
 
-def _adapt(ws: Workspace, key: tuple, found: tuple[Selection, int], n: int, lo: float,
+def _adapt(ws: Workspace, key: BandKey, found: tuple[Selection, int], n: int, lo: float,
            hi: float) -> Selection:
     """The next band: centred on t, its half-width scaled towards `_TARGET`·n entries (the
     density near t is about count / width), never narrower than twice the threshold's move."""

@@ -49,7 +49,7 @@ class Block:
 
     def _steps(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.flat:
-            return [v.view_as(p) for v, p in zip(x.split([p.numel() for p in self.params]),
+            return [v.view_as(p) for v, p in zip(torch.split(x, [p.numel() for p in self.params]),
                                                  self.params, strict=True)]
         return [x.view_as(self.params[0])]
 

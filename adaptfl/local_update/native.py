@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -294,7 +295,7 @@ def _loads(path: Path) -> bool:
 def _split(g: torch.Tensor) -> Segments:
     """g in uneven segments (one empty), as a model's gradients come."""
     sizes = [0, 7, 1000, 0, g.numel() - 1007]
-    return Segments(list(g.split(sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
+    return Segments(list(torch.split(g, sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
 
 
 def _checked(lib: Library) -> Library | None:
@@ -362,13 +363,13 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
     cases = []
     for beta1, beta2, eps, lr, step in ((0.9, 0.999, 1e-8, -0.7, 3.0), (0.6, 0.95, 1e-3, -1e-3, 1.0)):
         u, mm, vv = a.clone(), m.clone(), v.clone()
-        lists = [list(t.split(sizes)) for t in (u, g, mm, vv)]
+        lists = [list(torch.split(t, sizes)) for t in (u, g, mm, vv)]
         # mypy cannot match the unpacked *lists to the overloads' positional tensor lists
         torch._fused_adamw_(*lists, [], [torch.tensor(step)] * len(sizes), lr=lr,  # type: ignore[call-overload]
                             beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
                             maximize=False)
         cases.append((adam_coefficients(beta1, beta2, eps, lr, step, coef.clone()), u, mm, vv))
-    segments = Segments(list(g.split(sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
+    segments = Segments(list(torch.split(g, sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
     for form in _ADAM_FORMS:
         if all(_adam_matches(lib, form, a, m, v, segments, c, (idx, val, counts, nt)) for c in cases):
             return form
@@ -378,7 +379,7 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
 
 
 def _adam_matches(lib: Library, form: tuple[int, int], a: torch.Tensor, m: torch.Tensor,
-                  v: torch.Tensor, g: Segments, case: tuple,
+                  v: torch.Tensor, g: Segments, case: tuple[Any, ...],
                   scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]) -> bool:
     coef, u_ref, m_ref, v_ref = case
     u, mm, vv = torch.empty_like(a), m.clone(), v.clone()

@@ -115,15 +115,16 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self.paths: Counter[str] = Counter()  # steps taken in each form (step/choose.py)
         self.last_path: Path | None = None  # the form of the last step, and why
         self.work = Workspace()
-        self._rules: dict[tuple, Preconditioner] = {}
+        self._rules: dict[tuple[Any, ...], Preconditioner] = {}
         self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
         self.bucket_view = parameters_as_bucket_view
         self._buckets: dict[int, tuple[torch.Tensor, list[int]]] = {}  # group -> (flat x, data_ptrs)
         self._grad_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # group -> (g, views)
-        self._views: dict[tuple[int, str], tuple[tuple, list[torch.Tensor]]] = {}  # per-tensor views
+        # per-tensor views of a flat buffer: (group, name) -> ((address, length, count), views)
+        self._views: dict[tuple[int, str], tuple[tuple[int, ...], list[torch.Tensor]]] = {}
         self._reset_diagnostics()
         self._scaled: torch.Tensor | None = None  # ρ·Δ_G, and what it was computed from
-        self._scaled_key: tuple | None = None
+        self._scaled_key: tuple[int, int, float] | None = None
         for gi in range(len(self.param_groups)):
             self._init_group(gi)
         # torch types the hook's argument as Optimizer: it is this LocalUpdate
@@ -182,7 +183,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         the trust scores are in its units, whichever group comes first (Muon's AdamW half runs
         at muon-adam-lr; FedPAC's server divides g_G by K·L)."""
         group = self.param_groups[0]
-        return group["lr"] / group["lr_ratio"] if group["lr_ratio"] else group["lr"]
+        return float(group["lr"] / group["lr_ratio"] if group["lr_ratio"] else group["lr"])
 
     # --- the step -----------------------------------------------------------------------------
     def hessian_due(self) -> bool:
@@ -287,7 +288,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         key = (flat.data_ptr(), flat.numel(), len(params))
         made = self._views.get((gi, name))
         if made is None or made[0] != key:
-            views = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params,
+            views = [v.view_as(p) for v, p in zip(torch.split(flat, [p.numel() for p in params]), params,
                                                   strict=True)]
             self._views[(gi, name)] = made = (key, views)
         return made[1]

@@ -73,7 +73,7 @@ class NamedSlots:
         like = params[0].detach()
         flat = like.new_zeros(sum(p.numel() for p in params))
         self._flat[gi][slot] = flat
-        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
+        for p, view in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
             view = view.view_as(p)
             if values is not None and p in values:
                 view.copy_(values[p])
@@ -194,7 +194,7 @@ class NamedSlots:
         for slot, row in rows.items():
             row.copy_(self._flat[gi][slot])
             self._flat[gi][slot] = row
-            for p, view in zip(params, row.split(sizes), strict=True):
+            for p, view in zip(params, torch.split(row, sizes), strict=True):
                 self.state[p][slot] = view.view_as(p)
 
     def adopt_buckets(self, flats: Sequence[torch.Tensor]) -> None:
@@ -218,7 +218,8 @@ class NamedSlots:
         if made is None or len(made[1]) != len(params) or made[0].device != like.device \
                 or made[0].dtype != like.dtype:
             g = torch.empty(sum(p.numel() for p in params), dtype=like.dtype, device=like.device)
-            views = [v.view_as(p) for v, p in zip(g.split([p.numel() for p in params]), params, strict=True)]
+            views = [v.view_as(p) for v, p in zip(torch.split(g, [p.numel() for p in params]), params,
+                                                  strict=True)]
             self._grad_views[gi] = made = (g, views)
         return made
 
@@ -229,14 +230,15 @@ class NamedSlots:
         if made is not None and made[1] == [p.data_ptr() for p in params]:
             return made[0]
         flat = torch.cat([p.detach().reshape(-1) for p in params])
-        for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
+        for p, view in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
             p.data = view.view_as(p)
         self._buckets[gi] = (flat, [p.data_ptr() for p in params])
         return flat
 
     # --- torch's state_dict, plus what the chain keeps outside the per-parameter state -------
     def state_dict(self) -> dict[str, Any]:
-        out = super().state_dict()  # type: ignore[misc]  # a mixin: torch.optim.Optimizer in LocalUpdate's MRO
+        # a mixin: torch.optim.Optimizer in LocalUpdate's MRO
+        out: dict[str, Any] = super().state_dict()  # type: ignore[misc]
         out["local_update"] = {
             "steps": self.steps, "rho": self.rho, "correction": self.correction,
             "step_offset": self.step_offset, "mix_lambda": self.mix_lambda,

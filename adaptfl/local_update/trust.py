@@ -29,7 +29,7 @@ def act_phi_(scores: torch.Tensor, tau: float, alpha: float, gamma: float,
              scale: float = 1.0) -> torch.Tensor:
     """scale·φ of `act` written over `scores`: α on the top ⌊τ·D⌋ (per segment if given), γ
     elsewhere, both times `scale` (the step folds -lr in here)."""
-    parts = [scores] if segments is None else scores.split(list(segments))
+    parts = [scores] if segments is None else torch.split(scores, list(segments))
     for s in parts:
         topk_indicator_(s, math.floor(tau * s.numel()), ws)
     # 1·αc = αc and 0·αc clamped at γc is γc exactly (α ≥ γ ≥ 0; c < 0 flips the clamp), in

@@ -75,7 +75,7 @@ def move(blocks: list[Block], u: torch.Tensor, sizes: list[int], phi: torch.Tens
     """x = (1-δ)·x + scale·u (or + φ ⊙ u), per tensor with torch's foreach kernels; no decay
     on a rule's initialising step (SOAP's first one moves nothing of its own)."""
     params = [p for b in blocks for p in b.params]
-    steps = [v.view_as(p) for v, p in zip(u.split(sizes), params, strict=True)]
+    steps = [v.view_as(p) for v, p in zip(torch.split(u, sizes), params, strict=True)]
     decays = [0.0 if b.d is None else b.decay for b in blocks for _ in b.params]
     if any(decays):
         if len(set(decays)) == 1:
@@ -86,7 +86,7 @@ def move(blocks: list[Block], u: torch.Tensor, sizes: list[int], phi: torch.Tens
     if phi is None:
         torch._foreach_add_(params, steps, alpha=scale)
     else:
-        factors = [v.view_as(p) for v, p in zip(phi.split(sizes), params, strict=True)]
+        factors = [v.view_as(p) for v, p in zip(torch.split(phi, sizes), params, strict=True)]
         torch._foreach_addcmul_(params, steps, factors)
 
 
@@ -95,8 +95,8 @@ def move_decaying_after(blocks: list[Block], u: torch.Tensor, sizes: list[int],
     """SOAP's order: x = (x - L·u)(1-δ), the correction's share given back undecayed."""
     params = [p for b in blocks for p in b.params]
     owners = [b for b in blocks for _ in b.params]
-    steps = u.split(sizes)
-    factors = None if phi is None else phi.split(sizes)
+    steps = torch.split(u, sizes)
+    factors = None if phi is None else torch.split(phi, sizes)
     for i, (b, p) in enumerate(zip(owners, params, strict=True)):
         decay = 0.0 if b.d is None else b.decay
         if not b.decay_after:

@@ -46,5 +46,5 @@ def segment_top_k_mask(scores: torch.Tensor, fraction: float, sizes: Sequence[in
     pick = rows_top_k_mask if fast else top_k_mask
     if sizes is None:
         return pick(scores, math.floor(fraction * scores.shape[1]))
-    parts = [pick(s, math.floor(fraction * s.shape[1])) for s in scores.split(list(sizes), dim=1)]
+    parts = [pick(s, math.floor(fraction * s.shape[1])) for s in torch.split(scores, list(sizes), dim=1)]
     return torch.cat(parts, dim=1)

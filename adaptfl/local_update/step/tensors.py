@@ -72,7 +72,7 @@ def tensor_step(rule: Preconditioner, xs: list[torch.Tensor], gs: list[torch.Ten
     flat_u = torch.cat([u.reshape(-1) for u in us])[None]
     scores = flat_u * torch.cat([g.reshape(-1) for g in gs])[None]
     phi = modulate(scores, chain)
-    steps = (flat_u if phi is None else phi * flat_u)[0].split([x.numel() for x in xs])
+    steps = torch.split((flat_u if phi is None else phi * flat_u)[0], [x.numel() for x in xs])
     out = []
     for i, (x, s, (d, _)) in enumerate(zip(xs, steps, dirs, strict=True)):
         delta = 0.0 if d is None else decay
