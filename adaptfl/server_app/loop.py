@@ -287,7 +287,7 @@ def exchange(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_roun
     """Send the round, aggregate what comes back; the sampled nodes that did not reply."""
     fed = cfg.federation
     timeout = fed.round_timeout or None
-    if cfg.secagg.on:  # four exchanges; the strategy sees only the sum (secagg/)
+    if cfg.secagg.on:  # five exchanges; the strategy sees only the sum (secagg/)
         missing = secure_round(strategy, grid, server_round, messages, timeout)[2]
     else:
         replies = list(grid.send_and_receive(messages, timeout=timeout))
