@@ -276,7 +276,7 @@ def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, ou
             log.info("fraction-evaluate under dp: the fed-eval columns are not released (%s only)",
                      CONFIDENTIAL_FILE)
     if not (cfg.privacy.on or cfg.secagg.on):  # neither screens nor bounds a reply there
-        log.info("%s", tolerance_note(cfg, sampled))
+        log.info("%s", tolerance_note(cfg, sampled, strategy.num_nodes))
     small = small_round_note(cfg, sampled, strategy.num_nodes)
     if small:
         log.warning("%s", small)
