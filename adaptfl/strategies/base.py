@@ -44,6 +44,7 @@ from adaptfl.privacy import server as dp
 from adaptfl.privacy.release import detail_level, released
 from adaptfl.server_rules.aggregate import cap_shares, direction_consistency
 from adaptfl.server_rules.aggregators import AggregationRefused, Combine, memory_of
+from adaptfl.strategies.census import take_census
 from adaptfl.strategies.evaluation import EvaluationReport, FederatedEvaluation
 from adaptfl.strategies.examples import LEDGER, ledger_record, round_examples
 from adaptfl.strategies.intake import ReplyIntake
@@ -89,6 +90,7 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
         self.data_key = ""  # the data's identity: its per-user dp ledger (privacy/ledger.py)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
+        self._censused: set[int] = set()  # nodes asked their examples (census.py)
         self.screen_reference: dict[str, list[float]] = {}  # set by _screen each round
         self.ownership_next = Ownership()  # set by _bind each round
         self.skip_guard: SkipGuard | None = None  # under Flower's start(): aborts as adaptfl's loop does
@@ -219,6 +221,10 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
             self.initialize(arrays.to_torch_state_dict())
         nodes = self.sample_nodes(grid)
         assert self.state is not None
+        if self.partition_sizes is None and any(s.counts_examples() for s in self.cfg.algorithm.stages()):
+            recipe = self.instruction(server_round, None, len(nodes)).config_records[wire.RECIPE]
+            take_census(grid, self._connected, self._censused, recipe, self.state.extras,
+                        self.cfg.federation.round_timeout or None)  # HaFedHo's |D| (census.py)
         dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
                         len(nodes), self.num_nodes, self.contract(),
                         self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent
