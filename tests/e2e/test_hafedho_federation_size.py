@@ -6,6 +6,7 @@ sampled the cohort's size, and a liar's raw claim went into the broadcast n-tota
 
 from __future__ import annotations
 
+import shutil
 import statistics
 
 import pytest
@@ -18,6 +19,7 @@ from adaptfl.server_app.run_checks import partition_sizes
 from adaptfl.strategies.examples import LEDGER
 from adaptfl.strategies.state import ServerState
 from tests.e2e.test_hostile_e2e import _config, hostile
+from tests.support.flower_processes import flwr_run_simulation, stop_local_superlink
 from tests.support.run_outputs import metric_rows
 
 TRAIN_ROWS = 600  # tiny_data's Fashion-MNIST training rows, all of them in some partition (iid)
@@ -106,3 +108,30 @@ def test_in_a_deployment_each_clients_examples_count_once_and_survive_a_resume(t
     assert ledger["ids"].tolist() == [0, 1, 2, 3]  # all four, from the census
     n_total = float(ServerState.load(resumed / STATE_FILE).extras[wire.HAFEDHO_N_TOTAL]["n-total"])
     assert n_total == totals[-1]
+
+
+@pytest.mark.flower
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
+def test_under_flwr_simulation_every_node_answers_the_census_before_round_1(tiny_data, tmp_path) -> None:
+    """`flwr run` simulation, 3 nodes, 1 of 3 sampled a round, Dirichlet partitions: the server
+    holds no partitioning, so the census (a QUERY to each ClientApp) gives every partition's
+    examples before round 1: |D| after round 1 is the partitions' sum, as the in-process engine
+    (which holds the partitioning) has it, though round 1 heard from one client."""
+    settings = {"num-server-rounds": 1, "local-steps": 1, "batch-size": 16, "num-threads": 1,
+                "model": "'mlp'", "partitioning": "'dirichlet'", "fraction-train": 0.34, "seed": 7,
+                "data-dir": f"'{tiny_data['fashion-mnist']}'"}
+    results = tmp_path / "results"
+    overrides = " ".join(f"{k}={v}" for k, v in settings.items())
+    try:
+        done = flwr_run_simulation(tmp_path / "flwr-home", 3,
+                                   f"{overrides} results-dir='{results}' run-name='sim' algorithm='hafedho'")
+    finally:
+        stop_local_superlink(tmp_path / "flwr-home")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["replies-accepted"] for r in metric_rows(results / "sim")] == [1]
+    cfg = _config(tiny_data, tmp_path, "hafedho", rounds=1, local_steps=1, partitioning="dirichlet", seed=7)
+    sizes = partition_sizes(cfg, build_run(cfg)[2], 3)
+    extras = ServerState.load(results / "sim" / STATE_FILE).extras
+    assert extras[LEDGER]["ids"].tolist() == [0, 1, 2]
+    assert extras[LEDGER]["claims"].tolist() == [float(n) for n in sizes]
+    assert float(extras[wire.HAFEDHO_N_TOTAL]["n-total"]) == _by_hand(sizes) == sum(sizes)
