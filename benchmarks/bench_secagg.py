@@ -201,6 +201,8 @@ def print_profile(prof: cProfile.Profile, title: str) -> None:
         ("client setup: key pairs (secagg/client.py _setup)", get("secagg/client.py", "_setup")),
         ("client share keys: Shamir shares + encryption (_share_keys)",
          get("secagg/client.py", "_share_keys")),
+        ("client check shares: decrypt and hash the shares sent to it (_check_shares)",
+         get("secagg/client.py", "_check_shares")),
         ("client masked input, without local training (_masked_input - handle_train)",
          get("secagg/client.py", "_masked_input") - train),
         ("  of which key agreement (crypto.py shared_key)", get("secagg/crypto.py", "shared_key")),

@@ -7,6 +7,7 @@ and its defaults; node 5 hostile in every round, one attack a run:
 - "in-range flip × 20": Δ × −20 before encoding (the encoder clips it into the range);
 - "garbage ciphertexts" / "wrong commitment": its share-keys reply's ciphertexts replaced by
   random bytes / its commitment to b by zeros;
+- "garbage to one peer": its ciphertext to node 1 alone replaced by random bytes;
 - "bit-flipped unmask shares": one bit of every share it returns at unmask;
 - "copied public keys": signs up with node 1's keys and proofs.
 
@@ -60,6 +61,12 @@ def garbage_ciphertexts(stage: str, reply: Message) -> None:
             rec[key] = secrets.token_bytes(len(rec[key]))  # type: ignore[arg-type]
 
 
+def garbage_to_one(stage: str, reply: Message) -> None:
+    if stage == p.SHARE_KEYS and "1" in reply.content.config_records.get(wire.SECAGG, {}):
+        rec = reply.content.config_records[wire.SECAGG]
+        rec["1"] = secrets.token_bytes(len(rec["1"]))  # type: ignore[arg-type]
+
+
 def wrong_commitment(stage: str, reply: Message) -> None:
     if stage == p.SHARE_KEYS:
         reply.content.config_records[wire.SECAGG][p.COMMIT] = bytes(32)
@@ -87,7 +94,8 @@ def copied_keys(stage: str, reply: Message) -> None:
 
 ATTACKS: dict[str, Tamper | None] = {
     "clean": None, "+1e9 on y": add_1e9, "in-range flip × 20": None,
-    "garbage ciphertexts": garbage_ciphertexts, "wrong commitment": wrong_commitment,
+    "garbage ciphertexts": garbage_ciphertexts, "garbage to one peer": garbage_to_one,
+    "wrong commitment": wrong_commitment,
     "bit-flipped unmask shares": flipped_shares, "copied public keys": copied_keys}
 
 

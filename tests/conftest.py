@@ -101,3 +101,35 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         text = source.read_bytes()[:TINY_FORTUNE_BYTES]
         (folder / source.name).write_bytes(text[: text.rfind(b"\n%\n") + 1])
     return {"fashion-mnist": str(fm), "fortunes": str(fo)}
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Every metrics row any test wrote (metrics.jsonl and server-confidential.jsonl under the
+    session's temporary folders) parses as strict JSON: no Infinity or NaN (core/json_rows.py).
+    A bad line fails the session, naming the file and line."""
+    import json
+    import pathlib
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        root = pathlib.Path(factory.getbasetemp())
+    except (OSError, ValueError):
+        return
+    bad: list[str] = []
+    for path in [*root.rglob("metrics.jsonl"), *root.rglob("server-confidential.jsonl")]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                json.loads(line, parse_constant=_refuse_constant)
+            except ValueError as why:
+                bad.append(f"{path}:{number}: {why}")
+    if bad:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("metrics rows that are not JSON:\n  " + "\n  ".join(bad[:20]), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

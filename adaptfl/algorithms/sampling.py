@@ -7,6 +7,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Callable
 
 from flwr.serverapp import Grid
 
@@ -30,6 +31,20 @@ def hostile_count(fraction: float, replies: int) -> int:
     """The hostile replies a round of `replies` must tolerate: ceil(fraction × replies) (a
     fraction of 0.2 of 7 is 2, not 1); the float slack keeps 0.2 × 5 at 1."""
     return math.ceil(fraction * replies - 1e-9) if fraction > 0 else 0
+
+
+def fewest_replies(check: Callable[[int, int], None], fraction: float, most: int = 1000) -> int | None:
+    """The smallest min-replies m that an aggregator's `check_federation(m, hostile)` accepts with
+    hostile = hostile_count(fraction, m), the count it is checked with; None if none up to
+    `most` (a fraction the rule cannot hold at any size). What a refusal suggests is this m,
+    so the suggested setting is accepted as written."""
+    for replies in range(1, most + 1):
+        try:
+            check(replies, hostile_count(fraction, replies))
+        except ValueError:
+            continue
+        return replies
+    return None
 
 
 def nodes_needed(fed: Federation) -> int:

@@ -244,13 +244,42 @@ def evaluate_or_refuse(msg: Message, context: Context) -> Message:
         return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=msg)
 
 
+def handle_census(msg: Message, context: Context) -> Message:
+    """The server's census before round 1 (strategies/census.py): this node's training rows and
+    partition id, from the recipe alone (no model, nothing trained)."""
+    recipe = msg.content.config_records.get(wire.RECIPE)
+    if recipe is None:
+        raise ValueError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
+    data, _ = settings_from_recipe(recipe)
+    task = load_task(data.task, str(context.node_config.get(wire.NODE_DATA_DIR, data.data_dir)), data.model,
+                     llm_from_recipe(recipe))
+    indices, client_id = _partition(context, data, int(cast(int, recipe["round.seed"])), task.labels)
+    metrics = {wire.NUM_EXAMPLES: len(indices), wire.PARTITION_ID: client_id}
+    return Message(RecordDict({wire.METRICS: MetricRecord(cast("dict[str, MetricRecordValues]", metrics))}),
+                   reply_to=msg)
+
+
+def census_or_refuse(msg: Message, context: Context) -> Message:
+    try:
+        return handle_census(msg, context)
+    except ValueError as err:
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=msg)
+
+
 def answer(msg: Message, context: Context) -> Message:
     """What the ClientApp does with a message, by its type (the in-process engine's handler)."""
     if msg.metadata.message_type == MessageType.EVALUATE:
         return evaluate_or_refuse(msg, context)
+    if msg.metadata.message_type == MessageType.QUERY:
+        return census_or_refuse(msg, context)
     return train_or_refuse(msg, context)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     return evaluate_or_refuse(msg, context)
+
+
+@app.query()
+def census(msg: Message, context: Context) -> Message:
+    return census_or_refuse(msg, context)

@@ -25,7 +25,7 @@ from typing import Any
 from adaptfl.core import wire
 from adaptfl.core.params import Component, component, param
 
-LOOP = "adaptfl's round loop runs the protocol's four exchanges (server_app/loop.py)"
+LOOP = "adaptfl's round loop runs the protocol's five exchanges (server_app/loop.py)"
 
 
 def clip_key(record: str) -> str:

@@ -13,7 +13,6 @@ not depend on which nodes were sampled, nor on which of them were slow or failed
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from adaptfl.core.durable import fsync_dir
+from adaptfl.core.json_rows import json_line
 
 CONFIDENTIAL_FILE = "server-confidential.jsonl"
 
@@ -64,13 +64,13 @@ def _write_private(path: Path, text: str, flags: int) -> None:
 
 def append_confidential(run_dir: Path, row: Mapping[str, Any]) -> None:
     """One round's whole row, fsynced before the checkpoint relies on it (as metrics.jsonl)."""
-    _write_private(run_dir / CONFIDENTIAL_FILE, json.dumps(row) + "\n", os.O_APPEND)
+    _write_private(run_dir / CONFIDENTIAL_FILE, json_line(row), os.O_APPEND)
 
 
 def write_confidential(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     """Replace the confidential file with exactly `rows` (resume), atomically."""
     path = run_dir / CONFIDENTIAL_FILE
     tmp = path.with_name(path.name + ".tmp")
-    _write_private(tmp, "".join(json.dumps(r) + "\n" for r in rows), os.O_TRUNC)
+    _write_private(tmp, "".join(map(json_line, rows)), os.O_TRUNC)
     os.replace(tmp, path)
     fsync_dir(run_dir)

@@ -69,7 +69,8 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
     slots = fixedpoint.layout(contract, strategy.spec, ranges.__getitem__)
     bound = fixedpoint.budget(bits, len(nodes), z_sqrt_k, fixedpoint.rounding_width(slots))
     server = SecAggServer(shares, threshold, bits, bound, node_noise_std(privacy, bound, slots, len(nodes)),
-                          timeout, ring_seed(cfg.federation.seed, server_round), server_round)
+                          timeout, ring_seed(cfg.federation.seed, server_round), server_round,
+                          plan=cfg.secagg.round_shares)
     try:
         why = fixedpoint.refusal(bits, len(nodes), z_sqrt_k, slots)  # the mean mostly rounding
         if why:

@@ -4,7 +4,7 @@ its victim, whatever order the replies come in (crypto.py, "blame").
     setup         each public key comes with a proof that its node holds the private key; a
                   key without one, or one two nodes both prove (each knows a secret an honest
                   node never shows), names its node(s)
-    masked-input  a node that cannot open a ciphertext hands the server that pair's private
+    check-shares  a node that cannot open a ciphertext hands the server that pair's private
                   key; the server checks it is the key the node signed up with, opens the
                   ciphertext itself and names the sender if it does not open, names the wrong
                   pair or holds other shares than the sender hashed, and the accuser otherwise
@@ -62,38 +62,40 @@ def at_fault(accuser: int, accused: int, private: object, enc: Mapping[int, Mapp
     """(the node at fault, why) for `accuser`'s report that `accused`'s ciphertext to it does
     not open, checked with the pair key `private` it revealed."""
     if accused not in sealed or accuser not in sealed[accused]:
-        return accuser, f"masked-input: blamed node {accused}, which sent it nothing"
+        return accuser, f"check-shares: blamed node {accused}, which sent it nothing"
     try:
         pair = crypto.KeyPair(private if isinstance(private, bytes) else b"")
     except ValueError:
         pair = None
     if pair is None or pair.public != enc[accuser].get(accused):
-        return accuser, f"masked-input: blamed node {accused} with a key it did not sign up with"
+        return accuser, f"check-shares: blamed node {accused} with a key it did not sign up with"
     try:
         src, dst, b_share, s_share = crypto.share_keys_plaintext_separate(
             crypto.decrypt(pair.agree(enc[accused][accuser]), sealed[accused][accuser]))
     except Exception:  # noqa: BLE001 - Fernet's InvalidToken: garbage from the sender
-        return accused, f"masked-input: its shares to node {accuser} do not decrypt"
+        return accused, f"check-shares: its shares to node {accuser} do not decrypt"
     if (src, dst) != (accused, accuser):
-        return accused, f"masked-input: its shares to node {accuser} name {src} -> {dst}"
+        return accused, f"check-shares: its shares to node {accuser} name {src} -> {dst}"
     mine = digests[accused]
     hashed = (crypto.share_digest(accused, accuser, "b", b_share),
               crypto.share_digest(accused, accuser, "s", s_share))
     if hashed != (mine.get(("b", accuser)), mine.get(("s", accuser))):
-        return accused, f"masked-input: its shares to node {accuser} are not the ones it hashed"
-    return accuser, f"masked-input: blamed node {accused}, whose shares to it open as hashed"
+        return accused, f"check-shares: its shares to node {accuser} are not the ones it hashed"
+    return accuser, f"check-shares: blamed node {accused}, whose shares to it open as hashed"
 
 
 def returned_shares(replies: Mapping[int, ConfigRecord], wanted: Mapping[str, set[int]],
                     may_hold: Mapping[int, set[int]], digests: Mapping[int, Digests]
-                    ) -> tuple[dict[str, dict[int, list[bytes]]], dict[int, str]]:
-    """({kind: {owner: its shares}}, {holder at fault: why}): the unmask answers, each share
-    checked against its owner's hash for that holder; a holder that returned a changed share is
-    named, and only the shares that match their owners' hashes are used."""
-    got: dict[str, dict[int, list[bytes]]] = {k: {o: [] for o in owners} for k, owners in wanted.items()}
+                    ) -> tuple[dict[str, dict[int, list[tuple[int, bytes]]]], dict[int, str]]:
+    """({kind: {owner: [(holder, share)] by holder}}, {holder at fault: why}): the unmask
+    answers, each share checked against its owner's hash for that holder; a holder that
+    returned a changed share is named, and only the shares that match their owners' hashes are
+    used. Ordered by holder, not by arrival: the secret rebuilt does not depend on reply order."""
+    got: dict[str, dict[int, list[tuple[int, bytes]]]] = {k: {o: [] for o in owners}
+                                                          for k, owners in wanted.items()}
     bad: dict[int, str] = {}
-    for holder, rec in replies.items():
-        for key, share in rec.items():
+    for holder, rec in sorted(replies.items()):
+        for key, share in sorted(rec.items()):
             kind, _, of = key.partition(":")
             if kind not in got or not of.isdigit() or int(of) not in got[kind] \
                     or int(of) not in may_hold[holder] or not isinstance(share, bytes):
@@ -103,5 +105,5 @@ def returned_shares(replies: Mapping[int, ConfigRecord], wanted: Mapping[str, se
                 bad.setdefault(holder, f"unmask: returned a share of node {owner}'s {kind}-secret other "
                                        "than the one it was given")
                 continue
-            got[kind][owner].append(share)
+            got[kind][owner].append((holder, share))
     return got, bad

@@ -34,13 +34,16 @@ def handle(msg: Message, context: Context, train: Train) -> Message:
     if stage == p.SETUP:
         return _reply(msg, _setup(cfg, context, server_round))
     state = context.state.config_records.get(STATE)
-    before = {p.SHARE_KEYS: p.SETUP, p.MASKED_INPUT: p.SHARE_KEYS, p.UNMASK: p.MASKED_INPUT}
+    before = {p.SHARE_KEYS: p.SETUP, p.CHECK_SHARES: p.SHARE_KEYS, p.MASKED_INPUT: p.CHECK_SHARES,
+              p.UNMASK: p.MASKED_INPUT}
     if stage not in before:
         raise ValueError(f"secagg: unknown stage {stage!r}")
     if state is None or _int(state, p.ROUND) != server_round or state[p.STAGE] != before[stage]:
         raise ValueError(f"secagg: stage {stage!r} of round {server_round} out of order")
     if stage == p.SHARE_KEYS:
         return _reply(msg, _share_keys(cfg, state, context.node_id))
+    if stage == p.CHECK_SHARES:
+        return _reply(msg, _check_shares(cfg, state, context.node_id))
     if stage == p.MASKED_INPUT:
         return _masked_input(msg, cfg, state, context, train)
     return _reply(msg, _unmask(cfg, state, context))
@@ -131,7 +134,7 @@ def _share_keys(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecor
 
 def _open(cfg: ConfigRecord, state: ConfigRecord, src: int, own: int) -> tuple[bytes, bytes] | None:
     """The shares `src` sent this node, or None where they do not open, do not name src -> this
-    node, or are not the shares src hashed: src's fault, which this node reports (`_masked_input`)."""
+    node, or are not the shares src hashed: src's fault, which this node reports (`_check_shares`)."""
     try:
         got_src, got_dst, b_share, s_share = crypto.share_keys_plaintext_separate(
             crypto.decrypt(_bytes(state, f"k-enc:{src}"), _bytes(cfg, f"ct:{src}")))
@@ -144,10 +147,15 @@ def _open(cfg: ConfigRecord, state: ConfigRecord, src: int, own: int) -> tuple[b
     return b_share, s_share
 
 
-def _open_all(cfg: ConfigRecord, state: ConfigRecord, senders: list[int], own: int
-              ) -> tuple[list[int], ConfigRecord]:
-    """(the senders whose shares opened, kept in `state`; the blame of the others: each with
-    this node's key for that pair alone, so the server can check it and learns nothing else)."""
+def _check_shares(cfg: ConfigRecord, state: ConfigRecord, own: int) -> ConfigRecord:
+    """The shares sent to this node, opened and kept; the blame of those that do not open, each
+    with this node's key for that pair alone (the server checks it and learns nothing else).
+    However few open, an honest node reports rather than fails: the server removes the senders
+    at fault, never this node for their garbage (docs/secagg.md, "Blame")."""
+    senders = sorted(int(k[3:]) for k in cfg if k.startswith("ct:") and k[3:].isdigit())
+    if not set(senders) <= set(_ids(state["peers"])):
+        raise ValueError(f"secagg: shares from nodes {sorted(set(senders) - set(_ids(state['peers'])))[:3]} "
+                         "that are not this node's peers")
     blamed = ConfigRecord()
     for src in senders:
         opened = _open(cfg, state, src, own)
@@ -155,20 +163,18 @@ def _open_all(cfg: ConfigRecord, state: ConfigRecord, senders: list[int], own: i
             blamed[f"{p.BLAME}:{src}"] = _bytes(state, f"sk-enc:{src}")
             continue
         state[f"b:{src}"], state[f"s:{src}"] = opened
-    return [j for j in senders if f"{p.BLAME}:{j}" not in blamed], blamed
+    state["opened"] = [j for j in senders if f"{p.BLAME}:{j}" not in blamed]
+    state[p.STAGE] = p.CHECK_SHARES
+    return blamed
 
 
 def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context: Context,
                   train: Train) -> Message:
     own, threshold = context.node_id, _int(state, p.THRESHOLD)
-    senders = sorted(int(k[3:]) for k in cfg if k.startswith("ct:"))
-    if not set(senders) <= set(_ids(state["peers"])) or len(senders) + 1 < threshold:
-        raise ValueError(f"secagg: shares from {len(senders)} peers, not {threshold - 1} or more of "
-                         "this node's peers")
-    senders, blamed = _open_all(cfg, state, senders, own)
-    if len(senders) + 1 < threshold:  # fewer masks than the protocol hides an input behind
-        raise ValueError(f"secagg: shares from nodes {sorted(int(k[6:]) for k in blamed)[:3]} do not "
-                         f"open, leaving {len(senders)} peers, fewer than {threshold - 1}")
+    senders = _ids(cfg.get(p.MASK_WITH))
+    if not set(senders) <= set(_ids(state["opened"])) or len(senders) + 1 < threshold:
+        raise ValueError(f"secagg: asked to mask with {len(senders)} peers, not {threshold - 1} or more "
+                         "of those whose shares this node opened")
     del msg.content[wire.SECAGG]  # the training instruction as any round's
     reply = train(msg, context)
     if reply.has_error():
@@ -184,8 +190,6 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     y = Array(total.astype(fixedpoint.wire_dtype(bits)))
     content = RecordDict({wire.MASKED: ArrayRecord({p.MASKED_ARRAY: y}),
                           wire.METRICS: MetricRecord(metrics)})
-    if blamed:
-        content[wire.SECAGG] = blamed
     return Message(content, reply_to=msg)
 
 

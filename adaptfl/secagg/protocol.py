@@ -1,4 +1,4 @@
-"""SecAgg+ (Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020) as four message exchanges of a
+"""SecAgg+ (Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020) as five message exchanges of a
 round, each a `secagg` ConfigRecord naming its stage:
 
     setup         server -> node: the round, shares s, threshold t, the node's neighbours on a
@@ -9,11 +9,14 @@ round, each a `secagg` ConfigRecord naming its stage:
                   seed b and its mask key's seed, each Shamir-shared t-of-s, one share of each
                   encrypted for each neighbour, the hash of every share (owner, holder), and a
                   commitment to b
-    masked-input  server -> node: the round's training instruction and the shares sent to it,
-                  with their owners' hashes; node -> server: y = q + PRG(b) + Σ_j ±PRG(K_ij)
-                  mod 2^m (fixedpoint.py's q), masked with exactly the neighbours whose shares it
-                  received and could open, and for each it could not, that pair's private key
-                  (the server checks the blame: the sender's fault or the accuser's)
+    check-shares  server -> node: the encrypted shares sent to it, with their owners' hashes;
+                  node -> server: for each it cannot open (or that are not as hashed), that
+                  pair's private key (the server checks the blame: the sender's fault or the
+                  accuser's); a node named here leaves before any input is masked, and the
+                  round starts again from setup without it
+    masked-input  server -> node: the round's training instruction and the peers to mask with
+                  (its live neighbours, all of whose shares it opened); node -> server:
+                  y = q + PRG(b) + Σ_j ±PRG(K_ij) mod 2^m (fixedpoint.py's q)
     unmask        server -> node: which neighbours sent y (whose b-shares it wants) and which
                   did not (whose mask-key shares it wants); an honest node refuses a list that
                   names one node in both, and answers once per round; each share is checked
@@ -31,8 +34,9 @@ import numpy as np
 
 from adaptfl.secagg import crypto
 
-SETUP, SHARE_KEYS, MASKED_INPUT, UNMASK = "setup", "share-keys", "masked-input", "unmask"
-STAGES = (SETUP, SHARE_KEYS, MASKED_INPUT, UNMASK)
+SETUP, SHARE_KEYS, CHECK_SHARES = "setup", "share-keys", "check-shares"
+MASKED_INPUT, UNMASK = "masked-input", "unmask"
+STAGES = (SETUP, SHARE_KEYS, CHECK_SHARES, MASKED_INPUT, UNMASK)
 STAGE, ROUND = "stage", "round"
 SHARES, THRESHOLD, NEIGHBOURS = "shares", "threshold", "neighbours"
 PK_ENC, PK_MASK = "pk-enc", "pk-mask"
@@ -42,7 +46,8 @@ COMMIT = "commit-b"  # share-keys reply: SHA-256 of the self-mask seed, checked 
 SERVER_KEY = "server-pk"  # setup: the round's server key, which the proofs of possession use
 PROOF = "proof"  # setup reply: proof:<key name> for each public key
 HASH_B, HASH_S = "hb", "hs"  # share-keys reply: hb:<holder>, hs:<holder>, each share's SHA-256
-BLAME = "blame"  # masked-input reply: blame:<sender> = this node's private key for that pair
+BLAME = "blame"  # check-shares reply: blame:<sender> = this node's private key for that pair
+MASK_WITH = "mask-with"  # masked-input: the peers whose pair masks go into y
 MASKED_ARRAY = "y"
 
 

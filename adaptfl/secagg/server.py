@@ -1,13 +1,18 @@
-"""The server's side of SecAgg+ (protocol.py): one round's four exchanges over a Flower Grid,
+"""The server's side of SecAgg+ (protocol.py): one round's five exchanges over a Flower Grid,
 and the unmasked sum. A node that errs, is late or answers out of contract drops out (with its
 reason); the round goes on while every secret it needs has t shares, and otherwise ends with a
-reason and no sum (SecureRefused): never a wrong sum. A sum that no inputs in range could have
-made (fixedpoint.beyond_reach) is refused too.
+reason and no sum (SecureRefused): never a wrong sum. A node that check-shares finds at fault
+(blame.py) is removed before any input is masked and the round starts again from setup among
+the others (at most once per node removed), so its garbage costs only itself: the honest
+nodes' secrets never lack the shares it spoilt. A sum that no inputs in range could have made
+(fixedpoint.beyond_reach) is refused too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,8 +58,12 @@ class SecAggServer:
     """Runs one round: `run(grid, nodes, instruction, layout)` with a `send(messages)` of the grid."""
 
     def __init__(self, shares: int, threshold: int, bits: int, bound: int, noise_std: float,
-                 timeout: float | None, seed: int, server_round: int) -> None:
+                 timeout: float | None, seed: int, server_round: int,
+                 plan: Callable[[int], tuple[int, int]] | None = None) -> None:
         self.shares, self.threshold, self.bits, self.bound = shares, threshold, bits, bound
+        # (shares, threshold) of a restart among n nodes: the run's secagg-threshold share
+        self.plan = plan or (lambda n: (min(shares, n),
+                                        max(2, math.ceil(threshold / shares * min(shares, n)))))
         self.noise_std, self.timeout, self.round = noise_std, timeout, server_round
         self.seed = seed
         self.out = SecureRound()
@@ -125,12 +134,19 @@ class SecAggServer:
         """The round's sum, one function per stage of protocol.py's table; `admit(metrics by
         node)` names the masked replies to drop (their plain metrics checked, partitions bound)
         before anything is unmasked."""
-        if len(nodes) < 3:
-            raise SecureRefused(f"secagg+: {len(nodes)} sampled nodes; a sum needs 3 or more")
-        self.neighbours = p.ring_neighbours(nodes, self.shares, self.seed)
-        alive = self._setup(grid, nodes)
-        alive = self._share_keys(grid, alive)
-        live = self._masked_input(grid, alive, instruction, layout, clips, admit)
+        members = sorted(nodes)
+        while True:  # each pass removes at least one node at fault, or is the last
+            if len(members) < 3:
+                raise SecureRefused(f"secagg+: {len(members)} nodes left; a sum needs 3 or more")
+            self.shares, self.threshold = self.plan(len(members))
+            self.neighbours = p.ring_neighbours(members, self.shares, self.seed)
+            alive = self._share_keys(grid, self._setup(grid, members))
+            faults = self._check_shares(grid, alive)
+            if not faults:
+                break
+            members = [n for n in members if n not in self.out.dropped]
+        live = self._masked_input(grid, self._prune(alive - set(self.out.dropped), p.CHECK_SHARES),
+                                  instruction, layout, clips, admit)
         total = fixedpoint.from_ring(self._unmask(grid, live, alive - live), self.bits)
         why = fixedpoint.beyond_reach(total, layout, self.bound, len(live), self.noise_std)
         if why:  # what no len(live) inputs in range reach: a node lied about its input
@@ -143,6 +159,7 @@ class SecAggServer:
         """Fresh keys, each proven held (blame.py). Drops: no reply, an error, a key missing,
         not an X25519 key or without its proof, a key two nodes prove or one node twice."""
         self.server_key = crypto.KeyPair()
+        self.enc, self.mask_keys, self.sealed, self.digests, self.commits = {}, {}, {}, {}, {}
         replies = self._exchange(grid, {n: self._config(p.SETUP, {
             p.SHARES: self.shares, p.THRESHOLD: self.threshold, p.SERVER_KEY: self.server_key.public,
             p.NEIGHBOURS: sorted(self.neighbours[n])}) for n in nodes}, p.SETUP)
@@ -181,24 +198,46 @@ class SecAggServer:
             self.digests[node] = {k: bytes(rec[name]) for k, name in hashes.items()}  # type: ignore[arg-type]
         return self._prune(set(self.sealed), p.SHARE_KEYS)  # U2: their masks are in their peers' y
 
+    def _check_shares(self, grid: Grid, alive: set[int]) -> dict[int, str]:
+        """Each node gets the shares sent to it and answers with its blames, each checked
+        (blame.at_fault): {node at fault: why}, dropped; a node that does not answer drops out.
+        Without faults each live node masks with all its live neighbours (it opened them all)."""
+        replies = self._exchange(grid, {n: self._config(p.CHECK_SHARES, {
+            **{f"ct:{j}": self.sealed[j][n] for j in self.neighbours[n] & alive},
+            **{f"{p.HASH_B}:{j}": self.digests[j][("b", n)] for j in self.neighbours[n] & alive},
+            **{f"{p.HASH_S}:{j}": self.digests[j][("s", n)] for j in self.neighbours[n] & alive}})
+            for n in sorted(alive)}, p.CHECK_SHARES)
+        faults: dict[int, str] = {}
+        for node in sorted(replies):  # judged after all are in: reply order does not enter
+            rec = replies[node].config_records.get(wire.SECAGG, ConfigRecord())
+            blamed = {int(k[len(p.BLAME) + 1:]): v for k, v in rec.items()
+                      if k.startswith(p.BLAME + ":") and k[len(p.BLAME) + 1:].isdigit()}
+            if len(blamed) != len(rec):
+                faults.setdefault(node, "check-shares: a reply other than blames")
+            for accused, private in sorted(blamed.items()):
+                culprit, why = blame.at_fault(node, accused, private, self.enc, self.sealed, self.digests)
+                faults.setdefault(culprit, why)
+        for node, why in faults.items():
+            self._drop(node, why)
+        kept = set(replies) - set(faults)
+        self.masked_with = {n: self.neighbours[n] & kept for n in kept}
+        return faults
+
     def _masked_input(self, grid: Grid, alive: set[int], instruction: RecordDict,
                       layout: list[fixedpoint.Slot], clips: dict[str, float], admit: Admit | None
                       ) -> set[int]:
-        """y with the training instruction. Drops: a malformed y, no metrics, a reply `admit`
-        refuses (before anything is unmasked: a reply refused afterwards stays in the sum), the
-        node a blame names at fault (the sender of garbage, or its false accuser)."""
+        """y with the training instruction and the peers to mask with. Drops: a malformed y,
+        no metrics, a reply `admit` refuses (before anything is unmasked: a reply refused
+        afterwards stays in the sum)."""
         setup: dict[str, Any] = {p.BITS: self.bits, p.BOUND: self.bound, p.NOISE_STD: self.noise_std,
                                  p.SEED: self.seed, p.LAYOUT: [f"{s.record}/{s.name}" for s in layout],
                                  **{f"clip:{r}": c for r, c in clips.items()}}
+        self.masked_with = {n: self.masked_with[n] & alive for n in alive}
         contents = {}
         for n in sorted(alive):
             content = RecordDict(dict(instruction))
-            senders = self.neighbours[n] & alive
-            content[wire.SECAGG] = ConfigRecord({
-                p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
-                **{f"ct:{j}": self.sealed[j][n] for j in senders},
-                **{f"{p.HASH_B}:{j}": self.digests[j][("b", n)] for j in senders},
-                **{f"{p.HASH_S}:{j}": self.digests[j][("s", n)] for j in senders}})
+            content[wire.SECAGG] = ConfigRecord({p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
+                                                 p.MASK_WITH: sorted(self.masked_with[n])})
             contents[n] = content
         replies = self._exchange(grid, contents, p.MASKED_INPUT)
         self.length = fixedpoint.length(layout)
@@ -209,29 +248,13 @@ class SecAggServer:
                 continue
             self.masked[node] = content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
             self.out.metrics[node] = dict(content.metric_records[wire.METRICS])
-        faults = self._judge(replies, alive)
         refused = admit(self.out.metrics) if admit is not None else {}
-        for node, why in {**{n: f"masked-input: {w}" for n, w in refused.items()}, **faults}.items():
-            self._drop(node, why)
+        for node, why in refused.items():
+            self._drop(node, f"masked-input: {why}")
             self.masked.pop(node, None)
         live = self._prune(set(self.masked), p.MASKED_INPUT)
         self.out.metrics = {n: m for n, m in self.out.metrics.items() if n in live}
         return live
-
-    def _judge(self, replies: dict[int, RecordDict], alive: set[int]) -> dict[int, str]:
-        """Each blame checked (blame.at_fault): {node at fault: why}; and each node's masked-with,
-        its live-at-share-keys neighbours but those it blamed."""
-        faults: dict[int, str] = {}
-        for node in alive:
-            rec = replies[node].config_records.get(wire.SECAGG, ConfigRecord()) if node in replies \
-                else ConfigRecord()
-            blamed = {int(k[len(p.BLAME) + 1:]): v for k, v in rec.items()
-                      if k.startswith(p.BLAME + ":") and k[len(p.BLAME) + 1:].isdigit()}
-            for accused, private in sorted(blamed.items()):
-                culprit, why = blame.at_fault(node, accused, private, self.enc, self.sealed, self.digests)
-                faults.setdefault(culprit, why)
-            self.masked_with[node] = (self.neighbours[node] & alive) - set(blamed)
-        return faults
 
     def _unmask(self, grid: Grid, live: set[int], dead: set[int]) -> np.ndarray:
         """Each live node's b and each dead node's mask key from t shares, each share checked
@@ -252,19 +275,18 @@ class SecAggServer:
         for node in sorted(live):
             total += self.masked[node]
         for node in sorted(live):  # remove each live node's self mask
-            seed = self._rebuild(shares["b"][node], node, "self-mask seed")
-            if crypto.commitment(seed) != self.commits[node]:
-                raise SecureRefused(f"secagg+: node {node}'s self-mask seed, rebuilt from shares that match "
-                                    "its own hashes, does not match its commitment")
+            commit = self.commits[node]
+            seed = self._rebuild(shares["b"][node], node, "self-mask seed",
+                                 lambda b: crypto.commitment(b) == commit)  # noqa: B023 - used at once
             p.add_mask(total, crypto.self_mask_key(seed), -1, self.bits)
         for node in sorted(dead):  # and the masks live peers shared with a node that vanished
             peers = {q for q in self.neighbours[node] & live if node in self.masked_with[q]}
             if not peers:
                 continue
-            secret = crypto.KeyPair.from_seed(self._rebuild(shares["s"][node], node, "mask key"))
-            if secret.public != self.mask_keys[node]:  # its public key is the mask seed's commitment
-                raise SecureRefused(f"secagg+: node {node}'s mask key, rebuilt from shares that match its "
-                                    "own hashes, does not match its public key")
+            public = self.mask_keys[node]  # its public key commits to the seed
+            secret = crypto.KeyPair.from_seed(self._rebuild(
+                shares["s"][node], node, "mask key",
+                lambda s: crypto.KeyPair.from_seed(s).public == public))  # noqa: B023 - used at once
             for peer in sorted(peers):
                 p.add_mask(total, secret.agree(self.mask_keys[peer]), -p.pair_sign(peer, node), self.bits)
         return total
@@ -280,17 +302,31 @@ class SecAggServer:
             return "no metrics"
         return ""
 
-    def _rebuild(self, shares: list[bytes], node: int, what: str) -> bytes:
+    def _rebuild(self, shares: list[tuple[int, bytes]], node: int, what: str,
+                 committed: Callable[[bytes], bool]) -> bytes:
+        """The secret from t of its (holder, share) pairs: the first t by holder, else the first
+        t-subset whose secret matches its commitment (a share off the owner's polynomial passes
+        its hash yet spoils any t holding it: the outcome must not hang on which came first).
+        Refused: fewer than t shares, or no t of them rebuilding the committed secret."""
         if len(shares) < self.threshold:
             spoilt = f"; nodes {self.spoilers} returned changed shares" if self.spoilers else ""
             raise SecureRefused(f"secagg+: node {node}'s {what} has {len(shares)} of the {self.threshold} "
                                 f"shares it needs (each as its owner hashed it){spoilt}; the round is not "
                                 "unmasked")
-        try:  # checked by the caller against the node's commitment
-            return crypto.combine_shares(shares[:self.threshold])
-        except ValueError:  # every share matched node's own hash: node shared no secret
-            raise SecureRefused(f"secagg+: node {node}'s {what} does not rebuild from the shares it "
-                                "hashed") from None
+        for subset in itertools.islice(itertools.combinations(shares, self.threshold), MAX_SUBSETS):
+            try:
+                secret = crypto.combine_shares([share for _, share in subset])
+            except ValueError:
+                continue
+            if committed(secret):
+                return secret
+        raise SecureRefused(f"secagg+: node {node}'s {what}, rebuilt from shares that match its own "
+                            "hashes, does not match its commitment; the round is not unmasked")
+
+
+# t-subsets of a secret's shares tried against its commitment: C(11, 8) = 165 covers the
+# default neighbourhood whole; ~5 ms each (crypto.combine_shares, pure-Python GF(2^128))
+MAX_SUBSETS = 256
 
 
 def ring_seed(seed: int, server_round: int) -> int:

@@ -19,11 +19,13 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "test-perplexity": ("both", "language tasks: exp(test-loss)"),
     "test-response-nll": ("both", "sft tasks: the mean over examples of each response's mean token NLL"),
     "fed-eval-accuracy": ("both", "fraction-evaluate > 0: the global model's accuracy on the sampled "
-                          "clients' own held-out splits, their mean weighted by num-examples "
-                          "(docs/metrics.md, 'Federated evaluation')"),
-    "fed-eval-loss": ("both", "the same evaluation's mean loss, weighted alike"),
+                          "clients' own held-out splits, their mean weighted by num-examples after "
+                          "cutting fed-eval-trimmed-per-end values at each end (docs/metrics.md, "
+                          "'Federated evaluation')"),
+    "fed-eval-loss": ("both", "the same evaluation's mean loss, trimmed and weighted alike"),
     "fed-eval-accuracy-p10": ("both", "the worst decile: the 10th percentile of the clients' "
-                              "fed-eval accuracies, each client once (numpy's linear percentile)"),
+                              "fed-eval accuracies kept after the cut, each client once (numpy's "
+                              "linear percentile)"),
     "fed-eval-personal-accuracy": ("both", "the same clients' locally adapted models (the global model "
                                    "after evaluate-local-steps local steps, or K, on their train "
                                    "split): their accuracy, weighted by num-examples"),
@@ -36,10 +38,17 @@ COLUMNS: dict[str, tuple[str, str]] = {
                             "counts training's); the replies carry a few scores"),
     "fed-eval-replies": ("both", "evaluate replies that entered the fed-eval values"),
     "fed-eval-seconds": ("both", "the round's federated evaluation alone (sending to the last reply)"),
+    "fed-eval-trimmed-per-end": ("both", "replies cut at each end of every fed-eval score before its "
+                                 "mean and decile: ceil(hostile-fraction × replies), at least 1, at "
+                                 "most (replies − 1) / 2 (0 for one or two replies)"),
+    "fed-eval-weights-capped": ("both", "evaluate replies whose num-examples claim was capped "
+                                "(max-weight-ratio × the round's median claim)"),
     "fed-eval-clients": (JSONL, "partition -> its evaluate reply's values (num-examples, node-id, "
                          "eval-accuracy, eval-loss, personal-accuracy, personal-loss; node-<id> for a "
                          "reply without a partition id of its own); under dp in "
                          "server-confidential.jsonl only, as every fed-eval column"),
+    "non-finite": (JSONL, "key paths of the row whose value was not a finite number, written as null "
+                   "(JSON has no Infinity or NaN: core/json_rows.py); absent when none"),
     "fed-eval-rejected": (JSONL, "node -> why its evaluate reply was dropped; absent when none"),
     "train-loss": ("both", "the clients' mean local training loss over their K steps (weighted as "
                    "the aggregate)"),

@@ -277,7 +277,7 @@ def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, ou
             log.info("fraction-evaluate under dp: the fed-eval columns are not released (%s only)",
                      CONFIDENTIAL_FILE)
     if not (cfg.privacy.on or cfg.secagg.on):  # neither screens nor bounds a reply there
-        log.info("%s", tolerance_note(cfg, sampled))
+        log.info("%s", tolerance_note(cfg, sampled, strategy.num_nodes))
     small = small_round_note(cfg, sampled, strategy.num_nodes)
     if small:
         log.warning("%s", small)
@@ -288,7 +288,7 @@ def exchange(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, server_roun
     """Send the round, aggregate what comes back; the sampled nodes that did not reply."""
     fed = cfg.federation
     timeout = fed.round_timeout or None
-    if cfg.secagg.on:  # four exchanges; the strategy sees only the sum (secagg/)
+    if cfg.secagg.on:  # five exchanges; the strategy sees only the sum (secagg/)
         missing = secure_round(strategy, grid, server_round, messages, timeout)[2]
     else:
         replies = list(grid.send_and_receive(messages, timeout=timeout))

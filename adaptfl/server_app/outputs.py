@@ -17,6 +17,7 @@ import torch
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.core.durable import append_durable, write_atomic
+from adaptfl.core.json_rows import json_line
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, append_confidential, released, write_confidential
 from adaptfl.server_app.columns import COLUMNS, JSONL
 from adaptfl.server_app.mlflow_log import MlflowRun, mlflow_client_class
@@ -101,7 +102,7 @@ class RunOutputs:
         else:  # an overwritten dp run's confidential rows are not this run's
             (self.dir / CONFIDENTIAL_FILE).unlink(missing_ok=True)
         public = [self.public(r) for r in rows]
-        write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in public).encode())
+        write_atomic(self.dir / "metrics.jsonl", "".join(map(json_line, public)).encode())
         self.rows = list(rows)
         self._write_csv()
         if self.tensorboard is not None:
@@ -121,7 +122,7 @@ class RunOutputs:
         self.rows.append(row)
         if self.private:  # both before the checkpoint: resume reads the whole rows back
             append_confidential(self.dir, row)
-        append_durable(self.dir / "metrics.jsonl", json.dumps(self.public(row)) + "\n")
+        append_durable(self.dir / "metrics.jsonl", json_line(self.public(row)))
         self._write_csv()
         if self.tensorboard is not None:
             write_row(self.tensorboard, self.public(row))

@@ -30,7 +30,7 @@ from torch import nn
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.privacy_checks import check_planned_target
-from adaptfl.algorithms.sampling import hostile_count, nodes_needed, sample_size
+from adaptfl.algorithms.sampling import fewest_replies, hostile_count, nodes_needed, sample_size
 from adaptfl.algorithms.secagg_checks import MIN_SECURE_NODES
 from adaptfl.client_app.device import select_device
 from adaptfl.client_app.train import autocast_dtype
@@ -38,6 +38,8 @@ from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
 from adaptfl.privacy.mechanism import records_noise_multiplier
 from adaptfl.privacy.server import count_stddev
+from adaptfl.server_rules.aggregators import Aggregator
+from adaptfl.server_rules.aggregators.trimmed_mean import TrimmedMean
 from adaptfl.workloads import Task, partition_indices
 
 
@@ -73,9 +75,29 @@ def check_settings(cfg: RunConfig, task: Task) -> None:
         if data.classes_per_client > distinct:
             raise ValueError(f"invalid classes-per-client={data.classes_per_client}: task "
                              f"{data.task!r} has {distinct} labels to partition by")
-    fed = cfg.federation
-    cfg.algorithm.aggregator.check_federation(fed.min_replies, hostile_count(fed.hostile_fraction,
-                                                                             fed.min_replies))
+    check_tolerance(cfg)
+
+
+def check_tolerance(cfg: RunConfig) -> None:
+    """The aggregator against min-replies and hostile-fraction; a refusal names the settings that
+    hold, each accepted as written (the fewest min-replies the rule's own check passes)."""
+    fed, rule = cfg.federation, cfg.algorithm.aggregator
+    try:
+        rule.check_federation(fed.min_replies, hostile_count(fed.hostile_fraction, fed.min_replies))
+    except ValueError as why:
+        raise ValueError(f"{why}: {tolerant_setting(rule, fed.hostile_fraction)}") from None
+
+
+def tolerant_setting(rule: Aggregator, fraction: float) -> str:
+    """`set <key>=<value> ...` that holds hostile-fraction=`fraction` with `rule`, or with
+    trimmed-mean where `rule` holds none (every value derived from the rule's own check)."""
+    fewest = fewest_replies(rule.check_federation, fraction)
+    if fewest is not None:
+        return f"set min-replies={fewest} (or more)"
+    fewest = fewest_replies(TrimmedMean().check_federation, fraction)
+    if fraction > 0 and fewest is not None:
+        return f"set aggregator='trimmed-mean' min-replies={fewest} (or more)"
+    return "lower hostile-fraction"
 
 
 # Terms that keep whole copies of the model on each client: a frozen pretrained base would be

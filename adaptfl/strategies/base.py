@@ -71,6 +71,7 @@ class AdaptiveStrategy(RoundAggregation, FederatedEvaluation, Strategy):
         self.data_key = ""  # the data's identity: its per-user dp ledger (privacy/ledger.py)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
         self._connected: set[int] = set()  # nodes connected at the last sampling
+        self._censused: set[int] = set()  # nodes asked their examples (census.py)
         self.screen_reference: dict[str, list[float]] = {}  # set by _screen each round
         self.ownership_next = Ownership()  # set by _bind each round
         self.skip_guard: SkipGuard | None = None  # under Flower's start(): aborts as adaptfl's loop does

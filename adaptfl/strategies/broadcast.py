@@ -20,6 +20,7 @@ from adaptfl.codec.codec import spec_bytes, wire_bytes
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
 from adaptfl.privacy import server as dp
+from adaptfl.strategies.census import take_census
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 
@@ -29,6 +30,7 @@ class RoundBroadcast(ReplyIntake):
 
     num_nodes: int  # connected nodes at the last sampling
     data_key: str  # the data's identity: its per-user dp ledger (privacy/ledger.py)
+    _censused: set[int]  # nodes asked their examples (census.py)
 
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None
                    ) -> None:  # AdaptiveStrategy's
@@ -92,6 +94,10 @@ class RoundBroadcast(ReplyIntake):
             self.initialize(arrays.to_torch_state_dict())
         nodes = self.sample_nodes(grid)
         assert self.state is not None
+        if self.partition_sizes is None and any(s.counts_examples() for s in self.cfg.algorithm.stages()):
+            recipe = self.instruction(server_round, None, len(nodes)).config_records[wire.RECIPE]
+            take_census(grid, self._connected, self._censused, recipe, self.state.extras,
+                        self.cfg.federation.round_timeout or None)  # HaFedHo's |D| (census.py)
         dp.before_round(self.cfg.privacy, self.state, server_round, self.cfg.federation.num_server_rounds,
                         len(nodes), self.num_nodes, self.contract(),
                         self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent

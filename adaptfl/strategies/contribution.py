@@ -43,8 +43,9 @@ from collections.abc import Sequence
 import torch
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.algorithms.sampling import hostile_count
+from adaptfl.algorithms.sampling import fewest_replies, hostile_count
 from adaptfl.server_rules.aggregators.median import coordinate_median
+from adaptfl.server_rules.aggregators.trimmed_mean import TrimmedMean
 from adaptfl.strategies.screen import CLAIMS, MIN_SAMPLES, WINDOW, history_median, record_sizes
 from adaptfl.strategies.validation import DecodedReply
 
@@ -130,8 +131,7 @@ def small_round_note(cfg: RunConfig, sampled: int, nodes: int) -> str | None:
         return None
     fed = cfg.federation
     rounds = f"fraction-train={fed.fraction_train:g} samples {sampled} of {nodes} nodes a round"
-    more = f"fraction-train={math.ceil(300 / nodes) / 100:g} (3 of {nodes} a round)" if nodes >= 3 \
-        else "3 or more nodes a round"
+    more = f"{more_nodes(nodes, 3)} (3 of {nodes} a round)" if nodes >= 3 else "3 or more nodes a round"
     if cfg.privacy.on or cfg.secagg.on or (fed.max_contribution_ratio <= 0 and fed.screen_ratio <= 0):
         return f"{rounds}, and no reply bound is on: one hostile reply can set a round's whole update"
     effect = "reverses" if sampled == 1 else "cancels"
@@ -142,9 +142,10 @@ def small_round_note(cfg: RunConfig, sampled: int, nodes: int) -> str | None:
             "each reply by its round's median (docs/robustness.md, 'Rounds of one and two replies')")
 
 
-def tolerance_note(cfg: RunConfig, sampled: int) -> str:
+def tolerance_note(cfg: RunConfig, sampled: int, nodes: int) -> str:
     """One line, before round 1: how many hostile replies of a round the run's aggregator holds,
-    and which setting holds more (docs/robustness.md, "Colluders at the bound")."""
+    and which setting holds more, named whole, so that it is accepted as written
+    (docs/robustness.md, "Colluders at the bound")."""
     fed, rule = cfg.federation, cfg.algorithm.aggregator.name
     if rule in ("trimmed-mean", "krum") and fed.hostile_fraction > 0:
         held = hostile_count(fed.hostile_fraction, sampled)
@@ -152,7 +153,24 @@ def tolerance_note(cfg: RunConfig, sampled: int) -> str:
                 f"hostile replies of the {sampled} a round samples")
     if rule == "median":
         return f"aggregator='median' tolerates fewer than half of the {sampled} replies a round hostile"
-    more = hostile_count(0.3, sampled)
-    return (f"aggregator={rule!r} bounds one hostile reply a round, not several colluding ones; "
-            f"aggregator='trimmed-mean' hostile-fraction=0.3 tolerates {more} of the {sampled} a "
-            "round samples (docs/robustness.md, 'Colluders at the bound')")
+    head = f"aggregator={rule!r} bounds one hostile reply a round, not several colluding ones; "
+    if nodes < TRIMMED_REPLIES:
+        return head + f"no aggregator holds colluders among {nodes} nodes (3 or more are needed)"
+    fix = f"aggregator='trimmed-mean' hostile-fraction={SUGGESTED_FRACTION:g} min-replies={TRIMMED_REPLIES}"
+    if sampled < TRIMMED_REPLIES:
+        fix += f" {more_nodes(nodes, TRIMMED_REPLIES)}"
+    count = max(sampled, TRIMMED_REPLIES)
+    more = min(hostile_count(SUGGESTED_FRACTION, count), (count - 1) // 2)
+    return (head + f"{fix} tolerates {more} of the {count} a round would sample (docs/robustness.md, "
+            "'Colluders at the bound')")
+
+
+def more_nodes(nodes: int, wanted: int) -> str:
+    """fraction-train=<f> that samples `wanted` of `nodes` a round (sample_size rounds f·N)."""
+    return f"fraction-train={math.ceil(100 * wanted / nodes) / 100:g}"
+
+
+# what the tolerance note suggests: trimmed-mean's cut at 0.3 of the replies, with the fewest
+# min-replies its own check accepts at that fraction (sampling.fewest_replies: 3)
+SUGGESTED_FRACTION = 0.3
+TRIMMED_REPLIES = fewest_replies(TrimmedMean().check_federation, SUGGESTED_FRACTION) or 3

@@ -7,12 +7,13 @@ strategy aggregates them into the round's row. Central evaluation stays the defa
 adaptfl's ClientApp (client_app/app.py `handle_evaluate`) reports the global model's scores and
 those of its locally adapted model (`personal-*`); a ClientApp of your own reports what it
 computes (Flower's `eval_loss` / `eval_acc` read as `eval-loss` / `eval-accuracy`). Per score:
-the mean over the replies that report it, weighted by their `num-examples` (capped at
+a trimmed mean over the replies that report it, weighted by their `num-examples` (capped at
 max-weight-ratio × the round's median claim, as the training weights are), and for the
-accuracies the worst decile: the 10th percentile of the per-client values, each client once,
-linear between the closest ranks (numpy's default percentile). A reply that fails, comes from
-a node not sampled for it, or holds no valid score is dropped with its reason, as a training
-reply is. Under dp these values are not released (privacy/release.py): they go to
+accuracies the worst decile of the values kept: the h lowest and h highest values are cut first,
+h from hostile-fraction and at least one (robust_scores.py), so one liar, or the declared share
+of them, cannot move a figure outside the honest clients' range. A reply that fails, comes from
+a node not sampled for it, or holds no valid (finite) score is dropped with its reason, as a
+training reply is. Under dp these values are not released (privacy/release.py): they go to
 server-confidential.jsonl only.
 """
 
@@ -34,6 +35,7 @@ from adaptfl.algorithms.recipe import EVALUATE_STEPS
 from adaptfl.codec.codec import wire_bytes
 from adaptfl.core import wire
 from adaptfl.privacy.release import detail_level, released
+from adaptfl.strategies.robust_scores import cut_per_end, trimmed, weighted_mean, worst_decile
 from adaptfl.strategies.screen import cap_to_median
 from adaptfl.strategies.state import ServerState
 from adaptfl.strategies.validation import ReplyRejected
@@ -60,11 +62,15 @@ class EvaluationReport:
     metrics: dict[str, float] = field(default_factory=dict)  # the row's fed-eval-* means and deciles
     clients: dict[str, dict[str, float]] = field(default_factory=dict)  # partition id -> its scores
     rejected: dict[str, str] = field(default_factory=dict)  # node id -> why its reply was dropped
+    trimmed_per_end: int = 0  # replies cut at each end of every score (robust_scores.py)
+    weights_capped: int = 0  # replies whose num-examples was capped (max-weight-ratio)
 
     def row(self, seconds: float) -> dict[str, Any]:
         out: dict[str, Any] = {**self.metrics, "fed-eval-sampled": self.sampled,
                                "fed-eval-bytes-down": self.bytes_down,
                                "fed-eval-replies": len(self.clients), "fed-eval-seconds": seconds,
+                               "fed-eval-trimmed-per-end": self.trimmed_per_end,
+                               "fed-eval-weights-capped": self.weights_capped,
                                "fed-eval-clients": self.clients}
         if self.rejected:
             out["fed-eval-rejected"] = dict(self.rejected)
@@ -79,16 +85,6 @@ def evaluation_sample(seed: int, server_round: int, nodes: Sequence[int], fracti
     generator = torch.Generator().manual_seed(int.from_bytes(digest[:7], "little"))
     count = max(1, round(fraction * len(nodes)))
     return sorted(nodes[i] for i in torch.randperm(len(nodes), generator=generator)[:count].tolist())
-
-
-def worst_decile(values: Sequence[float]) -> float:
-    """The 10th percentile of `values`, linear between the closest ranks (numpy's default):
-    sorted v, position p = 0.1·(n−1), v[⌊p⌋] + (p − ⌊p⌋)·(v[⌊p⌋+1] − v[⌊p⌋])."""
-    ordered = sorted(values)
-    position = 0.1 * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 
 def read_scores(msg: Message) -> dict[str, float]:
@@ -118,19 +114,24 @@ def read_scores(msg: Message) -> dict[str, float]:
     return scores
 
 
-def aggregate_scores(clients: Sequence[dict[str, float]], max_weight_ratio: float) -> dict[str, float]:
-    """The row's fed-eval-* values (module docstring); a score no reply reports is absent."""
-    weights = cap_to_median([c[wire.NUM_EXAMPLES] for c in clients], max_weight_ratio)
+def aggregate_scores(clients: Sequence[dict[str, float]], max_weight_ratio: float,
+                     hostile_fraction: float = 0.0) -> tuple[dict[str, float], int, int]:
+    """(the row's fed-eval-* values, h cut at each end of the replies, weights capped): the
+    module docstring's robust estimate; a score no reply reports is absent."""
+    claims = [c[wire.NUM_EXAMPLES] for c in clients]
+    weights = cap_to_median(claims, max_weight_ratio)
     out: dict[str, float] = {}
     for key, column in MEANS.items():
         pairs = [(c[key], w) for c, w in zip(clients, weights, strict=True) if key in c]
-        if pairs:
-            out[column] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
-    for key, column in DECILES.items():
-        values = [c[key] for c in clients if key in c]
-        if values:
-            out[column] = worst_decile(values)
-    return out
+        if not pairs:
+            continue
+        values, kept_weights = trimmed([v for v, _ in pairs], [w for _, w in pairs],
+                                       cut_per_end(hostile_fraction, len(pairs)))
+        out[column] = weighted_mean(values, kept_weights)
+        if key in DECILES:
+            out[DECILES[key]] = worst_decile(values)
+    capped = sum(w < c for w, c in zip(weights, claims, strict=True))
+    return out, cut_per_end(hostile_fraction, len(clients)), capped
 
 
 def client_table(ordered: Sequence[tuple[int, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -187,7 +188,10 @@ class FederatedEvaluation:
                          key=lambda item: (item[1].get(wire.PARTITION_ID, math.inf), item[0]))
         scores = [s for _, s in ordered]
         report.clients = client_table(ordered)
-        report.metrics = aggregate_scores(scores, self.cfg.federation.max_weight_ratio) if scores else {}
+        if scores:
+            fed = self.cfg.federation
+            report.metrics, report.trimmed_per_end, report.weights_capped = \
+                aggregate_scores(scores, fed.max_weight_ratio, fed.hostile_fraction)
         private = self.cfg.privacy.on
         log.log(detail_level(private, logging.INFO), "round %d: federated evaluation, %d of %d "
                 "replies: %s", server_round, len(scores), report.sampled,

@@ -2,8 +2,9 @@
 each node trains on data of its own), for a component that needs the paper's |D| = Σ_i |D_i|
 over every client, not the cohort's (HaFedHo: p_i = |D_i| / |D|, seed 003's Algorithm 1).
 
-Each client's |D_i| is counted once over the run: the num-examples its reply claims the first
-time its partition id is seen, kept in the server state (`LEDGER`: checkpointed and resumed,
+Each client's |D_i| is counted once over the run: the num-examples it claims the first time its
+partition id is seen, by the census every node answers before round 1 (census.py) or else by
+its first training reply, kept in the server state (`LEDGER`: checkpointed and resumed,
 committed with the round). A later claim of the same id changes nothing, so a client cannot
 grow its share round by round. Each recorded claim is capped, as the intake caps weights, at
 max-weight-ratio × the median of the recorded claims (the raw claims are kept, so a liar's
@@ -12,10 +13,11 @@ counted at that median:
 
     |D| = Σ_{i seen} min(n_i, r · median n) + max(0, N - seen) · median n
 
-N the nodes connected at sampling. Once every client has been sampled it is the paper's |D|
-(claims as reported); before, the unseen ones' share is estimated, not the cohort's sum taken
-for the federation's. A reply without a partition id cannot be counted once: 0 is returned
-and the caller says so (`total-examples` declares |D| instead).
+N the nodes connected at sampling. Once every client has answered the census (or been
+sampled) it is the paper's |D| with each claim capped; before, the unseen ones' share is
+estimated, not the cohort's sum taken for the federation's. A reply without a partition id
+adds nothing; where nothing names one, 0 is returned and the caller says so (`total-examples`
+declares |D| instead).
 """
 
 from __future__ import annotations
@@ -48,13 +50,14 @@ def ledger_record(ledger: Mapping[int, float]) -> dict[str, torch.Tensor]:
 def counted_once(ledger: Mapping[int, float], replies: Sequence[Mapping[str, float | int]]
                  ) -> dict[int, float] | None:
     """The ledger with the replies' first claims added (metrics with partition-id and
-    num-examples); None if a reply names no partition id (it cannot be counted once)."""
+    num-examples). A reply without a partition id adds nothing (it cannot be counted once; its
+    node is counted by the census, census.py, or as not seen); None only where nothing at all
+    can be counted (an empty ledger and no reply naming a partition id)."""
     out = dict(ledger)
     for metrics in replies:
-        if wire.PARTITION_ID not in metrics:
-            return None
-        out.setdefault(int(metrics[wire.PARTITION_ID]), float(metrics[wire.NUM_EXAMPLES]))
-    return out
+        if wire.PARTITION_ID in metrics:
+            out.setdefault(int(metrics[wire.PARTITION_ID]), float(metrics[wire.NUM_EXAMPLES]))
+    return out or None
 
 
 def federation_examples(ledger: Mapping[int, float], nodes: int, ratio: float) -> float:

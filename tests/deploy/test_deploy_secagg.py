@@ -1,9 +1,10 @@
 """SecAgg+ on the loopback deployment (TLS, SuperNode authentication, the Fleet-only proxy): 5
 SuperNodes, one round of FedAvg, and SuperNode 5 killed (SIGKILL, with its SuperExec and
-ClientApp) once it has sent its share-keys reply: its seed and mask key are
-Shamir-shared among its neighbours, its masked input never comes. With 5 nodes a secret has 5
-shares and t = 4, so the 4 survivors unmask the round: the server rebuilds the dead node's mask
-key from their shares, removes the pairwise masks they added for it, and has their sum.
+ClientApp) once it has sent its check-shares reply: its seed and mask key are Shamir-shared
+among its neighbours, who were told to mask with it, and its masked input never comes. With 5
+nodes a secret has 5 shares and t = 4, so the 4 survivors unmask the round: the server rebuilds
+the dead node's mask key from their shares, removes the pairwise masks they added for it, and
+has their sum.
 
 The dead node costs one wait: the masked-input exchange ends at round-timeout (or earlier, when
 Flower's SuperLink takes the node for offline, 36-60 s after its last heartbeat). One round, the
@@ -30,7 +31,7 @@ from tests.deploy.test_deploy_loopback import pytestmark as loopback_marks
 
 NODES, VICTIM = 5, 5  # SuperNode i holds partition i - 1
 # its replies before the kill: the round's setup and share-keys
-REPLIES_BEFORE_KILL = 2
+REPLIES_BEFORE_KILL = 3  # setup, share-keys, check-shares: its peers then mask with it
 ROUND_TIMEOUT = 180  # s per exchange: each live node's stage (a fresh ClientApp process) fits under load
 # flower, Fashion-MNIST, the Flower binaries, openssl / ssh-keygen; a chain of its own
 pytestmark = [*loopback_marks, pytest.mark.xdist_group("flower-secagg")]

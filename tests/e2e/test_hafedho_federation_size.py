@@ -6,6 +6,7 @@ sampled the cohort's size, and a liar's raw claim went into the broadcast n-tota
 
 from __future__ import annotations
 
+import shutil
 import statistics
 
 import pytest
@@ -18,6 +19,7 @@ from adaptfl.server_app.run_checks import partition_sizes
 from adaptfl.strategies.examples import LEDGER
 from adaptfl.strategies.state import ServerState
 from tests.e2e.test_hostile_e2e import _config, hostile
+from tests.support.flower_processes import flwr_run_simulation, stop_local_superlink
 from tests.support.run_outputs import metric_rows
 
 TRAIN_ROWS = 600  # tiny_data's Fashion-MNIST training rows, all of them in some partition (iid)
@@ -56,21 +58,19 @@ def _deployment_grid(cfg) -> InProcessGrid:  # noqa: ANN001
     return grid
 
 
-def _by_hand(sizes: list[int], rounds: list[list[int]]) -> float:
-    """|D| after these rounds' sampled partitions: each one's examples once, capped at 10× the
-    median of those seen, the partitions not seen yet at that median (of 4)."""
-    seen: dict[int, int] = {}
-    for sampled in rounds:
-        for pid in sampled:
-            seen.setdefault(pid, sizes[pid])
-    typical = statistics.median(seen.values())
-    return sum(min(n, 10 * typical) for n in seen.values()) + (4 - len(seen)) * typical
+def _by_hand(sizes: list[int]) -> float:
+    """|D| from the census before round 1: every partition's examples once, capped at 10× the
+    median claim (strategies/census.py, examples.py)."""
+    typical = statistics.median(sizes)
+    return sum(min(n, 10 * typical) for n in sizes)
 
 
 def test_in_a_deployment_each_clients_examples_count_once_and_survive_a_resume(tiny_data, tmp_path) -> None:
     """2 of 4 sampled a round, Dirichlet α = 0.3 partitions (unequal), the server without the
-    partitioning: |D| after each round is the hand computation from the partitions sampled so
-    far; interrupted after round 2 and resumed, rounds 3-4 give what an uninterrupted run does."""
+    partitioning: |D| is the federation's from round 1 (every node answered the census), the
+    paper's Σ_i |D_i| where no claim reaches the cap, whichever 2 a round samples (before: the
+    unseen clients at the median of those sampled so far, off until all had been sampled);
+    interrupted after round 2 and resumed, rounds 3-4 give what an uninterrupted run does."""
     def config(name: str, **kw):  # noqa: ANN202
         return _config(tiny_data, tmp_path, "hafedho", rounds=4, local_steps=1, fraction_train=0.5,
                        num_threads=1, partitioning="dirichlet", run_name=name, **kw)
@@ -88,7 +88,7 @@ def test_in_a_deployment_each_clients_examples_count_once_and_survive_a_resume(t
     rows = metric_rows(out)
     sampled = [sorted(int(n) - 1 for n in r["latency"]) for r in rows]  # node n holds partition n-1
     assert all(len(s) == 2 for s in sampled) and len({p for s in sampled for p in s}) > 2, sampled
-    assert totals == [_by_hand(sizes, sampled[:r]) for r in range(1, 5)], (totals, sizes, sampled)
+    assert totals == [_by_hand(sizes)] * 4 == [float(sum(sizes))] * 4, (totals, sizes, sampled)
     assert totals[0] != sum(sizes[p] for p in sampled[0])  # not the cohort's sum (the old rule)
 
     class Interrupted(Exception):
@@ -105,5 +105,33 @@ def test_in_a_deployment_each_clients_examples_count_once_and_survive_a_resume(t
     whole = ServerState.load(out / STATE_FILE).extras[LEDGER]
     assert ledger["ids"].tolist() == whole["ids"].tolist()
     assert ledger["claims"].tolist() == whole["claims"].tolist() == [sizes[i] for i in whole["ids"].tolist()]
+    assert ledger["ids"].tolist() == [0, 1, 2, 3]  # all four, from the census
     n_total = float(ServerState.load(resumed / STATE_FILE).extras[wire.HAFEDHO_N_TOTAL]["n-total"])
     assert n_total == totals[-1]
+
+
+@pytest.mark.flower
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
+def test_under_flwr_simulation_every_node_answers_the_census_before_round_1(tiny_data, tmp_path) -> None:
+    """`flwr run` simulation, 3 nodes, 1 of 3 sampled a round, Dirichlet partitions: the server
+    holds no partitioning, so the census (a QUERY to each ClientApp) gives every partition's
+    examples before round 1: |D| after round 1 is the partitions' sum, as the in-process engine
+    (which holds the partitioning) has it, though round 1 heard from one client."""
+    settings = {"num-server-rounds": 1, "local-steps": 1, "batch-size": 16, "num-threads": 1,
+                "model": "'mlp'", "partitioning": "'dirichlet'", "fraction-train": 0.34, "seed": 7,
+                "data-dir": f"'{tiny_data['fashion-mnist']}'"}
+    results = tmp_path / "results"
+    overrides = " ".join(f"{k}={v}" for k, v in settings.items())
+    try:
+        done = flwr_run_simulation(tmp_path / "flwr-home", 3,
+                                   f"{overrides} results-dir='{results}' run-name='sim' algorithm='hafedho'")
+    finally:
+        stop_local_superlink(tmp_path / "flwr-home")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["replies-accepted"] for r in metric_rows(results / "sim")] == [1]
+    cfg = _config(tiny_data, tmp_path, "hafedho", rounds=1, local_steps=1, partitioning="dirichlet", seed=7)
+    sizes = partition_sizes(cfg, build_run(cfg)[2], 3)
+    extras = ServerState.load(results / "sim" / STATE_FILE).extras
+    assert extras[LEDGER]["ids"].tolist() == [0, 1, 2]
+    assert extras[LEDGER]["claims"].tolist() == [float(n) for n in sizes]
+    assert float(extras[wire.HAFEDHO_N_TOTAL]["n-total"]) == _by_hand(sizes) == sum(sizes)

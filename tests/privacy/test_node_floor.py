@@ -80,10 +80,10 @@ def _downgrade(to: str) -> Callable[[dict], None]:
 
 def _secagg_server(monkeypatch, **lies: Any) -> None:  # noqa: ANN001
     """SecAggServer built with the server's own lies (bound, noise std) in place of the honest ones."""
-    def lying(shares, threshold, bits, bound, noise_std, timeout, seed, server_round):  # noqa: ANN001, ANN202
+    def lying(shares, threshold, bits, bound, noise_std, timeout, seed, server_round, plan=None):  # noqa: ANN001, ANN202
         bound = lies.get("bound", lambda b: b)(bound)
         noise_std = lies.get("noise_std", lambda s: s)(noise_std)
-        return SecAggServer(shares, threshold, bits, bound, noise_std, timeout, seed, server_round)
+        return SecAggServer(shares, threshold, bits, bound, noise_std, timeout, seed, server_round, plan)
 
     monkeypatch.setattr(aggregate, "SecAggServer", lying)
 

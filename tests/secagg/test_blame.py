@@ -161,7 +161,7 @@ def test_a_false_accusation_names_the_accuser_never_the_accused(position: str) -
     grids: list[InProcessGrid] = []
 
     def tamper(stage: str, node: int, reply: Message) -> Message:
-        if stage == p.MASKED_INPUT and node == 2:
+        if stage == p.CHECK_SHARES and node == 2:
             state = grids[0].contexts[2].state.config_records["adaptfl-secagg"]
             reply.content[wire.SECAGG] = ConfigRecord({f"{p.BLAME}:4": state["sk-enc:4"]})
         return reply
@@ -197,7 +197,8 @@ def test_a_wrong_commitment_refuses_the_round_naming_its_node(position: str) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", ["garbage ciphertexts", "bit-flipped unmask shares", "copied public keys"])
+@pytest.mark.parametrize("attack", ["garbage ciphertexts", "garbage to one peer", "bit-flipped unmask shares",
+                                    "copied public keys"])
 def test_a_whole_run_with_a_disruptive_node_names_it_alone(tiny_data, tmp_path, attack: str) -> None:  # noqa: ANN001
     """Under the defaults, 5 nodes, 2 rounds, node 5 disrupting every round
     (benchmarks/secagg_liars.py's attacks): both rounds complete and every row names node 5 alone."""

@@ -1,7 +1,8 @@
 """Federated evaluation through adaptfl's round loop and ClientApp, on the in-process engine
 (`python -m adaptfl.engine fraction-evaluate=...`): each sampled client scores the global model
-and its locally adapted one on its own held-out rows; the row's aggregate is recomputed by hand
-from the per-client values; evaluation changes no training; under dp nothing of it is released."""
+and its locally adapted one on its own held-out rows; the row's aggregate (trimmed: one cut at
+each end) is recomputed by hand from the per-client values; evaluation changes no training; under
+dp nothing of it is released."""
 
 from __future__ import annotations
 
@@ -40,14 +41,17 @@ def test_the_rows_aggregate_is_the_clients_values_weighted_by_hand(tmp_path, tin
         clients = row["fed-eval-clients"]
         assert row["fed-eval-sampled"] == 3 and row["fed-eval-replies"] == len(clients) == 3
         n = np.array([c["num-examples"] for c in clients.values()], dtype=float)
+        assert row["fed-eval-trimmed-per-end"] == 1  # of three: the lowest and highest are cut
         for key, column in (("eval-accuracy", "fed-eval-accuracy"), ("eval-loss", "fed-eval-loss"),
                             ("personal-accuracy", "fed-eval-personal-accuracy"),
                             ("personal-loss", "fed-eval-personal-loss")):
             values = np.array([c[key] for c in clients.values()])
-            assert row[column] == pytest.approx(float((values * n).sum() / n.sum()), rel=1e-12)
+            kept = np.argsort(values, kind="stable")[1:-1]
+            assert row[column] == pytest.approx(float((values[kept] * n[kept]).sum() / n[kept].sum()),
+                                                rel=1e-12)
         for key, column in (("eval-accuracy", "fed-eval-accuracy-p10"),
                             ("personal-accuracy", "fed-eval-personal-accuracy-p10")):
-            values = [c[key] for c in clients.values()]
+            values = sorted(c[key] for c in clients.values())[1:-1]
             assert row[column] == pytest.approx(float(np.percentile(values, 10)), rel=1e-12)
         # the local steps moved each client's model: its own scores differ from the global model's
         assert all(c["personal-loss"] != c["eval-loss"] for c in clients.values())

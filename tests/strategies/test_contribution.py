@@ -155,10 +155,12 @@ def test_the_small_round_note_says_what_bounds_a_reply_before_round_1() -> None:
 def test_the_tolerance_note_says_what_the_aggregator_holds_and_what_holds_more() -> None:
     from adaptfl.algorithms.config import RunConfig
 
-    line = tolerance_note(RunConfig.of(algorithm="fedact"), 7)
+    line = tolerance_note(RunConfig.of(algorithm="fedact"), 7, 7)
     assert line == ("aggregator='mean' bounds one hostile reply a round, not several colluding ones; "
-                    "aggregator='trimmed-mean' hostile-fraction=0.3 tolerates 3 of the 7 a round samples "
-                    "(docs/robustness.md, 'Colluders at the bound')")
+                    "aggregator='trimmed-mean' hostile-fraction=0.3 min-replies=3 tolerates 3 of the 7 a "
+                    "round would sample (docs/robustness.md, 'Colluders at the bound')")
+    assert tolerance_note(RunConfig.of(algorithm="fedact"), 2, 2).endswith(
+        "no aggregator holds colluders among 2 nodes (3 or more are needed)")
     sized = RunConfig.of(algorithm="fedact", aggregator="trimmed-mean", hostile_fraction=0.2)
-    assert tolerance_note(sized, 7) == ("aggregator='trimmed-mean' hostile-fraction=0.2 tolerates 2 "
+    assert tolerance_note(sized, 7, 7) == ("aggregator='trimmed-mean' hostile-fraction=0.2 tolerates 2 "
                                         "hostile replies of the 7 a round samples")

@@ -26,8 +26,10 @@ def test_each_client_counts_once_with_its_first_claim() -> None:
     assert ledger == {0: 100.0, 1: 300.0}
     # round 2: partition 1 now claims 9000 (counted already: unchanged), partition 2 is new
     assert counted_once(ledger, [_claim(1, 9000), _claim(2, 200)]) == {0: 100.0, 1: 300.0, 2: 200.0}
-    # a reply without a partition id cannot be counted once
-    assert counted_once(ledger, [{wire.NUM_EXAMPLES: 5}]) is None
+    # a reply without a partition id adds nothing (it cannot be counted once); the round goes
+    # on with the ledger; only where nothing at all names a partition is there no count
+    assert counted_once(ledger, [{wire.NUM_EXAMPLES: 5}, _claim(3, 50)]) == {**ledger, 3: 50.0}
+    assert counted_once({}, [{wire.NUM_EXAMPLES: 5}]) is None
 
 
 def test_unseen_clients_count_at_the_median_and_a_liar_at_the_cap() -> None:

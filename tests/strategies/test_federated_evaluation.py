@@ -53,20 +53,20 @@ def _replies(sent: dict[int, Message]) -> list[Message]:
     return [*out, _scores(sent[5], **{"num-examples": n, "eval_acc": acc, "eval_loss": loss})]
 
 
-def test_the_aggregate_is_the_weighted_mean_and_the_worst_decile_by_hand() -> None:
-    """Global model, all five (weights 10:30:20:20:20 of 100):
-    accuracy (5 + 27 + 14 + 12 + 16)/100 = 0.74, loss (10 + 6 + 12 + 16 + 8)/100 = 0.52;
-    worst decile of [0.5, 0.6, 0.7, 0.8, 0.9]: position 0.1·4 = 0.4, 0.5 + 0.4·0.1 = 0.54.
-    Personalised, the four that report it (of 80): accuracy (6 + 30 + 16 + 14)/80 = 0.825,
-    loss (5 + 3 + 6 + 8)/80 = 0.275; decile of [0.6, 0.7, 0.8, 1.0]: 0.6 + 0.3·0.1 = 0.63."""
+def test_the_aggregate_is_the_trimmed_weighted_mean_and_the_worst_decile_by_hand() -> None:
+    """Global model, all five (weights 10:30:20:20:20), one cut at each end (h = 1 by default):
+    accuracy [0.5, 0.9] cut, 0.6, 0.7, 0.8 kept at 20 each: 0.7; loss [0.2, 1.0] cut: 0.6;
+    worst decile of the kept [0.6, 0.7, 0.8]: position 0.1·2 = 0.2, 0.6 + 0.2·0.1 = 0.62.
+    Personalised, the four that report it: accuracy [0.6, 1.0] cut, 0.7 and 0.8 at 20 each: 0.75;
+    loss [0.1, 0.5] cut: 0.35; decile of [0.7, 0.8]: 0.7 + 0.1·0.1 = 0.71."""
     strategy = _strategy()
     sent = _evaluate(strategy)
     assert sorted(sent) == [1, 2, 3, 4, 5]
     record = strategy.aggregate_evaluate(1, reversed(_replies(sent)))  # arrival order does not matter
     report = strategy.eval_report
-    expected = {"fed-eval-accuracy": 0.74, "fed-eval-loss": 0.52, "fed-eval-accuracy-p10": 0.54,
-                "fed-eval-personal-accuracy": 0.825, "fed-eval-personal-loss": 0.275,
-                "fed-eval-personal-accuracy-p10": 0.63}
+    expected = {"fed-eval-accuracy": 0.7, "fed-eval-loss": 0.6, "fed-eval-accuracy-p10": 0.62,
+                "fed-eval-personal-accuracy": 0.75, "fed-eval-personal-loss": 0.35,
+                "fed-eval-personal-accuracy-p10": 0.71}
     assert report.metrics == pytest.approx(expected, abs=1e-12)
     assert dict(record) == pytest.approx(expected, abs=1e-12)  # what Flower's start() logs
     assert not report.rejected and sorted(report.clients) == ["0", "1", "2", "3", "node-5"]
@@ -75,18 +75,22 @@ def test_the_aggregate_is_the_weighted_mean_and_the_worst_decile_by_hand() -> No
                                         "node-id": 5}
     row = report.row(seconds=0.5)
     assert row["fed-eval-replies"] == 5 and row["fed-eval-sampled"] == 5 and "fed-eval-rejected" not in row
+    assert row["fed-eval-trimmed-per-end"] == 1 and row["fed-eval-weights-capped"] == 0
     model_bytes = sum(len(a.data) for r in _evaluate(_strategy())[1].content.array_records.values()
                       for a in r.values())
     assert model_bytes > 0 and row["fed-eval-bytes-down"] == 5 * model_bytes  # five copies sent
 
 
 def test_a_claim_far_above_the_median_is_capped_as_a_training_weight_is() -> None:
-    """max-weight-ratio=2: weights 10, 10, 1000 -> median 10, cap 20: (0.2·10 + 0.4·10 + 1.0·20)/40."""
+    """max-weight-ratio=2: weights 10, 10, 10, 1000, 10 -> median 10, cap 20; 0.0 and 1.0 cut:
+    (0.2·10 + 0.4·10 + 0.6·20)/40 = 0.45 (uncapped: 0.59)."""
     strategy = _strategy(max_weight_ratio=2.0)
-    sent = _evaluate(strategy, InProcessGrid(3, {}))
+    sent = _evaluate(strategy)
     strategy.aggregate_evaluate(1, [_scores(sent[n], **{wire.NUM_EXAMPLES: e, wire.EVAL_ACCURACY: a})
-                                    for n, e, a in ((1, 10, 0.2), (2, 10, 0.4), (3, 1000, 1.0))])
-    assert strategy.eval_report.metrics["fed-eval-accuracy"] == pytest.approx(26 / 40)
+                                    for n, e, a in ((1, 10, 0.0), (2, 10, 0.2), (3, 10, 0.4),
+                                                    (4, 1000, 0.6), (5, 10, 1.0))])
+    assert strategy.eval_report.metrics["fed-eval-accuracy"] == pytest.approx(0.45)
+    assert strategy.eval_report.row(0.0)["fed-eval-weights-capped"] == 1
 
 
 def test_worst_decile_is_numpys_default_percentile() -> None:

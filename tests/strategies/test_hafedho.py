@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from adaptfl.algorithms.components.hafedho import RECTIFIED_LOSS, rectification
 from adaptfl.algorithms.config import RunConfig
@@ -177,6 +177,21 @@ def test_restart_restores_from_disk_and_lost_state_falls_back(tmp_path) -> None:
     assert metrics[wire.TOOK_PART] == 0 and metrics[wire.CLIENT_STATE] == int(StateSource.NONE)
 
 
+def census_handler(claims: dict[int, object], pids: dict[int, object] | None = None):  # noqa: ANN201
+    """A node handler answering the census (QUERY) with `claims` by node id (partition id node − 1
+    unless `pids` says otherwise); a node without a claim fails it, as an app without @app.query."""
+    from flwr.app import Error
+
+    def handle(msg: Message, context) -> Message:  # noqa: ANN001
+        node = context.node_id
+        if msg.metadata.message_type != MessageType.QUERY or node not in claims:
+            return Message(Error(code=0, reason="no query handler"), reply_to=msg)
+        pid = (pids or {}).get(node, node - 1)
+        return Message(RecordDict({wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: claims[node],
+                                                               wire.PARTITION_ID: pid})}), reply_to=msg)
+    return handle
+
+
 def _reply(to: Message, delta: dict, n: int, f_hat: float | None) -> Message:
     metrics = {wire.NUM_EXAMPLES: n, wire.PARTITION_ID: to.metadata.dst_node_id - 1}
     if f_hat is not None:
@@ -189,7 +204,7 @@ def _reply(to: Message, delta: dict, n: int, f_hat: float | None) -> Message:
 def test_server_averages_g_and_f_hat_by_hand() -> None:
     strategy = HaFedHo(lr=0.5, lr_schedule="constant", local_steps=2)
     strategy.initialize({"w": torch.tensor([1.0, 1.0])}, ModelSpec({"w": ((2,), torch.float32)}, ("w",)))
-    grid = InProcessGrid(3, {})
+    grid = InProcessGrid(3, {}, handler=census_handler({1: 1, 2: 3, 3: 2}))
     first = list(strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
     assert set(first[0].content.array_records) == {wire.ARRAYS}  # nothing to rectify with yet
     strategy.aggregate_train(1, [_reply(first[0], {"w": [1.0, -2.0]}, 1, 0.8),
@@ -201,8 +216,8 @@ def test_server_averages_g_and_f_hat_by_hand() -> None:
     assert strategy.state.extras[wire.HAFEDHO_G]["w"].tolist() == [1.0, -2.0]
     # f̂ = (1·0.8 + 3·0.4) / 4 = 0.5
     assert float(strategy.state.extras[wire.HAFEDHO_F_HAT]["f-hat"]) == pytest.approx(0.5)
-    # |D|: the accepted replies' claims 1 + 3 (the dropped one's does not count), and the third
-    # node, not seen yet, at their median 2 (strategies/examples.py)
+    # |D|: the census's claims before round 1, 1 + 3 + 2 (strategies/census.py), the dropped
+    # reply's node among them
     assert strategy.state.extras[wire.HAFEDHO_N_TOTAL]["n-total"].tolist() == [6.0]
     second = list(strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid))
     assert set(second[0].content.array_records) == {wire.ARRAYS, wire.HAFEDHO_G, wire.HAFEDHO_F_HAT,

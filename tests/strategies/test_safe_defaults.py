@@ -16,6 +16,7 @@ from adaptfl.algorithms.sampling import hostile_count
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.abort import RunAborted, SkipGuard, fell_below_start
+from adaptfl.server_app.run_checks import check_tolerance
 from adaptfl.strategies.screen import (
     CLAIMS,
     HISTORY,
@@ -262,14 +263,15 @@ def test_hostile_fraction_sizes_each_rule_and_refuses_what_min_replies_cannot_su
         strategy.aggregate_train(1, [_message(sent[n], _honest(strategy, n)) for n in range(1, 8)])
         assert strategy.report.metrics["aggregator-set-aside"] == (4.0 if aggregator == "trimmed-mean"
                                                                    else 2.0), aggregator
-    checks = [("mean", 5, "tolerates no hostile reply"), ("clip", 5, "tolerates no hostile reply"),
-              ("median", 2, "fewer than half"), ("trimmed-mean", 2, "min-replies >= 3"),
-              ("krum", 5, "min-replies >= 7")]
+    checks = [("mean", 5, "tolerates no hostile reply .*: set aggregator='trimmed-mean' min-replies=3"),
+              ("clip", 5, "tolerates no hostile reply"), ("median", 2, "fewer than half.*min-replies=3"),
+              ("trimmed-mean", 2, "cut 1 hostile.*: set min-replies=3"),
+              ("krum", 5, "needs at least 7 .*: set min-replies=7")]
     for aggregator, min_replies, message in checks:
         cfg = RunConfig.of(algorithm="fedavg", aggregator=aggregator, hostile_fraction=0.25,
                            min_replies=min_replies)
         with pytest.raises(ValueError, match=message):
-            cfg.algorithm.aggregator.check_federation(min_replies, hostile_count(0.25, min_replies))
+            check_tolerance(cfg)
 
 
 # --- issue 21 §3: a reply the checks set aside is not a missing one ---------------------------------

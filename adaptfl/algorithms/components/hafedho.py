@@ -22,11 +22,12 @@ whichever clients a round samples.
 
 Only the server can know |D|: a node training on its own data-dir, or a user's ClientSession,
 sees its own rows alone (p_i would be 1). In a deployment without `total-examples` the server
-counts each client's num-examples once over the run, the first time its partition id replies,
-each claim capped at max-weight-ratio × the median claim, and the clients not sampled yet at
-that median (strategies/examples.py): under partial participation the federation's size, not
-the cohort's, once every client has been sampled. A round whose replies name no partition id
-cannot be counted so, and is refused naming `total-examples`.
+asks every connected node its num-examples before round 1 (and each new node when it appears:
+strategies/census.py), counts each partition id's first claim once over the run, each capped at
+max-weight-ratio × the median claim (strategies/examples.py): the federation's size from round
+1, whichever clients a round samples and whoever claims first. A node that does not answer the
+census is counted at the median claim until its first reply; a reply without a partition id
+adds nothing, and a round with nothing counted at all is refused naming `total-examples`.
 """
 
 from __future__ import annotations
@@ -80,9 +81,9 @@ class HaFedHo(Stage):
     total_examples: float = param(0.0, "the federation's examples (p_i's denominator) as a "
                                   "public constant the operator declares; 0: the partitions' "
                                   "examples where the server holds the partitioning (the "
-                                  "in-process engine), else each client's capped num-examples "
-                                  "counted once over the run, which dp refuses (broadcast "
-                                  "un-noised)",
+                                  "in-process engine), else each node's capped num-examples, "
+                                  "asked of every node before round 1 (strategies/census.py), "
+                                  "which dp refuses (broadcast un-noised)",
                                   within=(0.0, None))
 
     up_metrics = (Metric(wire.F_HAT, FINITE, "f̂_i, the mean local loss (finite at float32)"),)

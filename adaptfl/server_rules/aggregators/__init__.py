@@ -125,5 +125,5 @@ class Aggregator(Component):
         """Refuse, before round 1, a min-replies this rule cannot work with, or `hostile` > 0
         hostile replies among min-replies it cannot tolerate (one line)."""
         if hostile > 0:
-            raise ValueError(f"aggregator={self.name!r} tolerates no hostile reply: with "
-                             "hostile-fraction > 0 choose median, trimmed-mean or krum")
+            raise ValueError(f"aggregator={self.name!r} tolerates no hostile reply (median, "
+                             "trimmed-mean and krum do)")

@@ -60,12 +60,11 @@ class Krum(Aggregator):
     def check_federation(self, min_replies: int, hostile: int = 0) -> None:
         if hostile and min_replies < self.needed(hostile):
             raise ValueError(f"aggregator='krum' with {hostile} hostile of min-replies={min_replies} "
-                             f"needs at least {self.needed(hostile)} replies per round: set "
-                             f"min-replies >= {self.needed(hostile)}, or lower hostile-fraction")
+                             f"needs at least {self.needed(hostile)} replies per round")
         if not hostile and min_replies < self.needed():
             raise ValueError(f"aggregator='krum' with krum-byzantine={self.krum_byzantine} and "
                              f"krum-select={self.krum_select} needs at least {self.needed()} "
-                             f"replies per round: set min-replies >= {self.needed()}")
+                             "replies per round")
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         n, wanted = len(items), self.krum_byzantine if ctx.hostile is None else ctx.hostile

@@ -39,7 +39,7 @@ class TrimmedMean(Aggregator):
     def check_federation(self, min_replies: int, hostile: int = 0) -> None:
         if min_replies - 2 * hostile < 1:
             raise ValueError(f"aggregator='trimmed-mean' cannot cut {hostile} hostile at each end "
-                             f"of min-replies={min_replies}: set min-replies >= {2 * hostile + 1}")
+                             f"of min-replies={min_replies}")
 
     def combine(self, items: Items, weights: Sequence[float], record: str, ctx: Combine) -> Tensors:
         n = len(items)
