@@ -53,6 +53,7 @@ from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
 from adaptfl.privacy.client import check_floor
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
+from adaptfl.privacy.reply_metrics import released_metrics
 
 if TYPE_CHECKING:
     from flwr.app.typing import MetricRecordValues
@@ -293,6 +294,7 @@ class ClientSession:
             seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
             records, values = privatize(records, values, names, self.privacy, self.reply_z, seed,
                                         noised=not self.secure)
+            values = released_metrics(values, names)  # nothing of its rows bare
         if not self.compression.lossless:  # after dp's noise: post-processing
             info = self.info
             records, codec_metrics = encode_reply(records, self.compression, self._ctx.store, lambda name:

@@ -20,6 +20,7 @@ from typing import Any
 
 from adaptfl.core import wire
 from adaptfl.core.privacy_settings import Privacy
+from adaptfl.privacy import node_ledger
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ MAX_STATE_CLIP = "dp-max-state-clip-norm"
 MAX_COHORT = "dp-max-cohort"
 DP_REQUIRED = "dp-required"
 TESTING_SEED = "dp-testing-reproducible-noise"
+MAX_EPSILON, NODE_DELTA, NODE_LEDGER = node_ledger.MAX_EPSILON, node_ledger.DELTA, node_ledger.LEDGER
 FLOOR_KEYS = (MIN_NOISE, MAX_CLIP, MAX_STATE_CLIP, MAX_COHORT)
 
 NODE_KEYS = (
@@ -50,6 +52,13 @@ NODE_KEYS = (
             "would see the update bare); unset: true when any key above is set"),
     NodeKey(wire.NODE_SECAGG_REQUIRED, False, "true: the node trains only inside SecAgg+ "
             "(docs/secagg.md)"),
+    NodeKey(MAX_EPSILON, 1000.0, "dp='client': the most ε (at dp-node-delta) this node's own ledger "
+            "of its training replies may reach, over every run on its rows; a request past it, or "
+            "for a round it answered already, is refused (docs/privacy.md, 'A node's own ledger')"),
+    NodeKey(NODE_DELTA, 1e-5, "the δ of that ε"),
+    NodeKey(NODE_LEDGER, None, "path of the node's ledger; unset: node-<fingerprint of its rows>"
+            ".jsonl in the per-user ledger dir ($ADAPTFL_LEDGER_DIR, else "
+            "~/.local/share/adaptfl/ledgers)"),
     NodeKey(TESTING_SEED, False, "TESTING ONLY: accept a server's dp-seed (the noise is then "
             "known to the server)"),
 )
@@ -64,6 +73,26 @@ def node_key_table() -> str:
     rows = [f"| `{k.key}` | {'(see meaning)' if k.default is None else str(k.default).lower()} | "
             f"{k.meaning} |" for k in NODE_KEYS]
     return "\n".join([TABLE_HEADER, "|---|---|---|", *rows]) + "\n\n"
+
+
+def node_number(node_config: Mapping[str, Any], key: str) -> float:
+    """A number > 0 of the node config (its default when unset), or one line saying why not."""
+    value = node_config.get(key, DEFAULTS[key])
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        out = math.nan
+    if not math.isfinite(out) or out <= 0.0:
+        raise ValueError(f"node config {key}={value!r} must be a number > 0")
+    return out
+
+
+def node_budget(node_config: Mapping[str, Any]) -> node_ledger.Budget:
+    """The bound of the node's own ledger (node_ledger.py)."""
+    delta = node_number(node_config, NODE_DELTA)
+    if delta >= 1.0:
+        raise ValueError(f"node config {NODE_DELTA}={delta:g} must be below 1")
+    return node_ledger.Budget(node_number(node_config, MAX_EPSILON), delta)
 
 
 def truthy(value: Any) -> bool:
@@ -84,14 +113,7 @@ class NodeFloor:
     @classmethod
     def of(cls, node_config: Mapping[str, Any]) -> NodeFloor:
         def number(key: str) -> float:
-            value = node_config.get(key, DEFAULTS[key])
-            try:
-                out = float(value)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                out = math.nan
-            if not math.isfinite(out) or out <= 0.0:
-                raise ValueError(f"node config {key}={value!r} must be a number > 0")
-            return out
+            return node_number(node_config, key)
 
         required = node_config.get(DP_REQUIRED)
         return cls(number(MIN_NOISE), number(MAX_CLIP), number(MAX_STATE_CLIP),
@@ -134,3 +156,21 @@ def check_floor(privacy: Privacy, sampled: int, node_config: Mapping[str, Any]) 
                       f"noise multiplier {z / math.sqrt(max(sampled, 1)):.4g}, below its floor "
                       f"{MIN_NOISE}/√{MAX_COHORT} = {floor.min_noise:g}/√{floor.max_cohort}")
     return max(z / math.sqrt(sampled), floor.reply_multiplier)
+
+
+def book_training(node_config: Mapping[str, Any], run: str, server_round: int, reply_z: float,
+                  data_key: str) -> float:
+    """dp='client': book this round's training reply in the node's own ledger before it trains
+    (ValueError, one line: a round answered already, or past dp-node-max-epsilon); its ε after."""
+    release = node_ledger.Release(run, server_round, "train", reply_z)
+    return node_ledger.book(node_ledger.ledger_path(node_config, data_key), release,
+                            node_budget(node_config))
+
+
+def check_evaluation(privacy: Privacy) -> None:
+    """Federated evaluation under dp='client' is not answered: its scores (the global model's on
+    the node's rows, the locally adapted model's after steps on them) are exact functions of the
+    node's data that no noise covers (docs/privacy.md, "What a node returns")."""
+    if privacy.dp == "client":
+        raise _refuse("federated evaluation under dp='client' would return this node's scores bare "
+                      "(no noise covers them); evaluate centrally (fraction-evaluate=0)")
