@@ -30,6 +30,15 @@ from adaptfl.privacy.mechanism import records_noise_multiplier
 from adaptfl.privacy.server import count_stddev, share_bound, target_error, worst_multiplier
 
 
+def check_evaluation_private(privacy: Privacy, fed: Federation) -> None:
+    """Nodes do not answer federated evaluation under dp='client' (privacy/client.py
+    `check_evaluation`): a run that would ask is refused before round 1."""
+    if privacy.dp == "client" and fed.fraction_evaluate > 0.0:
+        raise ValueError(f"dp='client' with fraction-evaluate={fed.fraction_evaluate:g}: nodes do not "
+                         "answer federated evaluation under dp='client' (its scores would leave them "
+                         "bare, docs/privacy.md); use fraction-evaluate=0")
+
+
 def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:
     if not privacy.on:
         if privacy.dp_target_epsilon > 0.0:
@@ -55,10 +64,7 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
         raise ValueError(f"dp={privacy.dp!r} with weighting='examples' and max-weight-share="
                          f"{fed.max_weight_share:g}: one client's claimed num-examples could carry "
                          f"the whole mean; use {need}")
-    if privacy.dp == "client" and fed.fraction_evaluate > 0.0:
-        raise ValueError(f"dp='client' with fraction-evaluate={fed.fraction_evaluate:g}: nodes do not "
-                         "answer federated evaluation under dp='client' (its scores would leave them "
-                         "bare, docs/privacy.md); use fraction-evaluate=0")
+    check_evaluation_private(privacy, fed)
     if privacy.dp_count_stddev > 0.0:  # σ_b set: the adaptive counts' share of z is known now
         records_noise_multiplier(privacy, algorithm.reply_record_count(), privacy.dp_count_stddev)
     if privacy.dp_num_clients > 0:
