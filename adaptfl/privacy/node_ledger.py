@@ -17,7 +17,7 @@ node's own ledger").
                              past dp-node-max-epsilon is refused, with both numbers
     where                    node config dp-node-ledger (a path), else the per-user ledger dir
                              (privacy/ledger.py `ledger_dir`) / node-<fingerprint of the node's
-                             rows>.jsonl: every run on the same rows shares it
+                             rows, `rows_key`>.jsonl: every run on the same rows shares it
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from adaptfl.privacy.accountant import epsilon
-from adaptfl.privacy.ledger import ledger_dir
+from adaptfl.privacy.ledger import data_key, ledger_dir
 
 KEYS = ("run", "round", "stage", "z")
 ACCOUNTING = "no-amplification"  # the node knows it was sampled: no amplification to claim
@@ -60,6 +62,13 @@ class Budget:
 
     max_epsilon: float
     delta: float
+
+
+def rows_key(task: str, labels: torch.Tensor, rows: torch.Tensor) -> str:
+    """The node's ledger name: its task and its rows (their numbers and labels), so two nodes
+    on one machine (a simulation) never share a ledger, even where their labels coincide."""
+    both = torch.cat([rows.to(torch.int64).flatten(), labels[rows].to(torch.int64).flatten()])
+    return data_key(task, both)
 
 
 def ledger_path(node_config: Mapping[str, Any], data_key: str) -> Path:

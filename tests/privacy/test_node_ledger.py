@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from flwr.app import Context, Message, RecordDict
 
 from adaptfl.algorithms.config import RunConfig
@@ -238,3 +239,12 @@ def test_removing_one_training_row_moves_no_value_a_node_returns_bare(algorithm:
     assert whole[wire.NUM_EXAMPLES] == 1
     bare = [k for k in whole if k not in noised]
     assert [whole[k] for k in bare] == [fewer[k] for k in bare]
+
+
+def test_nodes_whose_labels_coincide_keep_ledgers_of_their_own() -> None:
+    """Two partitions of one class each, the same count: their own rows name their ledgers."""
+    from adaptfl.privacy.node_ledger import rows_key
+
+    labels = torch.zeros(8, dtype=torch.int64)
+    first, second = rows_key("t", labels, torch.arange(4)), rows_key("t", labels, torch.arange(4, 8))
+    assert first != second and first == rows_key("t", labels, torch.arange(4))
