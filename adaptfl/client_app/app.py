@@ -36,7 +36,7 @@ from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
 from adaptfl.core.stage import ClientData
-from adaptfl.privacy.client import book_training, check_evaluation
+from adaptfl.privacy.client import check_evaluation
 from adaptfl.privacy.node_ledger import rows_key
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import client as secagg_client
@@ -148,8 +148,7 @@ def prepare_train(msg: Message, context: Context, evaluating: bool = False) -> L
     session = ClientSession(msg, model, context=context, data=client_data, device=device,
                             store=MemoryStore() if evaluating else None)
     if session.privacy.dp == "client" and not evaluating:  # booked before it trains
-        book_training(node, session.info.run_key or str(context.run_id), session.info.server_round,
-                      session.reply_z, rows_key(data.task, task.labels, indices))
+        session.booking.book(rows_key(data.task, task.labels, indices))
     warn = not evaluating and session.info.batch_size > len(indices) and first_time(context, "batch-size")
     return LocalJob(session, split, task.loss, indices, client_id, warn, runtime.precision,
                     privacy_from_recipe(recipe)[0].on, task)

@@ -51,7 +51,7 @@ from adaptfl.core.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.core.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
-from adaptfl.privacy.client import check_floor
+from adaptfl.privacy.client import NodeBooking, check_floor
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
 from adaptfl.privacy.reply_metrics import released_metrics
 
@@ -132,6 +132,9 @@ class ClientSession:
         node_config = context.node_config if context is not None else {}
         self._identity = identity(context)
         self.reply_z = check_floor(self.privacy, self.sampled, node_config)
+        run = self.info.run_key or str(context.run_id if context is not None else 0)
+        self.booking = NodeBooking.of(node_config if context is not None else None, run,
+                                      self.info.server_round, self.reply_z)
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
         self.model = model
@@ -290,6 +293,7 @@ class ClientSession:
         values.update(metrics or {})
         records = {wire.DELTA: delta, **{n: t for out in outputs for n, t in out.records.items()}}
         if self.privacy.dp == "client":  # clipped and noised here: the server never sees them bare
+            self.booking.book_once()  # in the node's own ledger (privacy/node_ledger.py)
             names = shared_records(self.algorithm.contract(ModelSpec.of(self.model)))
             seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
             records, values = privatize(records, values, names, self.privacy, self.reply_z, seed,

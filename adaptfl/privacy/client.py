@@ -158,13 +158,34 @@ def check_floor(privacy: Privacy, sampled: int, node_config: Mapping[str, Any]) 
     return max(z / math.sqrt(sampled), floor.reply_multiplier)
 
 
-def book_training(node_config: Mapping[str, Any], run: str, server_round: int, reply_z: float,
-                  data_key: str) -> float:
-    """dp='client': book this round's training reply in the node's own ledger before it trains
-    (ValueError, one line: a round answered already, or past dp-node-max-epsilon); its ε after."""
-    release = node_ledger.Release(run, server_round, "train", reply_z)
-    return node_ledger.book(node_ledger.ledger_path(node_config, data_key), release,
-                            node_budget(node_config))
+@dataclass
+class NodeBooking:
+    """One session's training reply in the node's own ledger (privacy/node_ledger.py): booked
+    by adaptfl's ClientApp before it trains, under the name of its rows; a ClientApp of one's own
+    books it when the reply is made (ClientSession.reply_content), under the node config's name."""
+
+    node_config: Mapping[str, Any] | None  # None: no node (the server's own dry run of a reply)
+    release: node_ledger.Release
+    booked: bool = False
+
+    @classmethod
+    def of(cls, node_config: Mapping[str, Any] | None, run: str, server_round: int,
+           reply_z: float) -> NodeBooking:
+        return cls(node_config, node_ledger.Release(run, server_round, "train", reply_z))
+
+    def book(self, data_key: str) -> float:
+        """Book the reply (ValueError, one line: a round answered already, or past
+        dp-node-max-epsilon); ε of the node's ledger after it."""
+        config = self.node_config or {}
+        spent = node_ledger.book(node_ledger.ledger_path(config, data_key), self.release,
+                                 node_budget(config))
+        self.booked = True
+        return spent
+
+    def book_once(self) -> None:
+        """At the reply: book it unless it was booked before training."""
+        if not self.booked and self.node_config is not None:
+            self.book(node_ledger.config_key(self.node_config))
 
 
 def check_evaluation(privacy: Privacy) -> None:

@@ -23,6 +23,7 @@ node's own ledger").
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -69,6 +70,13 @@ def rows_key(task: str, labels: torch.Tensor, rows: torch.Tensor) -> str:
     on one machine (a simulation) never share a ledger, even where their labels coincide."""
     both = torch.cat([rows.to(torch.int64).flatten(), labels[rows].to(torch.int64).flatten()])
     return data_key(task, both)
+
+
+def config_key(node_config: Mapping[str, Any]) -> str:
+    """The ledger name of a node known by its node config alone (a ClientApp of one's own, whose
+    rows adaptfl does not see): its keys but the dp-* ones, which set the budget, not the data."""
+    named = json.dumps({k: str(v) for k, v in sorted(node_config.items()) if not k.startswith("dp-")})
+    return "config-" + hashlib.sha256(named.encode()).hexdigest()[:16]
 
 
 def ledger_path(node_config: Mapping[str, Any], data_key: str) -> Path:

@@ -8,6 +8,7 @@ rewrites what it sends."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,9 @@ def test_the_ledger_books_every_reply_and_refuses_past_its_budget(tiny_data, tmp
         server_round = int(msg.content.config_records[wire.RECIPE]["round.server-round"])
         by_round.setdefault(server_round, []).append(reply)
     assert len(_carrying(by_round[1])) == NODES
+    booked = [line for f in sorted(Path(os.environ["ADAPTFL_LEDGER_DIR"]).glob("node-*.jsonl"))
+              for line in f.read_text().splitlines()]
+    assert len(booked) == NODES  # once each, before training (not again at the reply)
     assert _carrying(by_round[2]) == []
     assert all("past its dp-node-max-epsilon=30" in why for why in _reasons(by_round[2]))
 
@@ -248,3 +252,25 @@ def test_nodes_whose_labels_coincide_keep_ledgers_of_their_own() -> None:
     labels = torch.zeros(8, dtype=torch.int64)
     first, second = rows_key("t", labels, torch.arange(4)), rows_key("t", labels, torch.arange(4, 8))
     assert first != second and first == rows_key("t", labels, torch.arange(4))
+
+
+def test_a_clientapp_of_ones_own_books_at_the_reply(tiny_data, tmp_path) -> None:
+    """A session adaptfl's ClientApp did not book (a ClientApp of one's own builds it) is booked
+    when its reply is made: a second session for the round is refused there."""
+    from adaptfl.client_app.session import ClientSession
+
+    _, seen = _run(_cfg(tiny_data, tmp_path))
+    msg, context, _ = seen[0]
+    model = app.prepare_train(msg, _with_ledger(context, tmp_path / "adaptfl.jsonl")).session.model
+    own = _with_ledger(context, tmp_path / "own.jsonl")
+    first = ClientSession(msg, model, context=own)
+    assert not first.booking.booked
+    first.reply_content(num_examples=1, check_steps=False)
+    assert first.booking.booked and len(node_ledger.read(tmp_path / "own.jsonl")) == 1
+    with pytest.raises(ValueError, match="answered already"):
+        ClientSession(msg, model, context=own).reply_content(num_examples=1, check_steps=False)
+
+
+def _with_ledger(context: Context, path: Path) -> Context:
+    return Context(context.run_id, context.node_id, {**context.node_config, "dp-node-ledger": str(path)},
+                   RecordDict(), context.run_config)
