@@ -36,7 +36,7 @@ from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
 from adaptfl.core.stage import ClientData
-from adaptfl.privacy.client import check_evaluation
+from adaptfl.privacy.client import check_evaluation, node_settings, truthy
 from adaptfl.privacy.node_ledger import rows_key
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import client as secagg_client
@@ -187,8 +187,8 @@ def handle(msg: Message, context: Context) -> Message:
     if wire.SECAGG in msg.content.config_records:
         return secagg_client.handle(msg, context, handle_train)
     recipe = msg.content.config_records.get(wire.RECIPE, ConfigRecord())
-    if recipe.get(SECURE, False) or str(context.node_config.get(wire.NODE_SECAGG_REQUIRED, "")).lower() \
-            in ("1", "true", "yes"):
+    required = truthy(node_settings(context.node_config).get(wire.NODE_SECAGG_REQUIRED, ""))
+    if recipe.get(SECURE, False) or required:
         raise ValueError("this node replies only inside SecAgg+ (secagg-required, or a recipe naming "
                          "secagg+): a plain training instruction is refused")
     return handle_train(msg, context)

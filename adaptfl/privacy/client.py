@@ -14,6 +14,7 @@ seed gets a refusal, never a weaker mechanism (docs/privacy.md, "A client that o
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,25 @@ def node_key_table() -> str:
     rows = [f"| `{k.key}` | {'(see meaning)' if k.default is None else str(k.default).lower()} | "
             f"{k.meaning} |" for k in NODE_KEYS]
     return "\n".join([TABLE_HEADER, "|---|---|---|", *rows]) + "\n\n"
+
+
+NODE_CONFIG_ENV = "ADAPTFL_NODE_CONFIG"  # the node owner's keys of NODE_KEYS, "k=v k=v"
+
+
+def node_settings(node_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's config with the keys of NODE_KEYS its owner set in $ADAPTFL_NODE_CONFIG
+    (`--node-config`'s "key=value key=value"): the way to set a floor, cap and budget where no
+    --node-config reaches the node (Flower's simulation, whose nodes get only partition-id and
+    num-partitions). The environment is the node's process's, never the server's; a key set in
+    both is the node config's."""
+    text = os.environ.get(NODE_CONFIG_ENV, "").strip()
+    pairs = [item.split("=", 1) for item in text.split()] if text else []
+    known = {k.key for k in NODE_KEYS}
+    bad = [item for item in pairs if len(item) != 2 or item[0] not in known]
+    if bad:
+        raise ValueError(f"${NODE_CONFIG_ENV}: {'='.join(bad[0])!r} is not key=value of a node key "
+                         f"({', '.join(sorted(known))})")
+    return {**dict(pairs), **node_config}
 
 
 def node_number(node_config: Mapping[str, Any], key: str) -> float:

@@ -19,7 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from adaptfl.algorithms.recipe import algorithm_from_recipe, privacy_from_recipe
 from adaptfl.core import wire
 from adaptfl.core.privacy_settings import Privacy
-from adaptfl.privacy.client import check_floor
+from adaptfl.privacy.client import check_floor, node_settings
 from adaptfl.privacy.mechanism import start_bound
 from adaptfl.secagg import crypto, fixedpoint, noise
 from adaptfl.secagg import protocol as p
@@ -180,7 +180,8 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     check_layout(_names(cfg), contract_layout(recipe, {name: dict(rec.to_torch_state_dict()) for name, rec
                                                        in reply.content.array_records.items()}))
     total = _masked(reply.content, cfg, state, senders, own, bits, bound,
-                    lambda slots: own_noise(recipe, cfg, slots, bits, bound, context.node_config))
+                    lambda slots: own_noise(recipe, cfg, slots, bits, bound,
+                                                          node_settings(context.node_config)))
     metrics = dict(reply.content.metric_records[wire.METRICS])
     for name in [str(s).split("/", 1)[0] for s in _names(cfg) if str(s).endswith("/" + fixedpoint.METRIC)]:
         metrics.pop(name, None)  # averaged through the sum, never sent alone

@@ -274,3 +274,21 @@ def test_a_clientapp_of_ones_own_books_at_the_reply(tiny_data, tmp_path) -> None
 def _with_ledger(context: Context, path: Path) -> Context:
     return Context(context.run_id, context.node_id, {**context.node_config, "dp-node-ledger": str(path)},
                    RecordDict(), context.run_config)
+
+
+def test_a_node_owner_sets_its_keys_in_its_environment(tiny_data, tmp_path, monkeypatch) -> None:
+    """$ADAPTFL_NODE_CONFIG: the floor, cap and budget where no --node-config reaches a node
+    (Flower's simulation); a key of the node config wins; an unknown key is one line."""
+    from adaptfl.privacy.client import NODE_CONFIG_ENV, node_settings
+
+    monkeypatch.setenv(NODE_CONFIG_ENV, "dp-min-noise-multiplier=5 secagg-required=true")
+    assert node_settings({"partition-id": 0, "secagg-required": "false"}) == {
+        "dp-min-noise-multiplier": "5", "secagg-required": "false", "partition-id": 0}
+    monkeypatch.setenv(NODE_CONFIG_ENV, "dp-min-noise-multiplier=5")
+    _, seen = _run(_cfg(tiny_data, tmp_path))
+    replies = [r for _, _, r in seen]
+    assert _carrying(replies) == [] and len(_reasons(replies)) == NODES
+    assert all("dp-noise-multiplier=1 is below its dp-min-noise-multiplier=5" in w for w in _reasons(replies))
+    monkeypatch.setenv(NODE_CONFIG_ENV, "dp-max-cohrt=3")
+    with pytest.raises(ValueError, match=r"NODE_CONFIG: 'dp-max-cohrt=3' is not key=value of a node key"):
+        node_settings({})
