@@ -51,7 +51,7 @@ from adaptfl.core.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.core.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.local_update import native
 from adaptfl.local_update.shell import LocalUpdate
-from adaptfl.privacy.client import NodeBooking, check_floor, node_settings
+from adaptfl.privacy.client import node_terms
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
 from adaptfl.privacy.reply_metrics import released_metrics
 
@@ -128,13 +128,9 @@ class ClientSession:
         self.privacy, self.sampled = privacy_from_recipe(recipe)
         self.secure = bool(recipe.get(SECURE, False))  # SecAgg+ masks the reply (secagg/client.py)
         self.node_id = context.node_id if context is not None else 0
-        # the node's own floor (privacy/client.py): refused here, before any training
-        node_config = node_settings(context.node_config) if context is not None else {}
         self._identity = identity(context)
-        self.reply_z = check_floor(self.privacy, self.sampled, node_config)
-        run = self.info.run_key or str(context.run_id if context is not None else 0)
-        self.booking = NodeBooking.of(node_config if context is not None else None, run,
-                                      self.info.server_round, self.reply_z)
+        # the node's own floor and ledger (privacy/client.py): refused here, before any training
+        self.reply_z, self.booking = node_terms(context, self.privacy, self.sampled, self.info)
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
         self.model = model

@@ -19,8 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from flwr.app import Context
+
 from adaptfl.core import wire
 from adaptfl.core.privacy_settings import Privacy
+from adaptfl.core.stage import RoundInfo
 from adaptfl.privacy import node_ledger
 
 
@@ -215,3 +218,15 @@ def check_evaluation(privacy: Privacy) -> None:
     if privacy.dp == "client":
         raise _refuse("federated evaluation under dp='client' would return this node's scores bare "
                       "(no noise covers them); evaluate centrally (fraction-evaluate=0)")
+
+
+def node_terms(context: Context | None, privacy: Privacy, sampled: int, info: RoundInfo
+               ) -> tuple[float, NodeBooking]:
+    """A session's terms from its node: the reply's noise multiplier under the node's floor
+    (`check_floor`, ValueError when refused) and its booking in the node's ledger. Without a
+    context (the server's own dry run of a reply) no floor but the defaults and no ledger."""
+    node_config = node_settings(context.node_config) if context is not None else {}
+    reply_z = check_floor(privacy, sampled, node_config)
+    run = info.run_key or str(context.run_id if context is not None else 0)
+    return reply_z, NodeBooking.of(node_config if context is not None else None, run,
+                                   info.server_round, reply_z)
