@@ -292,3 +292,24 @@ def test_a_node_owner_sets_its_keys_in_its_environment(tiny_data, tmp_path, monk
     monkeypatch.setenv(NODE_CONFIG_ENV, "dp-max-cohrt=3")
     with pytest.raises(ValueError, match=r"NODE_CONFIG: 'dp-max-cohrt=3' is not key=value of a node key"):
         node_settings({})
+
+
+def test_a_resumed_server_rerunning_a_round_is_refused_and_books_nothing_twice(tiny_data, tmp_path,
+                                                                               monkeypatch) -> None:
+    """Killed after round 2's replies, before its checkpoint: the resumed run asks round 2 again
+    under the same run key; every node answered it already (its ledger on disk), so it refuses,
+    and each node's ledger holds rounds 1 and 2 once."""
+    from tests.support.run_outputs import die_before_checkpoint
+
+    cfg = _cfg(tiny_data, tmp_path, num_server_rounds=2, run_name="resumed")
+    with monkeypatch.context() as m:
+        die_before_checkpoint(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            _run(cfg)
+    _, seen = _run(cfg.replace(resume=True))
+    replies = [r for _, _, r in seen]
+    assert _carrying(replies) == [] and len(_reasons(replies)) == NODES
+    assert all("round 2 of run" in why and "answered already" in why for why in _reasons(replies))
+    ledgers = sorted(Path(os.environ["ADAPTFL_LEDGER_DIR"]).glob("node-*.jsonl"))
+    assert len(ledgers) == NODES
+    assert all(sorted(r.round for r in node_ledger.read(f)) == [1, 2] for f in ledgers)
