@@ -313,3 +313,10 @@ def test_a_resumed_server_rerunning_a_round_is_refused_and_books_nothing_twice(t
     ledgers = sorted(Path(os.environ["ADAPTFL_LEDGER_DIR"]).glob("node-*.jsonl"))
     assert len(ledgers) == NODES
     assert all(sorted(r.round for r in node_ledger.read(f)) == [1, 2] for f in ledgers)
+
+
+def test_the_docs_reply_value_table_is_generated_from_the_declaration() -> None:
+    from adaptfl.privacy.reply_metrics import reply_table
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    assert reply_table() in text, "stale: run python scripts/regenerate_docs.py"
