@@ -9,6 +9,7 @@ from pathlib import Path
 
 from adaptfl.algorithms.config import ALGORITHMS_PAGE, algorithm_table, key_table, pyproject_block
 from adaptfl.privacy import client as node_keys
+from adaptfl.privacy import reply_metrics
 from adaptfl.server_app import columns
 from adaptfl.workloads import tables
 
@@ -33,5 +34,7 @@ if __name__ == "__main__":
     replace_between(ROOT / columns.PAGE, columns.HEADER, columns.END, columns.column_table())
     replace_between(ROOT / node_keys.PAGE, node_keys.TABLE_HEADER, node_keys.TABLE_END,
                     node_keys.node_key_table())
+    replace_between(ROOT / node_keys.PAGE, reply_metrics.TABLE_HEADER, reply_metrics.TABLE_END,
+                    reply_metrics.reply_table())
     print(f"pyproject.toml, {ALGORITHMS_PAGE}, {tables.PAGE}, {columns.PAGE} and {node_keys.PAGE} "
           "regenerated")

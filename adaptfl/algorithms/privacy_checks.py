@@ -30,6 +30,15 @@ from adaptfl.privacy.mechanism import records_noise_multiplier
 from adaptfl.privacy.server import count_stddev, share_bound, target_error, worst_multiplier
 
 
+def check_evaluation_private(privacy: Privacy, fed: Federation) -> None:
+    """Nodes do not answer federated evaluation under dp='client' (privacy/client.py
+    `check_evaluation`): a run that would ask is refused before round 1."""
+    if privacy.dp == "client" and fed.fraction_evaluate > 0.0:
+        raise ValueError(f"dp='client' with fraction-evaluate={fed.fraction_evaluate:g}: nodes do not "
+                         "answer federated evaluation under dp='client' (its scores would leave them "
+                         "bare, docs/privacy.md); use fraction-evaluate=0")
+
+
 def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> None:
     if not privacy.on:
         if privacy.dp_target_epsilon > 0.0:
@@ -55,6 +64,7 @@ def check_privacy(privacy: Privacy, algorithm: Algorithm, fed: Federation) -> No
         raise ValueError(f"dp={privacy.dp!r} with weighting='examples' and max-weight-share="
                          f"{fed.max_weight_share:g}: one client's claimed num-examples could carry "
                          f"the whole mean; use {need}")
+    check_evaluation_private(privacy, fed)
     if privacy.dp_count_stddev > 0.0:  # σ_b set: the adaptive counts' share of z is known now
         records_noise_multiplier(privacy, algorithm.reply_record_count(), privacy.dp_count_stddev)
     if privacy.dp_num_clients > 0:
@@ -75,6 +85,7 @@ class DpPlan:
     client_std: float  # dp='client': what each client adds to its own Δ; 0 under dp='central'
     per_client: float  # mean_std / (C_Δ·b): noise in units of the most one client moves the mean
     booked: float = 0.0  # the noise multiplier a round is booked at: after the worst loss it accepts
+    least: int = 1  # dp='client': the replies a released round has at least (min-replies, at most n)
 
 
 def dp_plan(privacy: Privacy, algorithm: Algorithm, fed: Federation, population: int) -> DpPlan:
@@ -89,7 +100,7 @@ def dp_plan(privacy: Privacy, algorithm: Algorithm, fed: Federation, population:
     planned = planned_epsilon(booked, n, population, fed.num_server_rounds, privacy.dp_delta,
                               privacy.dp_accounting)
     return DpPlan(fed.num_server_rounds, n, population, planned, mean_std, client_std, z * math.sqrt(k),
-                  booked)
+                  booked, max(1, min(fed.min_replies, n)))
 
 
 def plan_line(privacy: Privacy, plan: DpPlan) -> str:
@@ -100,7 +111,26 @@ def plan_line(privacy: Privacy, plan: DpPlan) -> str:
             f"{plan.rounds} rounds{target} of {plan.sampled} of {plan.population} nodes, "
             f"dp-noise-multiplier={privacy.dp_noise_multiplier:g}; noise std {plan.mean_std:.3g} on each "
             f"round's mean of Δ (dp-clip-norm={privacy.dp_clip_norm:g}), {plan.per_client:.3g}× the "
-            f"most one client moves it{client}")
+            f"most one client moves it{client}{replies_assumed(privacy, plan)}")
+
+
+def replies_assumed(privacy: Privacy, plan: DpPlan) -> str:
+    """dp='client': the reply count each round is booked at (min-replies of the n noise shares),
+    said with the plan, since ε depends on it."""
+    if privacy.dp != "client":
+        return ""
+    return (f"; each round booked as if only {plan.least} of the {plan.sampled} replies arrive "
+            f"(min-replies={plan.least}: z·√(m/n) = {plan.booked:.3g})")
+
+
+def min_replies_way_out(privacy: Privacy, plan: DpPlan) -> str:
+    """The way out a dp='client' refusal names when rounds are booked below all n replies."""
+    if privacy.dp != "client" or plan.least >= plan.sampled:
+        return ""
+    whole = planned_epsilon(privacy.dp_noise_multiplier, plan.sampled, plan.population, plan.rounds,
+                            privacy.dp_delta, privacy.dp_accounting)
+    return (f", min-replies={plan.sampled} (each round booked at all {plan.sampled} noise shares, "
+            f"not {plan.least}: ε={whole:.3g})")
 
 
 def rounds_within(privacy: Privacy, plan: DpPlan, bound: float) -> int:
@@ -132,7 +162,8 @@ def check_plan_sane(privacy: Privacy, fed: Federation, plan: DpPlan) -> None:
         f"{privacy.dp_noise_multiplier:g}), "
         f"above dp-accept-epsilon={bound:g}; ways out: more clients a round (fraction-train="
         f"{fed.fraction_train:g} samples {plan.sampled}), more noise (dp-noise-multiplier > "
-        f"{privacy.dp_noise_multiplier:g}), {rounds}; or set dp-target-epsilon, or dp-accept-epsilon "
+        f"{privacy.dp_noise_multiplier:g}), {rounds}{min_replies_way_out(privacy, plan)}; or set "
+        f"dp-target-epsilon, or dp-accept-epsilon "
         f"> {plan.epsilon:.3g} to accept it")
 
 

@@ -36,6 +36,8 @@ from adaptfl.client_app.threads import client_threads
 from adaptfl.client_app.train import run_local_steps
 from adaptfl.core import wire
 from adaptfl.core.stage import ClientData
+from adaptfl.privacy.client import check_evaluation, node_settings, truthy
+from adaptfl.privacy.node_ledger import rows_key
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import client as secagg_client
 from adaptfl.workloads import Split, Task, build_task_model, load_task, partition_indices
@@ -145,6 +147,8 @@ def prepare_train(msg: Message, context: Context, evaluating: bool = False) -> L
     reset_peak_memory(device)
     session = ClientSession(msg, model, context=context, data=client_data, device=device,
                             store=MemoryStore() if evaluating else None)
+    if session.privacy.dp == "client" and not evaluating:  # booked before it trains
+        session.booking.book(rows_key(data.task, task.labels, indices))
     warn = not evaluating and session.info.batch_size > len(indices) and first_time(context, "batch-size")
     return LocalJob(session, split, task.loss, indices, client_id, warn, runtime.precision,
                     privacy_from_recipe(recipe)[0].on, task)
@@ -183,8 +187,8 @@ def handle(msg: Message, context: Context) -> Message:
     if wire.SECAGG in msg.content.config_records:
         return secagg_client.handle(msg, context, handle_train)
     recipe = msg.content.config_records.get(wire.RECIPE, ConfigRecord())
-    if recipe.get(SECURE, False) or str(context.node_config.get(wire.NODE_SECAGG_REQUIRED, "")).lower() \
-            in ("1", "true", "yes"):
+    required = truthy(node_settings(context.node_config).get(wire.NODE_SECAGG_REQUIRED, ""))
+    if recipe.get(SECURE, False) or required:
         raise ValueError("this node replies only inside SecAgg+ (secagg-required, or a recipe naming "
                          "secagg+): a plain training instruction is refused")
     return handle_train(msg, context)
@@ -210,6 +214,9 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     train split), scored on its own held-out rows (workloads/held_out.py; a node with data of
     its own: its whole test split). The steps run on a throwaway client state: the node's durable
     state (SCAFFOLD's c_i, kept optimizer state, error feedback) is neither read nor written."""
+    recipe = msg.content.config_records.get(wire.RECIPE)
+    if recipe is not None:  # without one prepare_train says so
+        check_evaluation(privacy_from_recipe(recipe)[0])
     job = prepare_train(msg, context, evaluating=True)
     task, session = job.task, job.session
     assert task is not None  # prepare_train sets it

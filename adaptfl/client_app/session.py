@@ -50,8 +50,9 @@ from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.core.stage import ClientData, ClientPart, ClientRound, RoundInfo
 from adaptfl.local_update.shell import LocalUpdate
-from adaptfl.privacy.client import check_floor
+from adaptfl.privacy.client import node_terms
 from adaptfl.privacy.mechanism import privatize, round_seed, shared_records
+from adaptfl.privacy.reply_metrics import released_metrics
 
 if TYPE_CHECKING:
     from flwr.app.typing import MetricRecordValues
@@ -126,10 +127,9 @@ class ClientSession:
         self.privacy, self.sampled = privacy_from_recipe(recipe)
         self.secure = bool(recipe.get(SECURE, False))  # SecAgg+ masks the reply (secagg/client.py)
         self.node_id = context.node_id if context is not None else 0
-        # the node's own floor (privacy/client.py): refused here, before any training
-        node_config = context.node_config if context is not None else {}
         self._identity = identity(context)
-        self.reply_z = check_floor(self.privacy, self.sampled, node_config)
+        # the node's own floor and ledger (privacy/client.py): refused here, before any training
+        self.reply_z, self.booking = node_terms(context, self.privacy, self.sampled, self.info)
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
         self.model = model
@@ -287,10 +287,12 @@ class ClientSession:
         values.update(metrics or {})
         records = {wire.DELTA: delta, **{n: t for out in outputs for n, t in out.records.items()}}
         if self.privacy.dp == "client":  # clipped and noised here: the server never sees them bare
+            self.booking.book_once()  # in the node's own ledger (privacy/node_ledger.py)
             names = shared_records(self.algorithm.contract(ModelSpec.of(self.model)))
             seed = round_seed(self.privacy.dp_seed, "client", self.info.server_round, self.node_id)
             records, values = privatize(records, values, names, self.privacy, self.reply_z, seed,
                                         noised=not self.secure)
+            values = released_metrics(values, names)  # nothing of its rows bare
         if not self.compression.lossless:  # after dp's noise: post-processing
             info = self.info
             records, codec_metrics = encode_reply(records, self.compression, self._ctx.store, lambda name:

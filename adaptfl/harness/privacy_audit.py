@@ -58,6 +58,7 @@ from adaptfl.harness.secure_canaries import SecureCanaries, secure_cohort
 from adaptfl.privacy import client, server
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import epsilon_lower_bound
+from adaptfl.privacy.audit_power import detected_share
 from adaptfl.privacy.mechanism import ALIASES, GaussianMean, round_seed, shared_records
 from adaptfl.server_rules.aggregators import Combine, Items, Tensors
 from adaptfl.strategies.base import AdaptiveStrategy
@@ -169,6 +170,7 @@ class AuditResult:
     epsilon_canary: float  # the canary mechanism's own ε: what a failure is measured against
     accounting: str
     results: Path
+    detected_share: float = 0.0  # the largest share of its noise a mechanism is caught at (audit_power.py)
 
     def lines(self) -> list[str]:
         k_in, k_out = self.guesses
@@ -183,6 +185,10 @@ class AuditResult:
             out.append(f"accountant's ε without amplification = {self.epsilon_no_amplification:.4g}")
         out.append(f"canary mechanism's ε = {self.epsilon_canary:.4g} (the reference: z√k per round, "
                    "a canary in every round it is included in, added or removed)")
+        half = "catches" if self.detected_share >= 0.5 else "does not catch"
+        out.append(f"power: at these settings the audit fails a mechanism drawing {self.detected_share:.2f} "
+                   f"of its noise or less in half of simulated audits (the canary scores' model); it "
+                   f"{half} half the noise (docs/privacy.md, 'The audit's power')")
         if self.failed:
             out.append("audit FAILED: the empirical lower bound exceeds the canary mechanism's ε: "
                        "the mechanism leaks more than it accounts for")
@@ -235,15 +241,17 @@ def run_audit(cfg: RunConfig, num_nodes: int, canaries: int = 1000, guesses: int
     events = [(float(r["dp-noise-multiplier"]), int(r["replies-sampled"]), num_nodes) for r in rows]
     privacy = cfg.privacy
     correct = audit.correct(k, k)
+    records = cfg.algorithm.reply_record_count()
+    reference = canary_epsilon(privacy.dp_noise_multiplier, records, audit.rounds, privacy.dp_delta)
     return AuditResult(
         canaries=canaries, guesses=(k, k), correct=correct, rounds=audit.rounds, delta=privacy.dp_delta,
         confidence=confidence,
         epsilon_audit=epsilon_lower_bound(canaries, 2 * k, correct, privacy.dp_delta, confidence),
         epsilon_run=float(rows[-1]["dp-epsilon"]) if rows else 0.0,
         epsilon_no_amplification=epsilon(events, privacy.dp_delta, "no-amplification"),
-        epsilon_canary=canary_epsilon(privacy.dp_noise_multiplier, cfg.algorithm.reply_record_count(),
-                                      audit.rounds, privacy.dp_delta),
-        accounting=privacy.dp_accounting, results=out)
+        epsilon_canary=reference, accounting=privacy.dp_accounting, results=out,
+        detected_share=detected_share(canaries, k, audit.rounds, privacy.dp_noise_multiplier * records ** 0.5,
+                                      reference, privacy.dp_delta, confidence))
 
 
 def parser() -> argparse.ArgumentParser:

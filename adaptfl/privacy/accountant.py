@@ -47,6 +47,21 @@ def epsilon(events: Sequence[Event], delta: float, accounting: str) -> float:
     return float(compute_epsilon(orders, total, delta)[0])
 
 
+def epsilon_mixed(events: Sequence[tuple[Event, str]], delta: float) -> float:
+    """ε at δ of events each under its own bound (`dp-accounting`): RDP curves at the same
+    orders add up whatever bound gave each, so runs of both modes compose into one total."""
+    if not events:
+        return 0.0
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    curves = [(count, *_event_rdp(*event, mode)) for (event, mode), count in Counter(events).items()]
+    orders = curves[0][1]
+    if any(len(o) != len(orders) or (o != orders).any() for _, o, _ in curves):
+        raise RuntimeError("dp_accounting gave the two bounds different RDP orders")
+    total = sum(count * rdp for count, _, rdp in curves)
+    return float(compute_epsilon(orders, total, delta)[0])
+
+
 @functools.lru_cache(maxsize=256)
 def _event_rdp(z: float, n: int, population: int, accounting: str) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP at each order) of one round's release, by dp_accounting's RdpAccountant."""

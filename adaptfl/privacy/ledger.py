@@ -7,8 +7,9 @@ covers all the runs on one data set, not each run alone (docs/privacy.md, "A led
     a resumed run                 keyed by (run-key, round): a round already there is not
                                   appended again (run-key is the job's, kept by resume)
     refused (ValueError)          a line that does not parse (file and line named), and lines
-                                  of another δ or accounting mode than this run's: ε over mixed
-                                  bounds would be no bound
+                                  of another δ than this run's (one total, at one δ)
+    mixed modes                   lines of either dp-accounting compose: each event's RDP curve
+                                  under its own bound, summed at the same orders
 
 Where: `dp-ledger` when set (an absolute path: the operator pointing elsewhere on purpose),
 else one per-user place keyed by the data a run spends: <ledger dir>/<task>-<fingerprint>.jsonl,
@@ -31,7 +32,7 @@ from typing import Any, cast
 import torch
 
 from adaptfl.core.privacy_settings import ACCOUNTING, Privacy
-from adaptfl.privacy.accountant import Event, epsilon
+from adaptfl.privacy.accountant import Event, epsilon_mixed
 
 KEYS = ("z", "n", "N", "delta", "accounting", "run", "run-key", "round")
 
@@ -98,17 +99,20 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
 
 
 def check(path: Path, entries: Iterable[dict[str, Any]], delta: float, accounting: str) -> None:
-    """Refuse entries of another δ or bound: their ε does not compose with this run's."""
+    """Refuse entries of another δ: one total is reported at one δ. Entries of another
+    accounting mode compose (each event's RDP curve under its own bound, `epsilon_mixed`), so
+    a run in either mode (the one-run audit's are no-amplification) jams no later run."""
     for entry in entries:
-        if float(entry["delta"]) != delta or entry["accounting"] != accounting:
+        if float(entry["delta"]) != delta:
             raise ValueError(f"dp-ledger {path}: run {entry['run']!r} was accounted at dp-delta="
-                             f"{float(entry['delta']):g} dp-accounting={entry['accounting']!r}, this "
-                             f"run at dp-delta={delta:g} dp-accounting={accounting!r}; one ledger "
-                             "holds one δ and one accounting mode")
+                             f"{float(entry['delta']):g}, this run at dp-delta={delta:g}; one ledger "
+                             f"reports one δ: run at dp-delta={float(entry['delta']):g}, or name "
+                             "another dp-ledger (it starts at zero)")
 
 
-def events(entries: Iterable[dict[str, Any]]) -> list[Event]:
-    return [(float(e["z"]), int(e["n"]), int(e["N"])) for e in entries]
+def events(entries: Iterable[dict[str, Any]]) -> list[tuple[Event, str]]:
+    """Each entry's event with the bound it was accounted under."""
+    return [((float(e["z"]), int(e["n"]), int(e["N"])), str(e["accounting"])) for e in entries]
 
 
 def check_privacy_ledger(privacy: Privacy, key: str = "") -> None:
@@ -138,7 +142,7 @@ def record(privacy: Privacy, event: Event, run: str, run_key: str, server_round:
             os.write(fd, (json.dumps(entry) + "\n").encode())
     finally:
         os.close(fd)  # releases the lock
-    return epsilon([*events(others), event], privacy.dp_delta, privacy.dp_accounting)
+    return epsilon_mixed([*events(others), (event, privacy.dp_accounting)], privacy.dp_delta)
 
 
 def total_epsilon(path: Path) -> tuple[float, int, int] | None:
@@ -149,4 +153,4 @@ def total_epsilon(path: Path) -> tuple[float, int, int] | None:
     delta, accounting = float(entries[0]["delta"]), entries[0]["accounting"]
     check(path, entries, delta, accounting)
     runs = len({e["run-key"] for e in entries})
-    return epsilon(events(entries), delta, accounting), runs, len(entries)
+    return epsilon_mixed(events(entries), delta), runs, len(entries)

@@ -94,6 +94,8 @@ def target_error(privacy: Privacy, planned: float, rounds: int, sampled: int, po
     return (f"dp-target-epsilon={privacy.dp_target_epsilon:g}: {what} of dp-noise-multiplier="
             f"{privacy.dp_noise_multiplier:g}, {sampled} of {population} nodes sampled{loss}, spend ε="
             f"{planned:.4g} at dp-delta={privacy.dp_delta:g}; raise dp-noise-multiplier or the target"
+            + (f", or min-replies={sampled} (each round booked at all {sampled} noise shares)"
+               if lost else "")
             # Fewer rounds cannot help when round 1 alone is past the target.
             + (", or plan fewer rounds (or dp-on-target='stop')" if rounds > 1 else ""))
 

@@ -19,10 +19,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from adaptfl.algorithms.recipe import algorithm_from_recipe, privacy_from_recipe
 from adaptfl.core import wire
 from adaptfl.core.privacy_settings import Privacy
-from adaptfl.privacy.client import check_floor
+from adaptfl.privacy.client import check_floor, node_settings
 from adaptfl.privacy.mechanism import start_bound
 from adaptfl.secagg import crypto, fixedpoint, noise
 from adaptfl.secagg import protocol as p
+from adaptfl.secagg.round_contract import check_first_setup, check_layout, contract_layout
 
 STATE = "adaptfl-secagg"  # context.state ConfigRecord: this node's protocol state for the round
 Train = Callable[[Message, Context], Message]
@@ -79,6 +80,7 @@ def _ids(value: object) -> list[int]:
 
 
 def _setup(cfg: ConfigRecord, context: Context, server_round: int) -> ConfigRecord:
+    check_first_setup(context, server_round)
     shares, threshold = _int(cfg, p.SHARES), _int(cfg, p.THRESHOLD)
     neighbours = _ids(cfg.get(p.NEIGHBOURS))
     if 2 * threshold <= shares or threshold < 2:  # else two disjoint groups could each rebuild
@@ -181,8 +183,11 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
         return reply
     bits, bound = _int(cfg, p.BITS), _int(cfg, p.BOUND)
     recipe = msg.content.config_records.get(wire.RECIPE, ConfigRecord())
+    check_layout(_names(cfg), contract_layout(recipe, {name: dict(rec.to_torch_state_dict()) for name, rec
+                                                       in reply.content.array_records.items()}))
     total = _masked(reply.content, cfg, state, senders, own, bits, bound,
-                    lambda slots: own_noise(recipe, cfg, slots, bits, bound, context.node_config))
+                    lambda slots: own_noise(recipe, cfg, slots, bits, bound,
+                                                          node_settings(context.node_config)))
     metrics = dict(reply.content.metric_records[wire.METRICS])
     for name in [str(s).split("/", 1)[0] for s in _names(cfg) if str(s).endswith("/" + fixedpoint.METRIC)]:
         metrics.pop(name, None)  # averaged through the sum, never sent alone

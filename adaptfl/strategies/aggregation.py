@@ -49,8 +49,12 @@ class RoundAggregation(RoundBroadcast):
             log.warning("round %d skipped, state unchanged", server_round)
         log.log(detail_level(self.cfg.privacy.on), "round %d skipped, state unchanged: %s",
                 server_round, why)
+        # dp='client': the replies that came were released to the server all the same, and a row
+        # without ε would tell that (and so whether a node) failed: booked as any round
+        booked = self._record_release(self.state, server_round) \
+            if self.cfg.privacy.dp == "client" and self.state is not None else {}
         # cast: dict is invariant; its float values are MetricRecordValues
-        return None, MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics({})))
+        return None, MetricRecord(cast("dict[str, MetricRecordValues]", self._metrics(booked)))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -78,7 +82,8 @@ class RoundAggregation(RoundBroadcast):
         try:
             new, agg = self._next_state(server_round, accepted, weights, combine)
         except (AggregationRefused, InvariantViolated) as why:
-            if private is not None and private.combined:  # noise was drawn: a release all the same
+            if private is not None and private.combined and self.cfg.privacy.dp != "client":
+                # noise was drawn: a release all the same (dp='client': _skip books it)
                 self._record_release(self.state, server_round)
             return self._skip(server_round, f"round refused: {why}")
         privacy_stats = self._record_release(new, server_round) if private is not None else {}

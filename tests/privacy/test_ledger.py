@@ -72,7 +72,7 @@ def test_a_round_rerun_on_resume_is_not_appended_twice(tmp_path, tiny_data, monk
 def test_another_delta_in_the_ledger_is_refused_before_round_1(tmp_path, tiny_data) -> None:
     book = tmp_path / "ledger.jsonl"
     _run(tmp_path, tiny_data, "a", book, num_server_rounds=1)
-    with pytest.raises(ValueError, match=r"dp-delta=1e-05 .* this run at dp-delta=1e-06.* one δ"):
+    with pytest.raises(ValueError, match=r"1e-05, this run at dp-delta=1e-06.* one δ: run at dp-delta=1e-05"):
         _run(tmp_path, tiny_data, "b", book, dp_delta=1e-6)
     assert len(_lines(book)) == 1 and not (tmp_path / "results" / "b" / "model.pt").exists()
 
@@ -85,9 +85,23 @@ def test_a_line_that_does_not_parse_is_refused_naming_the_file_and_line(tmp_path
     privacy = Privacy(dp="central", dp_ledger=str(book), dp_accounting="no-amplification")
     with pytest.raises(ValueError, match=rf"dp-ledger {book} line 2: not a privacy event"):
         ledger.check_privacy_ledger(privacy)
-    book.write_text(json.dumps(good) + "\n" + json.dumps({**good, "accounting": "without-replacement"}))
-    with pytest.raises(ValueError, match="one accounting mode"):
+    book.write_text(json.dumps(good) + "\n" + json.dumps({**good, "delta": 1e-6}))
+    with pytest.raises(ValueError, match="one ledger reports one δ: run at dp-delta=1e-06, or name another"):
         ledger.check_privacy_ledger(privacy)
+
+
+def test_runs_of_both_accounting_modes_compose_into_one_total(tmp_path) -> None:
+    """An audit's no-amplification run does not jam later default runs on the same data: the
+    total is both events' RDP curves summed, between either mode's total and their sum."""
+    book = tmp_path / "ledger.jsonl"
+    line = {"z": 1.0, "n": 2, "N": 4, "delta": 1e-5, "run": "a", "run-key": "k", "round": 1}
+    book.write_text(json.dumps({**line, "accounting": "no-amplification"}) + "\n")
+    privacy = Privacy(dp="central", dp_ledger=str(book))  # without-replacement, the default
+    ledger.check_privacy_ledger(privacy)  # not refused
+    total = ledger.record(privacy, (1.0, 2, 4), "b", "k2", 1)
+    plain, sampled = (epsilon([(1.0, 2, 4)], 1e-5, m) for m in ("no-amplification", "without-replacement"))
+    assert max(plain, sampled) < total < plain + sampled
+    assert ledger.total_epsilon(book) == (pytest.approx(total), 2, 2)
 
 
 def test_a_relative_or_dp_less_ledger_is_refused_and_clients_never_see_the_path(tmp_path) -> None:

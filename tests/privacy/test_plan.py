@@ -89,3 +89,24 @@ def test_with_dp_num_clients_the_plan_is_refused_with_the_config() -> None:
     with pytest.raises(ValueError, match=r"plans ε=12.7 .* above dp-accept-epsilon=10"):
         RunConfig.of(**{**PLAN, "dp_num_clients": 10})
     RunConfig.of(**{**PLAN, "dp_num_clients": 10, "num_server_rounds": 1})  # ε 8.7: fine
+
+
+def test_a_dp_client_plan_says_the_replies_it_assumes_and_its_refusals_name_min_replies() -> None:
+    """dp='client' books each round at min-replies of the n noise shares: the plan says so, and
+    a refusal names min-replies=n as a way out, with the ε it gives."""
+    from adaptfl.algorithms.privacy_checks import dp_plan, plan_line
+
+    client = {**PLAN, "dp": "client", "dp_num_clients": 10}
+    with pytest.raises(ValueError) as refused:
+        RunConfig.of(**client)
+    assert f"min-replies=2 (each round booked at all 2 noise shares, not 1: ε={EPSILON_2_ROUNDS:.3g})" \
+        in str(refused.value), str(refused.value)
+    with pytest.raises(ValueError, match=r"or min-replies=2 \(each round booked at all 2 noise shares\)"):
+        RunConfig.of(**client, dp_target_epsilon=13.0)
+    cfg = RunConfig.of(**{**client, "min_replies": 2, "num_server_rounds": 1})  # ε 8.7: within the bound
+    line = plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation, 10))
+    assert line.endswith("each round booked as if only 2 of the 2 replies arrive (min-replies=2: "
+                         "z·√(m/n) = 1)"), line
+    one = RunConfig.of(**{**client, "num_server_rounds": 1, "dp_accept_epsilon": 1e3})
+    assert "as if only 1 of the 2 replies arrive (min-replies=1: z·√(m/n) = 0.707)" in \
+        plan_line(one.privacy, dp_plan(one.privacy, one.algorithm, one.federation, 10))
