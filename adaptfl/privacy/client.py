@@ -102,7 +102,7 @@ def node_number(node_config: Mapping[str, Any], key: str) -> float:
     """A number > 0 of the node config (its default when unset), or one line saying why not."""
     value = node_config.get(key, DEFAULTS[key])
     try:
-        out = float(value)  # type: ignore[arg-type]
+        out = float(value)
     except (TypeError, ValueError):
         out = math.nan
     if not math.isfinite(out) or out <= 0.0:
