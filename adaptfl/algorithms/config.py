@@ -274,6 +274,8 @@ def _doc(key: str, info: FieldInfo) -> str:
     """A field's doc; for a switch (`server-opt`, `trust`, …) the choices after its ':' are the
     registered components, so a new component file is listed without editing the switch."""
     kind = next((kind for kind, switch in SLOTS.values() if switch == key), None)
+    if info.param.excludes:
+        return f"{info.param.doc}; not with `{info.param.excludes}`"
     if key == TERM_SWITCH:
         choices = term_choices()
     elif kind is not None:

@@ -125,7 +125,8 @@ class LocalTraining(Component):
     local_steps: int = param(50, "K: local steps per round (unless local-epochs)", within=(1, None))
     local_epochs: float = param(0.0, "E: local epochs per round, as Flower's examples train; > 0: "
                                 "each client runs its own K = ceil(E·rows/batch-size) steps, reports "
-                                "it, and the server divides each reply by its own K", within=(0.0, None))
+                                "it, and the server divides each reply by its own K", within=(0.0, None),
+                                excludes="local-steps")
     batch_size: int = param(50, "examples per local step", within=(1, None))
     lr: float | None = param(None, "local learning rate at round 1; preset: the preconditioner's "
                              "(sgd 0.1, adam/adamw/sophia 1e-3, muon 0.02, soap 3e-3)",
@@ -169,7 +170,7 @@ class Output(Component):
     resume_from: str = param("", "absolute path of an earlier run's results dir to continue from",
                              loop_only=_OUTPUTS)
     overwrite: bool = param(False, "replace results-dir/run-name when it holds a run already "
-                            "(else refused, unless resume=true)", loop_only=_OUTPUTS)
+                            "(else refused, unless resume=true)", loop_only=_OUTPUTS, excludes="resume")
     client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
                                   "system's temp dir")
     client_state_memory: bool = param(True, "also keep durable client state in Flower's "

@@ -81,6 +81,9 @@ def refuse_reuse(cfg: RunConfig, run_dir: Path, may_resume: bool = True, check_o
     if not held:
         return
     if not (cfg.output.overwrite or (may_resume and cfg.output.resume)):
+        if STATE_FILE not in held:  # no round completed: nothing to resume
+            raise ValueError(f"{run_dir} holds a run that completed no round ({', '.join(held)}): "
+                             "set overwrite=true to replace it, or choose another run-name")
         raise ValueError(f"{run_dir} holds a run already ({', '.join(held)}): set resume=true to "
                          "continue it, overwrite=true to replace it, or choose another run-name")
     if check_only:

@@ -106,3 +106,16 @@ def test_the_wrapper_refuses_the_run_config_before_flower(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert "config error: --run-config algorithm=fedadamw:" in err and "algorithm='fedadamw'" in err, err
     assert flwr_run.run_configs_of([".", "-c", "a=1", "--run-config", "b=2"]) == (Path("."), ["a=1", "b=2"])
+
+
+def test_the_wrapper_leaves_a_stock_apps_own_keys_to_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """A ported stock Flower app reads keys adaptfl does not declare (`num-train-examples`,
+    `out-dir`): the wrapper lets them through (its own ServerApp reads them), checks the adaptfl
+    keys it uses (`lr`), and a missing config file is one line and exit 2, before Flower."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    app = str(examples / "flower-app-fedact")
+    assert flwr_run.refusal([app, "--run-config", "num-train-examples=500 out-dir='/tmp/x' lr=0.02"]) is None
+    assert flwr_run.refusal([app, "--run-config", "lr=0"]) == "invalid lr=0: must be > 0.0"
+    code = flwr_run.main([app, "--run-config", "missing.toml"])
+    assert code == REFUSED_EXIT_CODE
+    assert capsys.readouterr().err.startswith("config error: --run-config missing.toml: no such file")
