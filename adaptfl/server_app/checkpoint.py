@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.lr_schedule import SCHEDULES
 from adaptfl.core.durable import write_atomic
 from adaptfl.privacy.release import CONFIDENTIAL_FILE
 from adaptfl.strategies.state import ServerState
@@ -81,7 +82,7 @@ def refuse_reuse(cfg: RunConfig, run_dir: Path, may_resume: bool = True, check_o
     if not held:
         return
     if not (cfg.output.overwrite or (may_resume and cfg.output.resume)):
-        if STATE_FILE not in held:  # no round completed: nothing to resume
+        if held == [METRICS_FILE]:  # no checkpoint, no final model: nothing to resume
             raise ValueError(f"{run_dir} holds a run that completed no round ({', '.join(held)}): "
                              "set overwrite=true to replace it, or choose another run-name")
         raise ValueError(f"{run_dir} holds a run already ({', '.join(held)}): set resume=true to "
@@ -140,10 +141,11 @@ def _more_rounds(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     before, after = saved.get(ROUNDS_KEY), current.get(ROUNDS_KEY)
     if not (isinstance(before, int) and isinstance(after, int) and after > before):
         return False
-    if current.get("lr-schedule") != "constant":
+    if SCHEDULES[str(current.get("lr-schedule", "cosine"))].needs_rounds:
         log.warning("continuing for %d rounds instead of %d: lr-schedule=%r is recomputed over "
                     "%d rounds, so the next round's lr is that schedule's at its round, not "
-                    "where the %d-round schedule ended (lr-schedule='constant' keeps the lr)",
+                    "where the %d-round schedule ended (the schedules by round, such as 'constant' or "
+                    "'step', keep theirs)",
                     after, before, current.get("lr-schedule"), after, before)
     return True
 

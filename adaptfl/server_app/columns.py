@@ -41,6 +41,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
                          "reply without a partition id of its own); under dp in "
                          "server-confidential.jsonl only, as every fed-eval column"),
     "fed-eval-rejected": (JSONL, "node -> why its evaluate reply was dropped; absent when none"),
+    "lr": ("both", "the round's lr, as the clients stepped with it: lr after lr-schedule, or the lr "
+           "the train config gave the round (docs/own-app.md, 'Learning-rate schedules'); not "
+           "released under dp"),
     "train-loss": ("both", "the clients' mean local training loss over their K steps (weighted as "
                    "the aggregate)"),
     "direction-consistency": ("both", "mean over the accepted replies of cos(Δ_i, mean Δ) (seed 000, "

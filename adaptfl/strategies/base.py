@@ -30,7 +30,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from adaptfl.algorithms.config import RunConfig, declared_keys
+from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.sampling import hostile_count, sample_size, secret_sample, wait_for_nodes
 from adaptfl.algorithms.settings import SETTINGS
@@ -39,7 +39,7 @@ from adaptfl.codec.settings import check_domains
 from adaptfl.core import wire
 from adaptfl.core.contract import Contract, ModelSpec
 from adaptfl.core.params import fields_of
-from adaptfl.core.stage import Aggregation
+from adaptfl.core.stage import Aggregation, RoundInfo
 from adaptfl.privacy import server as dp
 from adaptfl.privacy.release import detail_level, released
 from adaptfl.server_rules.aggregate import cap_shares, direction_consistency
@@ -52,6 +52,7 @@ from adaptfl.strategies.ownership import Ownership
 from adaptfl.strategies.screen import HISTORY, reference_record
 from adaptfl.strategies.skips import SkipGuard
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
+from adaptfl.strategies.train_config import refuse_adaptfl_keys, train_config_lr, with_lr
 from adaptfl.strategies.validation import DecodedReply
 
 if TYPE_CHECKING:
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
     from adaptfl.privacy.mechanism import GaussianMean
 
 log = logging.getLogger(__name__)  # strategies/intake.py logs here too
-LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
 
 
 class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
@@ -81,6 +81,7 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
         self.spec: ModelSpec | None = ModelSpec.of(model) if model is not None else None
         self.state: ServerState | None = None
         self.report = RoundReport()
+        self.train_lr: dict[int, float] = {}  # round -> the lr its train config gave
         self.num_nodes = 0  # connected nodes at the last sampling
         # each partition's examples where the server knows the partitioning (the in-process
         # engine): HaFedHo's |D|, and the partition ids a reply may claim; None: a deployment's
@@ -151,18 +152,6 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
             raise ValueError(f"{', '.join(ignored)}: read by adaptfl's own ServerApp loop, not by "
                              "Flower's Strategy.start")
 
-    def refuse_adaptfl_keys(self, train_config: Mapping[str, Any]) -> None:
-        """A train_config key that names an adaptfl setting (`lr`, `local-steps`, …) would reach
-        the client as `session.config`, and the round's optimizer, built from the recipe, would
-        not read it: refuse it in one line, naming the keyword that sets it."""
-        declared = set(declared_keys())
-        for key, value in train_config.items():
-            kebab = LR_ALIASES.get(key.lower(), key.lower().replace("_", "-"))
-            if kebab in declared:
-                raise ValueError(f"train_config[{key!r}]={value!r}: adaptfl's clients take {kebab} "
-                                 f"from the strategy, not from train_config; pass "
-                                 f"{type(self).__name__}({kebab.replace('-', '_')}={value!r}) instead")
-
     # --- sampling and messages --------------------------------------------------------------------
     def sample_nodes(self, grid: Grid) -> list[int]:
         assert self.state is not None
@@ -190,18 +179,28 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
             raise RuntimeError(f"records {undeclared} are sent but not in {algorithm.name}'s contract")
         return out
 
+    def round_info(self, server_round: int, train_lr: float | None = None) -> RoundInfo:
+        """The round's values (`.lr`: its effective lr): the run's schedule, or the lr the train
+        config gave this round (round_lr.py), kept for the round's aggregation."""
+        assert self.state is not None
+        if train_lr is not None:
+            self.train_lr = {server_round: train_lr}
+        info = self.cfg.round_info(server_round, self.state.run_key)
+        given = self.train_lr.get(server_round)
+        return info if given is None else with_lr(info, given, self.cfg.lr)
+
     def instruction(self, server_round: int, config: ConfigRecord | None = None,
                     sampled: int = 1) -> RecordDict:
         """The round's message content, the same for every sampled node (`sampled` of them)."""
         assert self.state is not None
         cfg = self.cfg
-        info = cfg.round_info(server_round, self.state.run_key)
+        info = self.round_info(server_round, train_config_lr(config or {}))
         recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
                            cfg.output.client_state_memory, cfg.llm,
                            cfg.privacy, sampled, cfg.compression, cfg.secagg.on)
         if self.spec is not None and self.spec.frozen_digest:
             recipe[FROZEN_DIGEST] = self.spec.frozen_digest
-        self.refuse_adaptfl_keys(config or {})
+        refuse_adaptfl_keys(config or {}, type(self).__name__)
         train_config = ConfigRecord(dict(config or {}))
         train_config["server-round"] = server_round  # as Flower's FedAvg does
         content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
@@ -223,7 +222,7 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
                         len(nodes), self.num_nodes, self.contract(),
                         self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent
         content = self.instruction(server_round, config, len(nodes))
-        self.report = RoundReport(sampled=len(nodes))
+        self.report = RoundReport(sampled=len(nodes), lr=self.round_info(server_round).lr)
         if self.cfg.compression.codec_warmup:  # the row says which codecs ran
             self.report.codec_warmup = server_round <= self.cfg.compression.codec_warmup
         self._count_down(content, len(nodes))
@@ -333,7 +332,7 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
         examples, ledger = self._examples(accepted)
         model, moments = algorithm.server_opt.step(self.state.model, mean_delta, self.state.extras,
                                                    server_round)
-        agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
+        agg = Aggregation(server_round, self.round_info(server_round),
                           self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
                           model, self.num_nodes, combine,
                           federation_examples=examples)
@@ -410,6 +409,8 @@ class AdaptiveStrategy(ReplyIntake, FederatedEvaluation, Strategy):
             "bytes-down": self.report.bytes_down,
             "bytes-up": self.report.bytes_up,
         }
+        if self.report.lr:  # the round's effective lr (schedule or train config)
+            self.report.metrics["lr"] = self.report.lr
         if self.report.codec_warmup is not None:
             self.report.metrics["codec-warmup"] = float(self.report.codec_warmup)
         wire_bytes = self.report.bytes_down + self.report.bytes_up
