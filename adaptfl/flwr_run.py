@@ -29,6 +29,7 @@ import click
 
 from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
 from adaptfl.server_app.check_overrides import merged_config
+from adaptfl.strategies.skips import ANSI
 
 STARTED = re.compile(r"Successfully started run (\d+)")
 OUTCOME = re.compile(r"adaptfl: run (completed|FAILED \((refused|aborted)?[^)]*\)).*")
@@ -129,7 +130,7 @@ def stream(args: Sequence[str], env: dict[str, str]) -> tuple[int, int | None, s
             sys.stdout.write(line)
             started = STARTED.search(line)
             run_id = int(started.group(1)) if started and run_id is None else run_id
-            found = OUTCOME.search(line)
+            found = OUTCOME.search(ANSI.sub("", line))  # the closing line: no colour codes
             outcome = found.group(0).strip() if found else outcome
     return proc.returncode, run_id, outcome
 

@@ -119,3 +119,30 @@ def test_the_wrapper_leaves_a_stock_apps_own_keys_to_it(capsys: pytest.CaptureFi
     code = flwr_run.main([app, "--run-config", "missing.toml"])
     assert code == REFUSED_EXIT_CODE
     assert capsys.readouterr().err.startswith("config error: --run-config missing.toml: no such file")
+
+
+def test_the_wrapper_repeats_the_outcome_line_without_colour_codes(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Flower colours its log levels: the closing line the wrapper repeats has no escape codes
+    (Flower's own streamed lines are echoed as they came)."""
+    lines = ["\x1b[92mINFO \x1b[0m:      Successfully started run 7\n",
+             "\x1b[91mERROR \x1b[0m: adaptfl: run FAILED (aborted): after round 3: node 2: client error 2: "
+             "RuntimeError: simulated client crash\x1b[0m\n"]
+
+    class FakeFlower:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.stdout, self.returncode = iter(lines), 0
+
+        def __enter__(self) -> FakeFlower:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(flwr_run.subprocess, "Popen", FakeFlower)
+    returned, run_id, outcome = flwr_run.stream(["."], {})
+    assert (returned, run_id) == (0, 7)
+    assert outcome == ("adaptfl: run FAILED (aborted): after round 3: node 2: client error 2: "
+                       "RuntimeError: simulated client crash")
+    assert flwr_run.exit_code(("finished:failed", ""), outcome) == ABORTED_EXIT_CODE
+    assert capsys.readouterr().out == "".join(lines)
