@@ -36,6 +36,7 @@ from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, par
 
 from adaptfl import source as where
 from adaptfl.core.exit_codes import REFUSED_EXIT_CODE
+from adaptfl.core.params import PRESET, coerce
 
 # The Flower app whose defaults the overrides go over: adaptfl's own in a source checkout (or an
 # unpacked FAB), else the folder you run it in (your own app, as `flwr run .` would take).
@@ -128,7 +129,8 @@ def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, An
 def check_listed(parsed: dict[str, Any], defaults: dict[str, Any], pyproject: Path) -> None:
     """Flower's rule: an override names a key the app lists. All unlisted adaptfl keys are named in
     one message (with the lines to add); an unknown key with the app's closest ones."""
-    unlisted = [key for key in parsed if key not in defaults and key in _adaptfl_keys()]
+    known = _adaptfl_keys()
+    unlisted = [key for key in parsed if key not in defaults and key in known]
     if unlisted:
         lines = "; ".join(f"{key} = {_default_of(key)}" for key in unlisted)
         raise ValueError(f"adaptfl key{'s' if len(unlisted) > 1 else ''} {', '.join(map(repr, unlisted))} "
@@ -152,8 +154,9 @@ def check_shared_keys(merged: dict[str, Any], defaults: dict[str, Any]) -> None:
     """In an app with keys of its own: each adaptfl key (`lr`, `local-epochs`, …) whose default in
     the app is valid to adaptfl is checked as adaptfl checks it; one the app uses in another sense
     (its default invalid to adaptfl) is the app's."""
+    known = _adaptfl_keys()
     for key, value in merged.items():
-        if key in _adaptfl_keys() and why_invalid(key, defaults[key]) is None:
+        if key in known and why_invalid(key, defaults[key]) is None:
             why = why_invalid(key, value)
             if why:
                 raise ValueError(f"invalid {key}={value!r}: {why}")
@@ -162,7 +165,6 @@ def check_shared_keys(merged: dict[str, Any], defaults: dict[str, Any]) -> None:
 def why_invalid(key: str, value: Any) -> str | None:
     """Why adaptfl's declarations of `key` all refuse this value alone (None: one accepts it)."""
     from adaptfl.algorithms.config import declared_keys
-    from adaptfl.core.params import PRESET, coerce
 
     if value == PRESET:
         return None
