@@ -125,8 +125,10 @@ def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:
 def check_same_job(cfg: RunConfig, source: Path) -> None:
     """A resume whose run config differs from the checkpoint's (beyond what may change) is
     another job: refused."""
-    saved = json.loads((source / CONFIG_FILE).read_text())
     current = cfg.to_flower()
+    # a key added to adaptfl after the checkpoint was written: its default then, as now
+    defaults = RunConfig.of(algorithm=cfg.algorithm.name).to_flower()
+    saved = {**defaults, **json.loads((source / CONFIG_FILE).read_text())}
     continued = _more_rounds(saved, current)
     differ = sorted(k for k in set(saved) | set(current) if k not in MAY_CHANGE_ON_RESUME
                     and saved.get(k) != current.get(k) and not (continued and k == ROUNDS_KEY))
