@@ -6,7 +6,8 @@ every client failed); the run's outcome is the SuperLink's (`flwr ls --run-id N`
 scripts/main_job.sh asks it. This does the same for any app: it streams Flower's log, takes the
 run id from it, waits until the SuperLink says the run finished, and exits with adaptfl's codes
 (before Flower starts, the --run-config text is checked as `check_overrides` does: one line
-`config error: …` and exit 2)
+`config error: …` and exit 2; an app with run-config keys of its own, such as Flower's
+`advanced-pytorch` with `server-device`, keeps them: only adaptfl's keys it uses are checked)
 (core/exit_codes.py): 0 completed, 2 refused before round 1, 3 aborted after it started, 1 any
 other failure. The ServerApp's own last line (server_app/app.py, `adaptfl: run completed: …` or
 `adaptfl: run FAILED (…): …`) is repeated at the end, after Flower's shutdown lines.
@@ -28,6 +29,7 @@ import click
 
 from adaptfl.core.exit_codes import ABORTED_EXIT_CODE, REFUSED_EXIT_CODE
 from adaptfl.server_app.check_overrides import merged_config
+from adaptfl.strategies.skips import ANSI
 
 STARTED = re.compile(r"Successfully started run (\d+)")
 OUTCOME = re.compile(r"adaptfl: run (completed|FAILED \((refused|aborted)?[^)]*\)).*")
@@ -53,8 +55,9 @@ def run_configs_of(args: Sequence[str]) -> tuple[Path, list[str]]:
 
 def refusal(args: Sequence[str]) -> str | None:
     """What adaptfl refuses in these arguments before Flower parses them (one line), or None:
-    the --run-config text (an unquoted string named with its fix, an unknown key, a bad value),
-    checked against the app's pyproject as the ServerApp will (server_app/check_overrides.py)."""
+    the --run-config text (an unquoted string named with its fix, an unknown key, a bad value, a
+    missing file), checked against the app's pyproject as the ServerApp will, or for an app with
+    keys of its own only adaptfl's keys (server_app/check_overrides.py)."""
     app, texts = run_configs_of(args)
     if not (app / "pyproject.toml").is_file():
         return None  # Flower says so itself
@@ -62,7 +65,7 @@ def refusal(args: Sequence[str]) -> str | None:
         merged_config(texts, app)
     except click.ClickException as err:
         return err.message
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         return str(err)
     return None
 
@@ -127,7 +130,7 @@ def stream(args: Sequence[str], env: dict[str, str]) -> tuple[int, int | None, s
             sys.stdout.write(line)
             started = STARTED.search(line)
             run_id = int(started.group(1)) if started and run_id is None else run_id
-            found = OUTCOME.search(line)
+            found = OUTCOME.search(ANSI.sub("", line))  # the closing line: no colour codes
             outcome = found.group(0).strip() if found else outcome
     return proc.returncode, run_id, outcome
 

@@ -28,6 +28,7 @@ from adaptfl.algorithms.components.moon import Moon
 from adaptfl.algorithms.components.prox import Prox
 from adaptfl.algorithms.components.scaffold import Scaffold
 from adaptfl.algorithms.components.sharing import Align, Mix, NoSharing
+from adaptfl.core.suggest import did_you_mean
 from adaptfl.local_update.modulation import ACT, NoTrust
 from adaptfl.local_update.rules.adam import Adam, AdamW
 from adaptfl.local_update.rules.muon import Muon
@@ -104,5 +105,6 @@ def catalog() -> dict[str, Algorithm]:
 def get_algorithm(name: str) -> Algorithm:
     known = catalog()
     if name not in known:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {sorted(known)}")
+        raise ValueError(f"unknown algorithm {name!r}{did_you_mean(name, known)}; choose one of "
+                         f"{sorted(known)}")
     return known[name]

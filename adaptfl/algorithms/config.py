@@ -18,7 +18,6 @@ block and the key table of docs/algorithms.md from the same declarations (tests 
 from __future__ import annotations
 
 import difflib
-import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,13 +82,6 @@ def _unknown_key_error(keys: list[str], known: list[str]) -> ValueError:
         close = difflib.get_close_matches(key, known, n=2)
         hints.append(f"{key!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
     return ValueError(f"unknown run-config key{'s' if len(keys) > 1 else ''} {', '.join(hints)}")
-
-
-def round_lr_scale(schedule: str, server_round: int, num_rounds: int) -> float:
-    """The lr factor of a round: cosine decay over rounds (to 0 after the last), or constant."""
-    if schedule == "constant":
-        return 1.0
-    return 0.5 * (1.0 + math.cos(math.pi * (server_round - 1) / num_rounds))
 
 
 @dataclass(frozen=True)
@@ -198,7 +190,7 @@ class RunConfig:
         return self.algorithm.preconditioner.default_weight_decay if wd is None else wd
 
     def round_info(self, server_round: int, run_key: str = "") -> RoundInfo:
-        scale = round_lr_scale(self.local.lr_schedule, server_round, self.federation.num_server_rounds)
+        scale = self.local.round_lr_scale(server_round, self.federation.num_server_rounds)
         return RoundInfo(server_round=server_round, num_rounds=self.federation.num_server_rounds,
                          lr=self.lr * scale, lr_scale=scale, weight_decay=self.weight_decay,
                          local_steps=self.local.local_steps, batch_size=self.local.batch_size,
@@ -273,6 +265,8 @@ def _doc(key: str, info: FieldInfo) -> str:
     """A field's doc; for a switch (`server-opt`, `trust`, …) the choices after its ':' are the
     registered components, so a new component file is listed without editing the switch."""
     kind = next((kind for kind, switch in SLOTS.values() if switch == key), None)
+    if info.param.excludes:
+        return f"{info.param.doc}; not with `{info.param.excludes}`"
     if key == TERM_SWITCH:
         choices = term_choices()
     elif kind is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from adaptfl.algorithms.lr_schedule import SCHEDULES, check_schedule, parse_milestones, round_lr_scale
 from adaptfl.core.params import Component, component, param
 
 PARTITIONINGS = ("dirichlet", "iid", "pathological", "natural-id")
@@ -125,18 +126,43 @@ class LocalTraining(Component):
     local_steps: int = param(50, "K: local steps per round (unless local-epochs)", within=(1, None))
     local_epochs: float = param(0.0, "E: local epochs per round, as Flower's examples train; > 0: "
                                 "each client runs its own K = ceil(E·rows/batch-size) steps, reports "
-                                "it, and the server divides each reply by its own K", within=(0.0, None))
+                                "it, and the server divides each reply by its own K", within=(0.0, None),
+                                excludes="local-steps")
     batch_size: int = param(50, "examples per local step", within=(1, None))
     lr: float | None = param(None, "local learning rate at round 1; preset: the preconditioner's "
                              "(sgd 0.1, adam/adamw/sophia 1e-3, muon 0.02, soap 3e-3)",
                              within=(0.0, None), open_low=True, sane=(0.0, 10.0))
-    lr_schedule: str = param("cosine", "lr over rounds: cosine (to 0 after the last) or constant",
-                             choices=("cosine", "constant"))
+    lr_schedule: str = param("cosine", "lr over rounds, torch's lr_scheduler stepped once a round "
+                             "(docs/own-app.md, 'Learning-rate schedules'): cosine (to 0 after the "
+                             "last), constant, step (× lr-gamma every lr-step-every rounds), "
+                             "multistep (× lr-gamma from each of lr-milestones on), exponential "
+                             "(× lr-gamma each round)", choices=tuple(SCHEDULES))
+    lr_gamma: float = param(0.1, "lr-schedule step, multistep, exponential: the factor (torch's gamma)",
+                            within=(0.0, 1.0), open_low=True)
+    lr_step_every: int = param(0, "lr-schedule step: rounds between two multiplications by lr-gamma "
+                               "(torch's step_size)", within=(0, None))
+    lr_milestones: str = param("", "lr-schedule multistep: comma-separated rounds from which the lr "
+                               "is multiplied by lr-gamma once more (e.g. '5,8'; torch's milestones)")
     weight_decay: float | None = param(None, "decoupled weight decay (L2 for adam); preset: the "
                                        "algorithm's (diloco 0.1), else the preconditioner's",
                                        within=(0.0, None), sane=(0.0, 10.0))
     diagnostics_every: int = param(10, "PosRatio / TopMass on local steps 1, 1+N, 1+2N, … (0: off); "
                                    "kept on the device, read once per round", within=(0, None))
+
+    def check(self) -> None:
+        defaults = LocalTraining.__dataclass_fields__
+        schedule_keys = {"lr-gamma": self.lr_gamma, "lr-step-every": self.lr_step_every,
+                         "lr-milestones": self.lr_milestones}
+        set_keys = {k: v for k, v in schedule_keys.items()
+                    if v != defaults[k.replace("-", "_")].default}
+        check_schedule(self.lr_schedule, set_keys)
+        if self.lr_milestones:
+            parse_milestones(self.lr_milestones)
+
+    def round_lr_scale(self, server_round: int, num_rounds: int) -> float:
+        """The lr factor of a round (lr_schedule.py)."""
+        return round_lr_scale(self.lr_schedule, server_round, num_rounds, self.lr_gamma,
+                              self.lr_step_every, self.lr_milestones)
 
 
 @component("settings", "data")
@@ -169,7 +195,7 @@ class Output(Component):
     resume_from: str = param("", "absolute path of an earlier run's results dir to continue from",
                              loop_only=_OUTPUTS)
     overwrite: bool = param(False, "replace results-dir/run-name when it holds a run already "
-                            "(else refused, unless resume=true)", loop_only=_OUTPUTS)
+                            "(else refused, unless resume=true)", loop_only=_OUTPUTS, excludes="resume")
     client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
                                   "system's temp dir")
     client_state_memory: bool = param(True, "also keep durable client state in Flower's "

@@ -43,6 +43,9 @@ class Param:
     # Read only by adaptfl's own round loop (server_app/loop.py), not by Flower's
     # `Strategy.start`: what to use there instead. Setting it for `start` is refused.
     loop_only: str = ""
+    # A key of the same component that contradicts this one: both set away from their defaults
+    # is refused (`local-epochs` replaces `local-steps`).
+    excludes: str = ""
 
     def why_invalid(self, value: Any) -> str | None:
         """A reason the value is invalid, or None."""
@@ -71,9 +74,10 @@ class Param:
 
 def param(default: Any, doc: str, *, key: str = "", choices: tuple[Any, ...] | None = None,
           within: tuple[float | None, float | None] = (None, None), open_low: bool = False,
-          open_high: bool = False, sane: tuple[float, float] | None = None, loop_only: str = "") -> Any:
+          open_high: bool = False, sane: tuple[float, float] | None = None, loop_only: str = "",
+          excludes: str = "") -> Any:
     """A dataclass field declared with its doc and checks (see the module docstring)."""
-    meta = Param(doc, key, choices, within[0], within[1], open_low, open_high, sane, loop_only)
+    meta = Param(doc, key, choices, within[0], within[1], open_low, open_high, sane, loop_only, excludes)
     return dataclasses.field(default=default, metadata={_META: meta})
 
 
@@ -153,7 +157,20 @@ class Component:
             why = info.param.why_invalid(getattr(self, info.name))
             if why:
                 raise ValueError(f"invalid {info.key}={getattr(self, info.name)!r}: {why}")
+        self._check_exclusions()
         self.check()
+
+    def _check_exclusions(self) -> None:
+        """Two keys declared as contradicting each other (`excludes=`), both set: one line."""
+        by_key = {info.key: info for info in fields_of(type(self))}
+        for info in by_key.values():
+            other = by_key.get(info.param.excludes)
+            if other is None:
+                continue
+            mine, theirs = getattr(self, info.name), getattr(self, other.name)
+            if mine != info.default and theirs != other.default:
+                raise ValueError(f"{info.key}={mine!r} and {other.key}={theirs!r} contradict each other: "
+                                 f"{info.key} replaces {other.key}; set one of them")
 
     def check(self) -> None:
         """Cross-field checks (one-line ValueError naming the keys)."""

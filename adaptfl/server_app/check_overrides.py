@@ -36,6 +36,7 @@ from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, par
 
 from adaptfl import source as where
 from adaptfl.core.exit_codes import REFUSED_EXIT_CODE
+from adaptfl.core.params import PRESET, coerce
 
 # The Flower app whose defaults the overrides go over: adaptfl's own in a source checkout (or an
 # unpacked FAB), else the folder you run it in (your own app, as `flwr run .` would take).
@@ -101,29 +102,90 @@ def check_values(text: str) -> None:
 
 
 def merged_config(overrides: list[str], app_dir: Path = APP_DIR) -> dict[str, Any]:
-    """The run config Flower would hand the ServerApp for these `--run-config` values."""
+    """The run config Flower would hand the ServerApp for these `--run-config` values, checked
+    as adaptfl's ServerApp will check it where adaptfl reads the whole run config; in an app with
+    keys of its own, only adaptfl's keys that app reads in adaptfl's sense (`app_keys`)."""
     for text in overrides:
         leftover = _PAIR.sub("", text).strip()
-        if leftover and not text.endswith(".toml"):
+        if text.endswith(".toml"):
+            if not Path(text).expanduser().is_file():  # Flower: a FileNotFoundError traceback
+                raise ValueError(f"--run-config {text}: no such file ({Path(text).expanduser().absolute()})")
+            continue
+        if leftover:
             raise ValueError(f"--run-config {text!r}: {leftover!r} is not key=value "
                              "(no spaces around '='; quote strings: key='text')")
-        if not text.endswith(".toml"):
-            check_values(text)
+        check_values(text)
     defaults = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {}))
     parsed = parse_config_args(overrides)
+    check_listed(parsed, defaults, app_dir / "pyproject.toml")
+    merged = fuse_dicts(defaults, parsed)
+    if app_keys(defaults):
+        check_shared_keys(merged, defaults)
+    else:
+        validate(merged)
+    return merged
+
+
+def check_listed(parsed: dict[str, Any], defaults: dict[str, Any], pyproject: Path) -> None:
+    """Flower's rule: an override names a key the app lists. All unlisted adaptfl keys are named in
+    one message (with the lines to add); an unknown key with the app's closest ones."""
+    known = _adaptfl_keys()
+    unlisted = [key for key in parsed if key not in defaults and key in known]
+    if unlisted:
+        lines = "; ".join(f"{key} = {_default_of(key)}" for key in unlisted)
+        raise ValueError(f"adaptfl key{'s' if len(unlisted) > 1 else ''} {', '.join(map(repr, unlisted))} "
+                         f"not listed in {pyproject} [tool.flwr.app.config] (Flower's rule: a key "
+                         f"overridden with --run-config must be listed there); add: {lines}")
     for key in parsed:
-        if key not in defaults and key in _adaptfl_keys():
-            raise ValueError(f"key {key!r} exists in adaptfl but is not listed in "
-                             f"{app_dir / 'pyproject.toml'} [tool.flwr.app.config]: list it there "
-                             "(with its default) to override it with --run-config (Flower's rule)")
         if key not in defaults:
             close = difflib.get_close_matches(key, defaults, n=3)
             hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "no similar key"
             raise ValueError(f"unknown key {key!r} ({hint}); the keys are those in "
-                             f"{app_dir / 'pyproject.toml'} [tool.flwr.app.config]")
-    merged = fuse_dicts(defaults, parsed)
-    validate(merged)
-    return merged
+                             f"{pyproject} [tool.flwr.app.config]")
+
+
+def app_keys(defaults: dict[str, Any]) -> list[str]:
+    """The app's own keys (`server-device`, …): adaptfl's ServerApp refuses an unknown key, so an
+    app that lists any reads its run config with its own code, not through adaptfl's."""
+    return sorted(set(defaults) - _adaptfl_keys())
+
+
+def check_shared_keys(merged: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """In an app with keys of its own: each adaptfl key (`lr`, `local-epochs`, …) whose default in
+    the app is valid to adaptfl is checked as adaptfl checks it; one the app uses in another sense
+    (its default invalid to adaptfl) is the app's."""
+    known = _adaptfl_keys()
+    for key, value in merged.items():
+        if key in known and why_invalid(key, defaults[key]) is None:
+            why = why_invalid(key, value)
+            if why:
+                raise ValueError(f"invalid {key}={value!r}: {why}")
+
+
+def why_invalid(key: str, value: Any) -> str | None:
+    """Why adaptfl's declarations of `key` all refuse this value alone (None: one accepts it)."""
+    from adaptfl.algorithms.config import declared_keys
+
+    if value == PRESET:
+        return None
+    reasons = []
+    for _, info in declared_keys()[key]:
+        try:
+            reason = info.param.why_invalid(coerce(key, value, info, has_preset=True))
+        except ValueError as err:
+            reason = str(err).split(": ", 1)[-1]
+        if reason is None:
+            return None
+        reasons.append(reason)
+    return reasons[0]
+
+
+def _default_of(key: str) -> str:
+    """A key's value in adaptfl's own [tool.flwr.app.config] (`--pyproject` writes it)."""
+    from adaptfl.algorithms.config import pyproject_block
+
+    lines = (line.split(" = ", 1) for line in pyproject_block().splitlines()[1:])
+    return dict(lines)[key]  # type: ignore[arg-type]
 
 
 def _adaptfl_keys() -> set[str]:

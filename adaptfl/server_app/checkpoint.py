@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.algorithms.lr_schedule import SCHEDULES
 from adaptfl.core.durable import write_atomic
 from adaptfl.privacy.release import CONFIDENTIAL_FILE
 from adaptfl.strategies.state import ServerState
@@ -81,6 +82,9 @@ def refuse_reuse(cfg: RunConfig, run_dir: Path, may_resume: bool = True, check_o
     if not held:
         return
     if not (cfg.output.overwrite or (may_resume and cfg.output.resume)):
+        if held == [METRICS_FILE]:  # no checkpoint, no final model: nothing to resume
+            raise ValueError(f"{run_dir} holds a run that completed no round ({', '.join(held)}): "
+                             "set overwrite=true to replace it, or choose another run-name")
         raise ValueError(f"{run_dir} holds a run already ({', '.join(held)}): set resume=true to "
                          "continue it, overwrite=true to replace it, or choose another run-name")
     if check_only:
@@ -121,8 +125,10 @@ def resume_source(cfg: RunConfig, run_dir: Path | None) -> Path | None:
 def check_same_job(cfg: RunConfig, source: Path) -> None:
     """A resume whose run config differs from the checkpoint's (beyond what may change) is
     another job: refused."""
-    saved = json.loads((source / CONFIG_FILE).read_text())
     current = cfg.to_flower()
+    # a key added to adaptfl after the checkpoint was written: its default then, as now
+    defaults = RunConfig.of(algorithm=cfg.algorithm.name).to_flower()
+    saved = {**defaults, **json.loads((source / CONFIG_FILE).read_text())}
     continued = _more_rounds(saved, current)
     differ = sorted(k for k in set(saved) | set(current) if k not in MAY_CHANGE_ON_RESUME
                     and saved.get(k) != current.get(k) and not (continued and k == ROUNDS_KEY))
@@ -137,10 +143,11 @@ def _more_rounds(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     before, after = saved.get(ROUNDS_KEY), current.get(ROUNDS_KEY)
     if not (isinstance(before, int) and isinstance(after, int) and after > before):
         return False
-    if current.get("lr-schedule") != "constant":
+    if SCHEDULES[str(current.get("lr-schedule", "cosine"))].needs_rounds:
         log.warning("continuing for %d rounds instead of %d: lr-schedule=%r is recomputed over "
                     "%d rounds, so the next round's lr is that schedule's at its round, not "
-                    "where the %d-round schedule ended (lr-schedule='constant' keeps the lr)",
+                    "where the %d-round schedule ended (the schedules by round, such as 'constant' or "
+                    "'step', keep theirs)",
                     after, before, current.get("lr-schedule"), after, before)
     return True
 

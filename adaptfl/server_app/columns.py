@@ -50,6 +50,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "non-finite": (JSONL, "key paths of the row whose value was not a finite number, written as null "
                    "(JSON has no Infinity or NaN: core/json_rows.py); absent when none"),
     "fed-eval-rejected": (JSONL, "node -> why its evaluate reply was dropped; absent when none"),
+    "lr": ("both", "the round's lr, as the clients stepped with it: lr after lr-schedule, or the lr "
+           "the train config gave the round (docs/own-app.md, 'Learning-rate schedules'); not "
+           "released under dp"),
     "train-loss": ("both", "the clients' mean local training loss over their K steps (weighted as "
                    "the aggregate)"),
     "direction-consistency": ("both", "mean over the accepted replies of cos(Δ_i, mean Δ) (seed 000, "

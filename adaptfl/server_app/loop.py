@@ -196,6 +196,8 @@ def run_federated(grid: Grid, cfg: RunConfig, on_round: Callable[[dict[str, Any]
         train_rounds(grid, cfg, strategy, model, task, outputs, on_round)
     except BaseException as err:  # an abort, an error, an interrupt: the MLflow run says so
         outputs.abort(interrupted=isinstance(err, KeyboardInterrupt))
+        if isinstance(err, ValueError):  # refused (app.py: failed_line): no folder blocks the retry
+            outputs.discard()
         raise
     return outputs.dir
 

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import logging
+import shutil
 import time
 from importlib import metadata
 from pathlib import Path
@@ -19,6 +20,7 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.core.durable import append_durable, write_atomic
 from adaptfl.core.json_rows import json_line
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, append_confidential, released, write_confidential
+from adaptfl.server_app.checkpoint import STATE_FILE
 from adaptfl.server_app.columns import COLUMNS, JSONL
 from adaptfl.server_app.mlflow_log import MlflowRun, mlflow_client_class
 from adaptfl.server_app.plots import plot_run
@@ -84,6 +86,7 @@ class RunOutputs:
         name = cfg.output.run_name or unused_name(results_root(cfg),
                                                   f"{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.dir = results_root(cfg) / name
+        self.created = not self.dir.exists()  # a refused run removes only a folder it made
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.dir / "config.json", json.dumps(cfg.to_flower(), indent=2).encode())
         self.rows: list[dict[str, Any]] = []
@@ -154,6 +157,16 @@ class RunOutputs:
                 self.mlflow.end("KILLED" if interrupted else "FAILED")
             except Exception as err:  # noqa: BLE001 - the run's own error is the one to raise
                 log.warning("the MLflow run could not be marked as ended: %s", err)
+
+    def discard(self) -> None:
+        """A run refused before its first checkpoint (round 1's checks need the nodes, so under
+        Flower they come after the folder): nothing of it stays, so the retry under the same
+        run-name starts afresh. Only a folder this run made is removed."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.created and not (self.dir / STATE_FILE).exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+            log.info("the run was refused before round 1: removed %s", self.dir)
 
     def plot(self) -> None:
         plot_run([self.public(r) for r in self.rows], self.dir, self.title)

@@ -138,7 +138,7 @@ class RoundAggregation(RoundBroadcast):
         examples, ledger = self._examples(accepted)
         model, moments = algorithm.server_opt.step(self.state.model, mean_delta, self.state.extras,
                                                    server_round)
-        agg = Aggregation(server_round, self.cfg.round_info(server_round, self.state.run_key),
+        agg = Aggregation(server_round, self.round_info(server_round),
                           self.spec, algorithm, self.state.extras, accepted, weights, mean_delta,
                           model, self.num_nodes, combine,
                           federation_examples=examples)
@@ -203,6 +203,8 @@ class RoundAggregation(RoundBroadcast):
             "bytes-down": self.report.bytes_down,
             "bytes-up": self.report.bytes_up,
         }
+        if self.report.lr:  # the round's effective lr (schedule or train config)
+            self.report.metrics["lr"] = self.report.lr
         if self.report.codec_warmup is not None:
             self.report.metrics["codec-warmup"] = float(self.report.codec_warmup)
         wire_bytes = self.report.bytes_down + self.report.bytes_up

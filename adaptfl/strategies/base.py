@@ -30,7 +30,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from adaptfl.algorithms.config import RunConfig, declared_keys
+from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.codec.settings import check_domains
 from adaptfl.core.contract import Contract, ModelSpec
@@ -42,7 +42,6 @@ from adaptfl.strategies.skips import SkipGuard
 from adaptfl.strategies.state import RoundReport, ServerState
 
 log = logging.getLogger(__name__)  # intake.py, broadcast.py, aggregation.py log here too
-LR_ALIASES = {"learning-rate": "lr", "learning_rate": "lr"}  # what Flower apps call it too
 
 
 class AdaptiveStrategy(RoundAggregation, FederatedEvaluation, Strategy):
@@ -63,6 +62,7 @@ class AdaptiveStrategy(RoundAggregation, FederatedEvaluation, Strategy):
         self.spec: ModelSpec | None = ModelSpec.of(model) if model is not None else None
         self.state: ServerState | None = None
         self.report = RoundReport()
+        self.train_lr: dict[int, float] = {}  # round -> the lr its train config gave
         self.num_nodes = 0  # connected nodes at the last sampling
         # each partition's examples where the server knows the partitioning (the in-process
         # engine): HaFedHo's |D|, and the partition ids a reply may claim; None: a deployment's
@@ -134,18 +134,6 @@ class AdaptiveStrategy(RoundAggregation, FederatedEvaluation, Strategy):
         if ignored:
             raise ValueError(f"{', '.join(ignored)}: read by adaptfl's own ServerApp loop, not by "
                              "Flower's Strategy.start")
-
-    def refuse_adaptfl_keys(self, train_config: Mapping[str, Any]) -> None:
-        """A train_config key that names an adaptfl setting (`lr`, `local-steps`, …) would reach
-        the client as `session.config`, and the round's optimizer, built from the recipe, would
-        not read it: refuse it in one line, naming the keyword that sets it."""
-        declared = set(declared_keys())
-        for key, value in train_config.items():
-            kebab = LR_ALIASES.get(key.lower(), key.lower().replace("_", "-"))
-            if kebab in declared:
-                raise ValueError(f"train_config[{key!r}]={value!r}: adaptfl's clients take {kebab} "
-                                 f"from the strategy, not from train_config; pass "
-                                 f"{type(self).__name__}({kebab.replace('-', '_')}={value!r}) instead")
 
     def summary(self) -> None:
         log.info("%s: %s", type(self).__name__, self.cfg.algorithm.describe())

@@ -8,7 +8,6 @@ clients decode them, which the server keeps (docs/compression.md).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -19,10 +18,12 @@ from adaptfl.algorithms.sampling import sample_size, secret_sample, wait_for_nod
 from adaptfl.codec.codec import spec_bytes, wire_bytes
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
+from adaptfl.core.stage import RoundInfo
 from adaptfl.privacy import server as dp
 from adaptfl.strategies.census import take_census
 from adaptfl.strategies.intake import ReplyIntake
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
+from adaptfl.strategies.train_config import refuse_adaptfl_keys, train_config_lr, with_lr
 
 
 class RoundBroadcast(ReplyIntake):
@@ -30,14 +31,22 @@ class RoundBroadcast(ReplyIntake):
 
     num_nodes: int  # connected nodes at the last sampling
     data_key: str  # the data's identity: its per-user dp ledger (privacy/ledger.py)
+    train_lr: dict[int, float]  # round -> the lr its train config gave
     _censused: set[int]  # nodes asked their examples (census.py)
 
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None
                    ) -> None:  # AdaptiveStrategy's
         raise NotImplementedError
 
-    def refuse_adaptfl_keys(self, train_config: Mapping[str, Any]) -> None:  # AdaptiveStrategy's
-        raise NotImplementedError
+    def round_info(self, server_round: int, train_lr: float | None = None) -> RoundInfo:
+        """The round's values (`.lr`: its effective lr): the run's schedule, or the lr the train
+        config gave this round (train_config.py), kept for the round's aggregation."""
+        assert self.state is not None
+        if train_lr is not None:
+            self.train_lr = {server_round: train_lr}
+        info = self.cfg.round_info(server_round, self.state.run_key)
+        given = self.train_lr.get(server_round)
+        return info if given is None else with_lr(info, given, self.cfg.lr)
 
     def sample_nodes(self, grid: Grid) -> list[int]:
         assert self.state is not None
@@ -70,13 +79,13 @@ class RoundBroadcast(ReplyIntake):
         """The round's message content, the same for every sampled node (`sampled` of them)."""
         assert self.state is not None
         cfg = self.cfg
-        info = cfg.round_info(server_round, self.state.run_key)
+        info = self.round_info(server_round, train_config_lr(config or {}))
         recipe = to_recipe(cfg.algorithm, info, cfg.data, cfg.runtime, cfg.output.client_state_dir,
                            cfg.output.client_state_memory, cfg.llm,
                            cfg.privacy, sampled, cfg.compression, cfg.secagg.on)
         if self.spec is not None and self.spec.frozen_digest:
             recipe[FROZEN_DIGEST] = self.spec.frozen_digest
-        self.refuse_adaptfl_keys(config or {})
+        refuse_adaptfl_keys(config or {}, type(self).__name__)
         train_config = ConfigRecord(dict(config or {}))
         train_config["server-round"] = server_round  # as Flower's FedAvg does
         content = RecordDict({wire.ARRAYS: ArrayRecord(self.state.model), wire.RECIPE: ConfigRecord(recipe),
@@ -102,7 +111,7 @@ class RoundBroadcast(ReplyIntake):
                         len(nodes), self.num_nodes, self.contract(),
                         self.cfg.federation.min_replies, self.data_key)  # refused: nothing is sent
         content = self.instruction(server_round, config, len(nodes))
-        self.report = RoundReport(sampled=len(nodes))
+        self.report = RoundReport(sampled=len(nodes), lr=self.round_info(server_round).lr)
         if self.cfg.compression.codec_warmup:  # the row says which codecs ran
             self.report.codec_warmup = server_round <= self.cfg.compression.codec_warmup
         self._count_down(content, len(nodes))

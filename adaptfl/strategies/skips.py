@@ -5,6 +5,7 @@ the last skip-window rounds, or a run no round trained, end the run with `RunAbo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,10 +19,21 @@ def _clip(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours (Ray's traceback has them)
+# Flower's error reason for a ClientApp that raised: "<class '…'>:<'" + the exception + "'>",
+# the exception a ClientAppException whose text is "Exception … occurred. Message: " + the client's
+FLOWER_WRAPPER = re.compile(r"<class '[^']*'>:<'|Traceback \(most recent call last\):?")
+FLOWER_PREFIX = re.compile(r"^Exception \w+ occurred\. Message: ")
+
+
 def _gist(reason: str) -> str:
-    """A client's error without its traceback: what precedes it and the exception's own line."""
-    head, sep, _ = reason.partition("Traceback (most recent call last)")
-    return head + reason.strip().splitlines()[-1] if sep else reason
+    """A client's error in its own words: the text before any traceback, then the exception's
+    own (last) line, without colour codes or the wrapping Flower adds in simulation."""
+    lines = [line.strip() for line in ANSI.sub("", reason).splitlines() if line.strip()]
+    if not lines:
+        return reason
+    head = FLOWER_WRAPPER.sub("", lines[0]) if len(lines) > 1 else ""
+    return head + FLOWER_PREFIX.sub("", lines[-1].removesuffix("'>"))
 
 
 class SkipGuard:

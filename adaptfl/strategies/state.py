@@ -77,6 +77,7 @@ class RoundReport:
     """What happened in one round, for the metrics file."""
 
     sampled: int = 0
+    lr: float = 0.0  # the round's effective lr (0: not a training round)
     accepted: int = 0
     answered: int = 0  # sampled nodes that sent a reply (not a failure): what min-replies counts
     rejected: dict[str, str] = field(default_factory=dict)  # node id (or "unknown") -> reason

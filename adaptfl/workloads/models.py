@@ -8,6 +8,8 @@ from typing import cast
 
 from torch import nn
 
+from adaptfl.core.suggest import did_you_mean
+
 # torchvision is imported by the builders that use it: importing it pulls in torch._dynamo
 # (seconds), which every process that builds the cnn or the mlp would pay for nothing.
 
@@ -22,7 +24,8 @@ def build_model(name: str, num_classes: int, in_channels: int, image_size: int) 
     if builder is None and name in LANGUAGE_MODELS:
         raise ValueError(f"{name!r} is a language model: pair it with a text task (fortunes, c4)")
     if builder is None:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(KNOWN_MODELS)}")
+        raise ValueError(f"unknown model {name!r}{did_you_mean(name, KNOWN_MODELS)}; known models: "
+                         f"{', '.join(KNOWN_MODELS)}")
     for arg_name, value in (
         ("num_classes", num_classes),
         ("in_channels", in_channels),

@@ -13,6 +13,7 @@ from functools import lru_cache
 from torch import nn
 
 from adaptfl.algorithms.settings import LanguageModel
+from adaptfl.core.suggest import did_you_mean
 
 from .cifar import load_cifar
 from .fashion_mnist import default_cache_dir, load_fashion_mnist
@@ -56,7 +57,8 @@ def _builtin(task: str, data_dir: str) -> tuple[ImageData | TextData, ImageData 
         return load_fortunes(data_dir, by="language" if task == "fortunes" else "topic")
     if task == "c4":
         return load_c4()
-    raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(KNOWN_TASKS)}, or your own "
+    raise ValueError(f"unknown task {task!r}{did_you_mean(task, KNOWN_TASKS)}; known tasks: "
+                     f"{', '.join(KNOWN_TASKS)}, or your own "
                      "'package.module:function', or hf:/csv:/parquet:/imagefolder:")
 
 

@@ -142,6 +142,38 @@ def test_cosine_lr_and_step_offset() -> None:
     assert cfg.replace(lr_schedule="constant").round_info(3).lr == 1.0
 
 
+@pytest.mark.parametrize("keys, lrs", [
+    # torch's StepLR(step_size=2, gamma=0.5) stepped once a round
+    (dict(lr_schedule="step", lr_step_every=2, lr_gamma=0.5), [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]),
+    # MultiStepLR: Flower's advanced-pytorch halves at round 5 and keeps it
+    (dict(lr_schedule="multistep", lr_milestones="5", lr_gamma=0.5), [1.0] * 4 + [0.5] * 2),
+    (dict(lr_schedule="multistep", lr_milestones="3,5"), [1.0, 1.0, 0.1, 0.1, 0.01, 0.01]),
+    (dict(lr_schedule="exponential", lr_gamma=0.5), [1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125]),
+])
+def test_torch_style_lr_schedules_by_round(keys: dict, lrs: list[float]) -> None:
+    cfg = RunConfig.of(lr=1.0, num_server_rounds=6, **keys)
+    assert [cfg.round_info(r).lr for r in range(1, 7)] == pytest.approx(lrs, rel=1e-12)
+
+
+@pytest.mark.parametrize("keys, said", [
+    (dict(lr_gamma=0.5), "lr-gamma=0.5 is read only by lr-schedule 'step' or 'multistep' or "
+                         "'exponential' (lr-schedule='cosine'); remove it or choose that schedule"),
+    (dict(lr_schedule="exponential", lr_milestones="5"), "lr-milestones='5' is read only by lr-schedule "
+                                                         "'multistep' (lr-schedule='exponential')"),
+    (dict(lr_schedule="step"), "lr-schedule='step' needs lr-step-every (e.g. lr-step-every=5)"),
+    (dict(lr_schedule="multistep"), "lr-schedule='multistep' needs lr-milestones (e.g. lr-milestones='5')"),
+    (dict(lr_schedule="multistep", lr_milestones="5,3"), "invalid lr-milestones='5,3': rounds >= 2"),
+    (dict(lr_schedule="multistep", lr_milestones="five"), "invalid lr-milestones='five': comma-separated"),
+    (dict(lr_schedule="step", lr_step_every=2, lr_gamma=1.5), "invalid lr-gamma=1.5: must be <= 1.0"),
+    (dict(lr_schedule="linear"), "invalid lr-schedule='linear': choose one of ['cosine', 'constant', "
+                                 "'step', 'multistep', 'exponential']"),
+])
+def test_a_schedule_key_without_its_schedule_is_refused(keys: dict, said: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        RunConfig.of(**keys)
+    assert str(refused.value).startswith(said), str(refused.value)
+
+
 def test_to_flower_round_trips_for_every_algorithm() -> None:
     from adaptfl.algorithms.catalog import catalog
 

@@ -5,7 +5,10 @@
 (b) flower-app-fedact: a stock Flower app (epochs, federated evaluation) on `FedACT(...).start(...)`
     with `ClientSession`, 2 rounds under `flwr run`; its FedAvg original still works, the switch
     leaves the loop and the evaluate function alone, and its README shows the real diff;
-(c) torch-optimizer: `LocalUpdate` with a torch LR scheduler and a state_dict round trip.
+(c) torch-optimizer: `LocalUpdate` with a torch LR scheduler and a state_dict round trip;
+(d) advanced-pytorch-fedact: Flower's advanced-pytorch habits (stateful clients, a custom `start`
+    loop, the lr halved at round 5 through the train config) on FedACT, 5 rounds under
+    `python -m adaptfl.flwr_run` (the honest exit status) with the app's own run-config keys.
 
 The Flower runs use a private managed SuperLink (stopped by PID) and this checkout's adaptfl
 (PYTHONPATH), so another installed adaptfl cannot answer for it.
@@ -42,6 +45,7 @@ EXAMPLES = PROJECT / "examples"
 OWN = EXAMPLES / "own-data-model"
 STOCK = EXAMPLES / "flower-app-fedact"
 TORCH = EXAMPLES / "torch-optimizer"
+ADVANCED = EXAMPLES / "advanced-pytorch-fedact"
 needs_flwr = pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not installed")
 
 
@@ -52,17 +56,19 @@ def example_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def flwr_run_app(app: Path, flwr_home: Path, num_supernodes: int, run_config: str
-                 ) -> subprocess.CompletedProcess[str]:
-    """`flwr run <app> --stream` in simulation, as the example's README says; the SuperLink that
+def flwr_run_app(app: Path, flwr_home: Path, num_supernodes: int, run_config: str,
+                 honest: bool = False) -> subprocess.CompletedProcess[str]:
+    """`flwr run <app> --stream` in simulation, as the example's README says (`honest`: through
+    `python -m adaptfl.flwr_run`, whose exit status says how the run ended); the SuperLink that
     `flwr run` starts is stopped by its PID afterwards."""
     federation = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+    command = [sys.executable, "-m", "adaptfl.flwr_run"] if honest else ["flwr", "run"]
     try:
         return subprocess.run(
-            ["flwr", "run", str(app), "--stream", "--federation-config", federation,
+            [*command, str(app), "--stream", "--federation-config", federation,
              "--run-config", run_config],
             env=example_env(flower_env(flwr_home)), capture_output=True, text=True, timeout=600,
-            check=False)
+            check=False, cwd=flwr_home.parent)
     finally:
         stop_local_superlink(flwr_home)
 
@@ -76,7 +82,7 @@ def tail(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout[-3000:] + done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("app", [OWN, STOCK, TORCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("app", [OWN, STOCK, TORCH, ADVANCED], ids=lambda p: p.name)
 def test_each_example_is_a_project_that_depends_on_adaptfl(app: Path) -> None:
     with open(app / "pyproject.toml", "rb") as fh:
         project = tomllib.load(fh)["project"]
@@ -113,20 +119,27 @@ def test_own_data_and_model_train_two_rounds_under_flwr_run(tmp_path: Path,
 
 
 # --- (b) a stock Flower app switched to FedACT -------------------------------------------------
-def switch_diff() -> str:
+SWITCHED = {STOCK: ("stock_app", ("server_app.py", "client_app.py")),
+            ADVANCED: ("pytorch_example", ("strategy.py", "server_app.py", "client_app.py"))}
+
+
+def switch_diff(app: Path = STOCK) -> str:
     """What the example's README shows: the FedAvg app -> the FedACT app."""
+    package, files = SWITCHED[app]
     out = []
-    for name in ("server_app.py", "client_app.py"):
-        before = (STOCK / "stock_app" / "fedavg" / name).read_text().splitlines(keepends=True)
-        after = (STOCK / "stock_app" / name).read_text().splitlines(keepends=True)
-        out += difflib.unified_diff(before, after, f"stock_app/fedavg/{name}", f"stock_app/{name}")
+    for name in files:
+        before = (app / package / "fedavg" / name).read_text().splitlines(keepends=True)
+        after = (app / package / name).read_text().splitlines(keepends=True)
+        out += difflib.unified_diff(before, after, f"{package}/fedavg/{name}", f"{package}/{name}")
     return "".join(out)
 
 
-def test_the_readme_shows_the_real_switch_diff() -> None:
-    shown = re.search(r"```diff\n(.*?)```", (STOCK / "README.md").read_text(), re.S)
-    assert shown is not None, "examples/flower-app-fedact/README.md has no ```diff block"
-    assert shown.group(1) == switch_diff(), "stale diff: paste `python -m tests.e2e.test_examples`"
+@pytest.mark.parametrize("app", [STOCK, ADVANCED], ids=lambda p: p.name)
+def test_the_readme_shows_the_real_switch_diff(app: Path) -> None:
+    shown = re.search(r"```diff\n(.*?)```", (app / "README.md").read_text(), re.S)
+    assert shown is not None, f"{app}/README.md has no ```diff block"
+    assert shown.group(1) == switch_diff(app), \
+        f"stale diff: paste `python -m tests.e2e.test_examples {app.name}`"
 
 
 # The run the tests take: 1925 rows over 3 nodes are IID shards of 642, 642, 641 (flwr-datasets:
@@ -217,8 +230,8 @@ def test_stock_flower_app_runs_fedact_two_rounds_under_flwr_run(tmp_path: Path) 
     nodes after each round (the app's pyproject as shipped)."""
     out = tmp_path / "out"
     config = " ".join(f"{k}={v}" for k, v in STOCK_RUN.items())
-    done = flwr_run_app(STOCK, tmp_path / "flwr-home", 3, f"{config} out-dir='{out}'")
-    assert done.returncode == 0, tail(done)
+    done = flwr_run_app(STOCK, tmp_path / "flwr-home", 3, f"{config} out-dir='{out}'", honest=True)
+    assert done.returncode == 0, tail(done)  # the wrapper's: the SuperLink says it completed
     assert (out / "central.json").is_file(), tail(done)
     assert "Starting FedACT strategy" in done.stdout + done.stderr
     results = stock_results(out)
@@ -252,8 +265,59 @@ def test_torch_optimizer_example_resumes_bit_for_bit_under_a_scheduler() -> None
     assert ratio < 0.05, out
 
 
-if __name__ == "__main__":  # the diff for examples/flower-app-fedact/README.md
-    print(switch_diff(), end="")
+# --- (d) Flower's advanced-pytorch habits on FedACT ------------------------------------------------
+def test_the_advanced_switch_leaves_the_clients_head_and_evaluation_alone() -> None:
+    before, after = (functions(ADVANCED / "pytorch_example" / sub / "client_app.py")
+                     for sub in ("fedavg", "."))
+    for name in ("evaluate", "keep_head", "restore_head", "node_data"):
+        assert before[name] == after[name], name
+    # the strategy: its base class and that import, nothing else (the lr step, `start` as they were)
+    texts = [(ADVANCED / "pytorch_example" / sub / "strategy.py").read_text().splitlines()
+             for sub in ("fedavg", ".")]
+    changed = [line[1:] for line in difflib.unified_diff(*texts, n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    allowed = ("from ", "class CustomStrategy(")
+    assert changed and all(not c.strip() or c.startswith(allowed) for c in changed), changed
+
+
+def test_the_advanced_app_keeps_its_own_keys_through_the_wrapper() -> None:
+    """`server-device`, `num-train-examples`, `out-dir` are the app's: adaptfl's ServerApp would
+    refuse them, the app's own one reads them, so `python -m adaptfl.flwr_run` lets them by."""
+    from adaptfl import flwr_run
+
+    own = set(app_config(ADVANCED)) - set(declared_keys())
+    assert {"server-device", "num-train-examples", "out-dir"} <= own
+    ours = "server-device='cpu' num-train-examples=900"
+    assert flwr_run.refusal([str(ADVANCED), "--run-config", ours]) is None
+    assert flwr_run.refusal([str(ADVANCED), "-c", "fraction-train=0"]) == \
+        "invalid fraction-train=0: must be > 0.0 (range (0, 1])"
+
+
+@pytest.mark.flower
+@needs_flwr
+@needs_fashion_mnist
+def test_advanced_app_halves_its_lr_at_round_5_under_flwr_run(tmp_path: Path) -> None:
+    """The app as shipped, 5 rounds on 3 nodes, through the honest-exit wrapper: exit 0; the
+    train config's lr, halved by the app's own `configure_train` at round 5, is what the clients
+    stepped with (the `lr` of each round's train metrics); the model learned."""
+    out = tmp_path / "out"
+    config = (f"num-server-rounds=5 num-train-examples=1200 num-test-examples=500 fraction-train=0.5 "
+              f"out-dir='{out}'")
+    done = flwr_run_app(ADVANCED, tmp_path / "flwr-home", 3, config, honest=True)
+    assert done.returncode == 0, tail(done)
+    [run_dir] = list(out.glob("outputs/*/*"))
+    rows = json.loads((run_dir / "results.json").read_text())
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5], rows
+    assert [r["train_metrics"]["lr"] for r in rows] == pytest.approx([1e-3] * 4 + [5e-4]), rows
+    assert all(r["train_metrics"]["replies-accepted"] == 2 for r in rows), rows
+    accuracy = [r["evaluate_metrics_serverapp"]["accuracy"] for r in rows]
+    assert accuracy[-1] > 0.4, accuracy  # 10 classes: chance is 0.1
+    assert all("fed-eval-accuracy" in r["evaluate_metrics_clientapp"] for r in rows), rows
+    assert (run_dir / "final_model.pt").is_file() and list(run_dir.glob("best_model_round_*.pt"))
+
+
+if __name__ == "__main__":  # the diff for an example's README: python -m tests.e2e.test_examples [NAME]
+    print(switch_diff(EXAMPLES / sys.argv[1] if len(sys.argv) > 1 else STOCK), end="")
 
 
 def test_a_session_warns_when_the_loop_takes_another_number_of_steps(caplog) -> None:

@@ -100,7 +100,8 @@ def test_in_a_deployment_each_clients_examples_count_once_and_survive_a_resume(t
 
     with pytest.raises(Interrupted):
         run_federated(_deployment_grid(config("cut")), config("cut"), on_round=stop_after_2)
-    resumed = run_federated(_deployment_grid(config("cut", resume=True)), config("cut", resume=True))
+    resumed = run_federated(_deployment_grid(config("cut", resume=True, overwrite=False)),
+                            config("cut", resume=True, overwrite=False))
     ledger = ServerState.load(resumed / STATE_FILE).extras[LEDGER]
     whole = ServerState.load(out / STATE_FILE).extras[LEDGER]
     assert ledger["ids"].tolist() == whole["ids"].tolist()

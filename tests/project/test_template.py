@@ -169,9 +169,20 @@ def test_the_results_stay_out_of_the_apps_bundle(tmp_path: Path) -> None:
     write_app(app)
     (app / "results" / "run").mkdir(parents=True)
     (app / "results" / "run" / "metrics.jsonl").write_text("{}\n")
+    (app / "me.app.0.1.0.fab").write_bytes(b"an earlier flwr build")
+    (app / "dist").mkdir()
+    (app / "dist" / "app-0.1.0.tar.gz").write_bytes(b"")
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app))).namelist()
     assert "app/task.py" in names and "README.md" in names
-    assert not any(n.startswith("results/") for n in names), names
+    assert not any(n.startswith(("results/", "dist/")) or n.endswith(".fab") for n in names), names
+
+
+def test_build_outputs_are_ignored_in_this_checkout() -> None:
+    if not (PROJECT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("me.my-app.0.1.0.fab", "examples/own-data-model/x.fab", "dist/adaptfl.tar.gz"):
+        done = subprocess.run(["git", "check-ignore", "-q", path], cwd=PROJECT, check=False)
+        assert done.returncode == 0, f"{path} is not ignored by .gitignore"
 
 
 @pytest.mark.slow

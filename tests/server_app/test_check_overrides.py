@@ -50,8 +50,8 @@ def test_an_adaptfl_key_the_app_does_not_list_is_named_as_unlisted(tmp_path) -> 
     with pytest.raises(ValueError) as err:
         merged_config(["tau=0.3"], tmp_path)
     message = str(err.value)
-    assert "unknown" not in message and "'tau' exists" in message, message
-    assert "not listed" in message and "[tool.flwr.app.config]" in message, message
+    assert "unknown" not in message and "adaptfl key 'tau' not listed" in message, message
+    assert "[tool.flwr.app.config]" in message and message.endswith('add: tau = "preset"'), message
     with pytest.raises(ValueError, match="unknown key 'taux'"):  # a key adaptfl lacks stays unknown
         merged_config(["taux=0.3"], tmp_path)
 
@@ -64,3 +64,43 @@ def test_an_unquoted_string_is_named_with_its_fix(capsys) -> None:  # noqa: ANN0
                    "string needs quotes: algorithm='fedadamw' (in a shell: --run-config "
                    "\"algorithm='fedadamw'\")"), err
     assert main(["--run-config", "algorithm='fedadamw'"]) == 0
+
+
+def _app(tmp_path: Path, config: str) -> Path:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "mine"\nversion = "0.1.0"\n[tool.flwr.app]\npublisher = "me"\n'
+        '[tool.flwr.app.components]\nserverapp = "mine.server_app:app"\n'
+        f'clientapp = "mine.client_app:app"\n[tool.flwr.app.config]\n{config}')
+    return tmp_path
+
+
+def test_every_unlisted_key_is_named_in_one_message(tmp_path: Path) -> None:
+    app = _app(tmp_path, "lr = 0.01\n")
+    with pytest.raises(ValueError) as err:
+        merged_config(["tau=0.3 local-steps=5 rho=0.2"], app)
+    message = str(err.value)
+    assert message.startswith("adaptfl keys 'tau', 'local-steps', 'rho' not listed in"), message
+    assert message.endswith('add: tau = "preset"; local-steps = 50; rho = "preset"'), message
+
+
+def test_a_missing_config_file_is_one_line_and_exit_2(capsys, tmp_path: Path) -> None:  # noqa: ANN001
+    code, out, err = run(capsys, "--run-config", str(tmp_path / "missing.toml"))
+    assert code == 2 and out == ""
+    assert err == f"config error: --run-config {tmp_path / 'missing.toml'}: no such file " \
+                  f"({tmp_path / 'missing.toml'})\n"
+
+
+def test_an_app_with_keys_of_its_own_keeps_them(tmp_path: Path) -> None:
+    """Flower's advanced-pytorch reads `server-device` itself: adaptfl's ServerApp would refuse
+    the key, so such an app is not checked as adaptfl's; adaptfl's keys it uses in adaptfl's
+    sense (`lr`) are, and one it uses in its own (`partitioning`, default invalid to adaptfl) not."""
+    app = _app(tmp_path, 'server-device = "cpu"\nlr = 0.1\npartitioning = "shards"\n'
+                         'num-server-rounds = 3\n')
+    merged = merged_config(["server-device='cuda' partitioning='by-writer'"], app)
+    assert merged["server-device"] == "cuda" and merged["partitioning"] == "by-writer"
+    with pytest.raises(ValueError, match=r"^invalid lr=-1: must be > 0"):
+        merged_config(["lr=-1"], app)
+    with pytest.raises(ValueError, match=r"^invalid num-server-rounds=0: must be >= 1"):
+        merged_config(["num-server-rounds=0"], app)
+    with pytest.raises(ValueError, match=r"unknown key 'server-devices' \(did you mean 'server-device'\?\)"):
+        merged_config(["server-devices='cpu'"], app)

@@ -106,3 +106,43 @@ def test_the_wrapper_refuses_the_run_config_before_flower(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert "config error: --run-config algorithm=fedadamw:" in err and "algorithm='fedadamw'" in err, err
     assert flwr_run.run_configs_of([".", "-c", "a=1", "--run-config", "b=2"]) == (Path("."), ["a=1", "b=2"])
+
+
+def test_the_wrapper_leaves_a_stock_apps_own_keys_to_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """A ported stock Flower app reads keys adaptfl does not declare (`num-train-examples`,
+    `out-dir`): the wrapper lets them through (its own ServerApp reads them), checks the adaptfl
+    keys it uses (`lr`), and a missing config file is one line and exit 2, before Flower."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    app = str(examples / "flower-app-fedact")
+    assert flwr_run.refusal([app, "--run-config", "num-train-examples=500 out-dir='/tmp/x' lr=0.02"]) is None
+    assert flwr_run.refusal([app, "--run-config", "lr=0"]) == "invalid lr=0: must be > 0.0"
+    code = flwr_run.main([app, "--run-config", "missing.toml"])
+    assert code == REFUSED_EXIT_CODE
+    assert capsys.readouterr().err.startswith("config error: --run-config missing.toml: no such file")
+
+
+def test_the_wrapper_repeats_the_outcome_line_without_colour_codes(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Flower colours its log levels: the closing line the wrapper repeats has no escape codes
+    (Flower's own streamed lines are echoed as they came)."""
+    lines = ["\x1b[92mINFO \x1b[0m:      Successfully started run 7\n",
+             "\x1b[91mERROR \x1b[0m: adaptfl: run FAILED (aborted): after round 3: node 2: client error 2: "
+             "RuntimeError: simulated client crash\x1b[0m\n"]
+
+    class FakeFlower:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.stdout, self.returncode = iter(lines), 0
+
+        def __enter__(self) -> FakeFlower:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(flwr_run.subprocess, "Popen", FakeFlower)
+    returned, run_id, outcome = flwr_run.stream(["."], {})
+    assert (returned, run_id) == (0, 7)
+    assert outcome == ("adaptfl: run FAILED (aborted): after round 3: node 2: client error 2: "
+                       "RuntimeError: simulated client crash")
+    assert flwr_run.exit_code(("finished:failed", ""), outcome) == ABORTED_EXIT_CODE
+    assert capsys.readouterr().out == "".join(lines)

@@ -125,3 +125,19 @@ def test_a_finished_run_continues_for_more_rounds_and_says_what_the_schedule_doe
     assert "lr-schedule='cosine' is recomputed over 3 rounds" in caplog.text
     with pytest.raises(ValueError, match=r"num-server-rounds: 3 -> 2"):
         run_inprocess(RunConfig.of(**base, num_server_rounds=2, resume=True), 2)
+
+
+def test_a_checkpoint_written_before_a_key_existed_resumes(tmp_path) -> None:
+    """A key adaptfl gained later (lr-gamma, …) is absent from an older config.json: at its
+    default it is the same job; set away from it, another one."""
+    from adaptfl.server_app.checkpoint import check_same_job
+
+    cfg = RunConfig.of(results_dir=str(tmp_path), run_name="r", resume=True)
+    run_dir = _fake_run_dir(tmp_path, cfg, server_round=2, rows=['{"round": 1}', '{"round": 2}'])
+    older = {k: v for k, v in json.loads((run_dir / "config.json").read_text()).items()
+             if k not in ("lr-gamma", "lr-step-every", "lr-milestones")}
+    (run_dir / "config.json").write_text(json.dumps(older))
+    check_same_job(cfg, run_dir)
+    differs = r"run config differs \(lr-gamma: 0.1 -> 0.5, lr-schedule: 'cosine' -> 'exponential'\)"
+    with pytest.raises(ValueError, match=differs):
+        check_same_job(cfg.replace(lr_schedule="exponential", lr_gamma=0.5), run_dir)

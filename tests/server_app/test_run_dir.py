@@ -156,3 +156,31 @@ def test_resuming_with_another_config_is_refused_and_leaves_the_dir_as_it_was(ti
     with pytest.raises(ValueError, match=r"seed: 1 -> 2"):
         _run(_cfg(tiny_data, tmp_path, num_server_rounds=1, seed=2, resume=True))
     assert torch.equal(final_model(out)["1.weight"], model["1.weight"])
+
+
+class _FlowerLikeGrid(InProcessGrid):
+    static_nodes = False  # as under Flower: the nodes are known at round 1 only
+
+
+def test_a_run_refused_at_round_1_leaves_nothing_and_the_retry_runs(tiny_data, tmp_path) -> None:
+    """Under Flower the nodes (and so dp's plan) are known at round 1, after the results folder is
+    opened: the refused run removes its folder, so the same run-name starts afresh."""
+    refused = _cfg(tiny_data, tmp_path, dp="central", weighting="uniform", fraction_train=0.2,
+                   local_steps=1, batch_size=8)  # ε ≈ 12.7 > dp-accept-epsilon's 10
+    with pytest.raises(ValueError, match="plans ε="):
+        run_federated(_FlowerLikeGrid(10, refused.to_flower()), refused)
+    assert not (tmp_path / "r").exists()
+    accepted = refused.replace(dp_accept_epsilon=20.0)
+    out = run_federated(_FlowerLikeGrid(10, accepted.to_flower()), accepted)
+    assert [r["round"] for r in metric_rows(out)] == [1, 2]
+
+
+def test_a_folder_with_no_completed_round_is_not_offered_for_resume(tiny_data, tmp_path) -> None:
+    cfg = _cfg(tiny_data, tmp_path)
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"round": 0}\n')  # an earlier start that trained nothing
+    with pytest.raises(ValueError) as refused:
+        _run(cfg)
+    assert "completed no round" in str(refused.value) and "resume" not in str(refused.value)
+    assert "overwrite=true" in str(refused.value)

@@ -250,3 +250,20 @@ def test_a_resumed_run_carries_its_skip_streak_and_whether_it_trained() -> None:
     with pytest.raises(RunAborted, match="all 2 rounds were skipped.*last round: z"):
         untrained.at_end(2)
     SkipGuard(limit=5, rows=rows).at_end(3)  # round 1 trained before the interruption
+
+
+def test_a_flower_simulated_clients_error_is_named_in_its_own_words() -> None:
+    """Flower's simulation wraps a ClientApp's exception (`<class …>:<'…'>`, ClientAppException's
+    "occurred. Message:", Ray's coloured traceback): the abort line keeps the client's words."""
+    reason = ("client error 2: <class 'flwr.clientapp.client_app.ClientAppException'>:<'\n"
+              "Exception ClientAppException occurred. Message: \x1b[36mray::ClientAppActor.run()\x1b[39m "
+              "(pid=4242, ip=10.0.0.1)\n" + "  File \"/x/ray_actor.py\", line 60, in run\n" * 12 +
+              "RuntimeError: simulated client crash'>")
+    plain = "client error 2: <class 'X'>:<'\nException ClientAppException occurred. Message: disk full'>"
+    guard = SkipGuard(limit=1)
+    with pytest.raises(RunAborted) as err:
+        guard.after_round(1, True, "0 accepted replies < min-replies=1", {"2": reason, "3": plain}, [])
+    message = str(err.value)
+    assert "node 2: client error 2: RuntimeError: simulated client crash" in message, message
+    assert "node 3: client error 2: disk full" in message, message
+    assert "\x1b" not in message and "ray::" not in message

@@ -258,11 +258,11 @@ def test_flowers_train_config_reaches_the_clients() -> None:
     assert (config["epochs-hint"], config["note"], config["server-round"]) == (3, "hi", 1)
 
 
-@pytest.mark.parametrize("key", ["lr", "learning_rate", "local-steps", "weight_decay"])
+@pytest.mark.parametrize("key", ["local-steps", "weight_decay"])
 def test_a_train_config_setting_adaptfl_would_not_read_is_refused(key: str) -> None:
-    """Issue 20 §1c: a Flower app's train_config lr used to reach the client as session.config
-    and vanish (the optimizer takes the recipe's): one line naming the keyword instead, before
-    any client runs."""
+    """A Flower app's train_config key naming an adaptfl setting would reach the client as
+    session.config and vanish (the optimizer takes the recipe's): one line naming the keyword
+    instead, before any client runs. (The lr is the exception: the next tests.)"""
     calls = []
 
     def client(msg, context):  # noqa: ANN001, ANN202 - never reached
@@ -274,11 +274,40 @@ def test_a_train_config_setting_adaptfl_would_not_read_is_refused(key: str) -> N
         FedACT(fraction_train=1.0).start(
             grid=InProcessGrid(1, {}, handler=client), initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=1, train_config=ConfigRecord({key: 0.05, "local-epochs": 2}))
-    snake = {"learning_rate": "lr"}.get(key, key.replace("-", "_"))
+    snake = key.replace("-", "_")
     assert str(err.value) == (f"train_config[{key!r}]=0.05: adaptfl's clients take "
                               f"{snake.replace('_', '-')} from the strategy, not from train_config; "
                               f"pass FedACT({snake}=0.05) instead")
     assert not calls
+
+
+@pytest.mark.parametrize("key", ["lr", "learning_rate", "learning-rate"])
+def test_a_train_config_lr_is_the_rounds_lr_on_both_sides(key: str) -> None:
+    """Flower's habit (`train_config=ConfigRecord({"lr": …})`, changed in configure_train): the
+    clients' recipe carries it, the row says it, and the server divides by it: FedACT's
+    Δ_G = -mean Δ/(K·lr) at lr 0.25 is twice the one at the run's lr 0.5 (K = 2)."""
+    by_config, by_run = _strategy(), _strategy()
+    config = ConfigRecord({key: 0.25})
+    sent = {m.metadata.dst_node_id: m for m in
+            by_config.configure_train(1, ArrayRecord(by_config.state.model), config, GRID)}
+    assert sent[1].content[wire.RECIPE]["round.lr"] == 0.25
+    assert sent[1].content[wire.RECIPE]["round.lr-scale"] == 0.5  # against the run's lr 0.5
+    assert by_config.round_info(1).lr == 0.25 and by_run.round_info(1).lr == 0.5
+    _, metrics = by_config.aggregate_train(1, [_reply(sent[1], **GOOD_A), _reply(sent[2], **GOOD_B)])
+    assert metrics is not None and metrics["lr"] == 0.25
+    plain = _configure(by_run, 1)
+    by_run.aggregate_train(1, [_reply(plain[1], **GOOD_A), _reply(plain[2], **GOOD_B)])
+    halved, full = by_config.state.extras[wire.DELTA_G], by_run.state.extras[wire.DELTA_G]
+    assert all(torch.equal(halved[n], 2 * full[n]) for n in full)
+    assert _configure(by_config, 2)[1].content[wire.RECIPE]["round.lr"] == 0.5  # one round only
+
+
+@pytest.mark.parametrize("value, why", [(0.0, "must be > 0.0"), (50.0, "outside the sane range"),
+                                        ("fast", "expected a number")])
+def test_a_bad_train_config_lr_is_refused_before_any_client_runs(value: object, why: str) -> None:
+    strategy = _strategy()
+    with pytest.raises(ValueError, match=rf"^train_config\['lr'\]={value!r}: {why}"):
+        strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord({"lr": value}), GRID)
 
 
 class SilentGrid(InProcessGrid):
@@ -319,7 +348,7 @@ def test_local_epochs_divide_each_reply_by_its_own_k() -> None:
     """local-epochs=1, batch 10: A claims 10 rows (K_A = 1), B 30 (K_B = 3); weights 1:3.
     Δ_G = -(¼·Δ_A/1 + ¾·Δ_B/3)/lr with lr = 0.5, by hand: w = -([1,0] + [-1,4])/2 = [0, -2],
     b = -(2 + 0)/2 = [-1]; the model's step is the plain weighted mean of Δ, as without epochs."""
-    strategy = _strategy(local_epochs=1.0, batch_size=10)
+    strategy = _strategy(local_epochs=1.0, batch_size=10, local_steps=50)  # 50: not set
     sent = _configure(strategy, 1)
     strategy.aggregate_train(1, [_reply(sent[1], **{**GOOD_A, "num_examples": 10}),
                                  _reply(sent[2], **{**GOOD_B, "num_examples": 30})])
@@ -332,7 +361,7 @@ def test_local_epochs_divide_each_reply_by_its_own_k() -> None:
 
 def test_local_epochs_on_equal_clients_is_one_k_for_all() -> None:
     """20 rows each at batch 10, 1 epoch: K = 2 for both, the same Δ_G as local-steps=2."""
-    by_epochs, by_steps = _strategy(local_epochs=1.0, batch_size=10), _strategy(batch_size=10)
+    by_epochs, by_steps = _strategy(local_epochs=1.0, batch_size=10, local_steps=50), _strategy(batch_size=10)
     for strategy in (by_epochs, by_steps):
         sent = _configure(strategy, 1)
         strategy.aggregate_train(1, [_reply(sent[1], **{**GOOD_A, "num_examples": 20}),

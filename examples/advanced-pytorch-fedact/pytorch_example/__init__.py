@@ -1,0 +1,1 @@
+"""Flower's advanced-pytorch example, on adaptfl's FedACT (the FedAvg version: `fedavg/`)."""

@@ -1,0 +1,1 @@
+"""The app on Flower's FedAvg, before the switch."""
