@@ -2,12 +2,13 @@
 authentication, the Fleet proxy): FedACT with durable client state (`local-state='persist'`:
 each client keeps its AdamW moments, in `context.state` and on disk) on the smallest federation
 that shows each fault: 4 SuperNodes, of which 3 and 4 die when round 1 ends (so in round 2) and 3
-comes back when round 2 ends (in round 3 or 4); 4 stays away, 1 and 2 never fail. The run goes on
+comes back when round 2 ends (in round 3, 4 or 5); 4 stays away, 1 and 2 never fail. The run goes on
 within min-replies, each round's row says who answered and who did not, and the restarted node
 continues from its state on disk. Flower takes a dead node for offline 36-60 s after its last
 heartbeat (30 s × 0.8, patience 2: fixed in Flower 1.42's SuperNode), so round 2 lasts about a
-minute; a restarted node is back for round 3 or, when round 3 was sampled before it
-reconnected, round 4. (16 SuperNodes, their memory and time: docs/scale.md.)"""
+minute; round 3 is sampled the moment round 2 ends, before the restarted SuperNode has
+reconnected, and on 4 nodes a round is short: 5 rounds leave it time to come back. (16
+SuperNodes, their memory and time: docs/scale.md.)"""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from adaptfl.deploy.loopback import Nodes, run_loopback
 from tests.deploy.test_deploy_loopback import BINARIES
 
-NODES, ROUNDS = 4, 4
+NODES, ROUNDS = 4, 5
 KILLED, RESTARTED = (3, 4), (3,)  # SuperNode i holds partition i - 1
 MIN_REPLIES = NODES - len(KILLED)  # round 2 has exactly enough
 pytestmark = [
@@ -85,7 +86,7 @@ def test_supernodes_killed_and_restarted_mid_run(tmp_path, tiny_data) -> None:
     assert len(silent) == len(KILLED) and silent <= set(rows[0]["latency"]), rows[1]
     assert rows[1]["replies-sampled"] - rows[1]["replies-accepted"] == len(KILLED)
     assert not (gone - back) & set().union(*answered[2:])  # 4 stayed away
-    assert back <= answered[3] and everyone - gone <= answered[2]
+    assert back <= set().union(*answered[2:]) and all(everyone - gone <= a for a in answered[2:])
     sources = [{p: c["local-state-source"] for p, c in r["clients"].items()} for r in rows]
     assert set(sources[0].values()) == {0}  # nobody had kept a state before round 1
     assert set(sources[1].values()) == {1}  # then Flower's context.state held it
