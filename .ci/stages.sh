@@ -25,7 +25,7 @@ ci_summary() {
   local status=$?
   echo "[ci] stage times:"
   local line
-  for line in "${CI_STAGES[@]}"; do
+  for line in ${CI_STAGES[@]+"${CI_STAGES[@]}"}; do
     echo "[ci]   $line"
   done
   if [ -n "$CI_STAGE_NOW" ]; then
