@@ -198,7 +198,9 @@ class Output(Component):
                             "(else refused, unless resume=true)", loop_only=_OUTPUTS, excludes="resume")
     client_state_dir: str = param("", "durable client state (HaFedHo, SCAFFOLD, …); empty: the "
                                   "system's temp dir")
-    client_state_memory: bool = param(True, "also keep durable client state in Flower's "
+    # false by default: durable state is model-sized, and in simulation every node's context
+    # lives in the server's process and rides along with each message (docs/scale.md)
+    client_state_memory: bool = param(False, "also keep durable client state in Flower's "
                                       "context.state: in simulation that is the server process's "
                                       "memory (model-sized per client that took part) and follows a "
                                       "client across Ray nodes; false: client-state-dir only (shared "

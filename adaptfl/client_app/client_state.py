@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 import tempfile
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, Context, RecordDict
 
 from adaptfl.client_app.state_owner import Owner, bind, unbind
 from adaptfl.core import wire
@@ -197,3 +198,11 @@ class MemoryStore:
 
     def save(self, name: str, tensors: Tensors) -> None:
         self.saved[name] = tensors
+
+
+def context_bytes(state: RecordDict) -> dict[str, int]:
+    """{key: bytes} of what a node keeps in Flower's `context.state`, pickled as Ray carries a
+    context to the actor and back with every message in simulation, where every node's context
+    also lives in the server's process (docs/scale.md: the figure per algorithm)."""
+    return {key: len(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+            for key, record in state.items()}

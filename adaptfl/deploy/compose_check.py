@@ -55,7 +55,8 @@ def _operator(files: str) -> str:
 
 
 # Every command of the demo, run in deploy/ with bash and COMPOSE="docker compose" (v2) or
-# COMPOSE=docker-compose (v1). Each phase's checks run between phases.
+# COMPOSE=docker-compose (v1). Each phase's checks run between phases. The image is built once,
+# in `images`; both variants start from it (`up --no-build`), so neither rebuilds it.
 PHASES: dict[str, list[str]] = {
     "images": [
         "python -m adaptfl.deploy.wheelhouse wheelhouse   # host-built wheels: the build dials nothing",
@@ -64,7 +65,7 @@ PHASES: dict[str, list[str]] = {
         f"$COMPOSE {INSECURE_FILES} build",
     ],
     "insecure": [
-        f"$COMPOSE {INSECURE_FILES} up -d",
+        f"$COMPOSE {INSECURE_FILES} up -d --no-build",
         WAIT_FOR.format(_operator(INSECURE_FILES), "adaptfl-demo"),
         f"{_operator(INSECURE_FILES)} run {APP} adaptfl-demo --stream "
         f"--run-config \"{RUN_CONFIG} run-name='compose-insecure'\"",
@@ -72,11 +73,11 @@ PHASES: dict[str, list[str]] = {
     "insecure-down": [f"$COMPOSE {INSECURE_FILES} down -v"],
     "tls": [
         "KEY_OWNER=49999:49999 ./generate-certs.sh certs 2   # as root: keys 0600, owned by `app`",
-        f"$COMPOSE {TLS_FILES} up -d superlink fleet-proxy superexec-serverapp",
+        f"$COMPOSE {TLS_FILES} up -d --no-build superlink fleet-proxy superexec-serverapp",
         WAIT_FOR.format(_operator(TLS_FILES), "adaptfl-demo-tls"),
         f"{_operator(TLS_FILES)} supernode register /app/certificates/supernode-1.pub adaptfl-demo-tls",
         f"{_operator(TLS_FILES)} supernode register /app/certificates/supernode-2.pub adaptfl-demo-tls",
-        f"$COMPOSE {TLS_FILES} up -d   # the SuperNodes join now",
+        f"$COMPOSE {TLS_FILES} up -d --no-build   # the SuperNodes join now",
         f"{_operator(TLS_FILES)} run {APP} adaptfl-demo-tls --stream "
         f"--run-config \"{RUN_CONFIG} run-name='compose-tls'\"",
     ],

@@ -34,6 +34,15 @@ def test_the_documented_compose_section_is_what_the_check_runs() -> None:
     assert _docs_compose_block() == compose_check.readme_block()
 
 
+def test_the_image_is_built_once_and_both_variants_start_from_it() -> None:
+    commands = [(phase, c) for phase, cmds in compose_check.PHASES.items() for c in cmds]
+    builds = [phase for phase, c in commands if re.search(r"\$COMPOSE .* build\b", c)]
+    assert builds == ["images"], builds
+    ups = [(phase, c) for phase, c in commands if " up -d" in c]
+    assert {phase for phase, _ in ups} == {"insecure", "tls"}
+    assert all(" up -d --no-build" in c for _, c in ups), ups
+
+
 def test_every_phase_tears_down_with_down_v_after_it_brings_up() -> None:
     assert compose_check.PHASES["insecure-down"] == ["$COMPOSE -f compose.yml down -v"]
     assert compose_check.PHASES["tls-down"] == [f"$COMPOSE {compose_check.TLS_FILES} down -v"]

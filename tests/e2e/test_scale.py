@@ -16,6 +16,7 @@ import torch
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app import app as client_app
+from adaptfl.client_app.client_state import context_bytes
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from adaptfl.workloads import partitioning
@@ -104,6 +105,23 @@ def test_scaffold_state_in_the_server_process_only_with_client_state_memory(tmp_
     # a client sampled again finds its state where the setting says
     sources = {v["client-state"] for r in rows[1:] for v in r["clients"].values()}
     assert sources <= {0, 1 if in_memory else 2}
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "diloco"])  # c_i; AdamW's m and v
+def test_by_default_a_nodes_context_holds_nothing_model_sized(tmp_path, tiny_data, algorithm) -> None:
+    """Flower's simulation keeps every node's context in the server's process and sends it to
+    the actor and back with each message: model-sized durable state stays on disk by default
+    (client-state-memory=false), and a node never sampled keeps nothing at all."""
+    cfg = _cfg(tmp_path, tiny_data, algorithm=algorithm, local_steps=2)
+    assert cfg.output.client_state_memory is False
+    grid = InProcessGrid(NODES, cfg.to_flower())
+    rows = metric_rows(run_federated(grid, cfg))
+    took_part = {int(pid) + 1 for r in rows for pid in r["clients"]}
+    sizes = {node: sum(context_bytes(c.state).values()) for node, c in grid.contexts.items()}
+    model_bytes = 4 * 50_890  # the mlp's parameters in float32
+    assert 0 < max(sizes[n] for n in took_part) < model_bytes / 20, sizes
+    assert all(sizes[n] == 0 for n in grid.contexts if n not in took_part)
+    assert list((tmp_path / "state").rglob("*.pt"))  # the durable state is on disk
 
 
 def test_a_node_keeps_its_rows_and_recomputes_them_when_the_split_changes(monkeypatch) -> None:

@@ -118,9 +118,10 @@ def test_diloco_equals_torch_adamw_kept_and_sgd_nesterov_with_a_skipped_round(tm
     expected = _by_hand(skip)
     for name in expected:
         torch.testing.assert_close(ours[name], expected[name], **TOL, msg=name)
-    # where each reply's kept state came from: none in round 1, then memory (node 2's is stale)
+    # where each reply's kept state came from: none in round 1, then the disk (node 2's is
+    # stale; client-state-memory is off by default: model-sized state stays out of the context)
     sources = [int(m.content[wire.METRICS][wire.LOCAL_STATE_SOURCE]) for m in replies]
-    assert sources == [StateSource.NONE] * 2 + [StateSource.MEMORY] * 3
+    assert sources == [StateSource.NONE] * 2 + [StateSource.DISK] * 3
     # and the state is what matters: the same run starting fresh every round is another model
     fresh, _, _ = _run(tmp_path / "fresh", skip, local_state="fresh")
     assert any(not torch.allclose(fresh[n], expected[n], **TOL) for n in expected)
