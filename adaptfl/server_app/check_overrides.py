@@ -185,7 +185,7 @@ def _default_of(key: str) -> str:
     from adaptfl.algorithms.config import pyproject_block
 
     lines = (line.split(" = ", 1) for line in pyproject_block().splitlines()[1:])
-    return dict(lines)[key]  # type: ignore[arg-type]
+    return dict(lines)[key]
 
 
 def _adaptfl_keys() -> set[str]:
