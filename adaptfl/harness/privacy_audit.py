@@ -55,7 +55,7 @@ from adaptfl.core import wire
 from adaptfl.harness.canaries import Canaries
 from adaptfl.harness.node_canaries import NodeCanaries
 from adaptfl.harness.secure_canaries import SecureCanaries, secure_cohort
-from adaptfl.privacy import client, server
+from adaptfl.privacy import client, node_ledger, server
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import epsilon_lower_bound
 from adaptfl.privacy.audit_power import detected_share
@@ -147,13 +147,19 @@ def check(cfg: RunConfig) -> None:
         raise ValueError("resume: an audit scores every round in one process; start a fresh run")
 
 
+AUDIT_NODE_BUDGET = 1e12  # ε: past any run the audit plays
+
+
 def node_floor(cfg: RunConfig, cohort: int) -> dict[str, Any]:
     """Every node's floor in a dp='client' audit: exactly the run's z, C_Δ, C_s and the cohort
     of n + m, so a node adds no more noise than the run books (the audit sees the nodes' noise)."""
     privacy = cfg.privacy
     return {client.MIN_NOISE: privacy.dp_noise_multiplier, client.MAX_CLIP: privacy.dp_clip_norm,
             client.MAX_STATE_CLIP: privacy.dp_state_clip_norm, client.MAX_COHORT: cohort,
-            client.TESTING_SEED: privacy.dp_testing_reproducible_noise}
+            client.TESTING_SEED: privacy.dp_testing_reproducible_noise,
+            # the simulated nodes' own budget: their ledgers book what they release, but may not
+            # stop the weak-noise runs the audit exists to catch (one release at z = 0.25: ε 8,363)
+            node_ledger.MAX_EPSILON: AUDIT_NODE_BUDGET}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from adaptfl.privacy.client import check_floor, node_settings
 from adaptfl.privacy.mechanism import start_bound
 from adaptfl.secagg import crypto, fixedpoint, noise
 from adaptfl.secagg import protocol as p
-from adaptfl.secagg.round_contract import check_first_setup, check_layout, contract_layout
+from adaptfl.secagg.round_contract import check_first_setup, check_layout, contract_layout, note_masked
 
 STATE = "adaptfl-secagg"  # context.state ConfigRecord: this node's protocol state for the round
 Train = Callable[[Message, Context], Message]
@@ -177,6 +177,7 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     if not set(senders) <= set(_ids(state["opened"])) or len(senders) + 1 < threshold:
         raise ValueError(f"secagg: asked to mask with {len(senders)} peers, not {threshold - 1} or more "
                          "of those whose shares this node opened")
+    note_masked(context, _int(state, p.ROUND))
     del msg.content[wire.SECAGG]  # the training instruction as any round's
     reply = train(msg, context)
     if reply.has_error():

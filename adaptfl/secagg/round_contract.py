@@ -1,11 +1,14 @@
 """What a node holds the server to in a SecAgg+ round, beyond each stage's own checks
 (secagg/client.py): one setup per round, and the masked vector's layout exactly the contract's.
 
-    one setup per round   a node sets up SecAgg+ once for a round of a run: a second setup
-                          would let the server unmask a second, independently noised sum of
-                          the same updates. Kept in `context.state` (the rounds set up); the
-                          training the masked input runs is booked in the node's own ledger
-                          (privacy/node_ledger.py), which a restart keeps
+    one masked input      a node sends its masked input once for a round of a run, and sets
+      per round           up no round again once it has: a second would let the server unmask
+                          a second, independently noised sum of the same updates. A setup again
+                          before that is the same round restarted without the node the blame
+                          removed (secagg/blame.py: nothing was masked yet). Kept in
+                          `context.state` (the rounds masked); the training the masked input
+                          runs is booked in the node's own ledger (privacy/node_ledger.py),
+                          which a restart keeps
     the exact layout      the layout the server sends names each shared record's arrays once,
                           in the contract's order (Δ, the uploads, the averaged metrics as one
                           value each: privacy/mechanism.py `shared_records`), the arrays of a
@@ -25,20 +28,32 @@ from adaptfl.algorithms.recipe import algorithm_from_recipe
 from adaptfl.core import wire
 from adaptfl.secagg.fixedpoint import METRIC
 
-ROUNDS = "adaptfl-secagg-rounds"  # context.state ConfigRecord: {run id: [rounds set up]}
+ROUNDS = "adaptfl-secagg-rounds"  # context.state ConfigRecord: {run id: [rounds masked]}
 
 
-def check_first_setup(context: Context, server_round: int) -> None:
-    """Refuse (ValueError, one line) a second setup for a round of this run; note this one."""
+def _masked_rounds(context: Context) -> tuple[ConfigRecord, list[int]]:
     record = context.state.config_records.get(ROUNDS)
     if record is None:
         record = context.state[ROUNDS] = ConfigRecord()
-    run = str(context.run_id)
-    done = [int(r) for r in record.get(run, [])]  # type: ignore[union-attr]
+    return record, [int(r) for r in record.get(str(context.run_id), [])]  # type: ignore[union-attr]
+
+
+def _refuse_if_masked(done: list[int], server_round: int) -> None:
     if server_round in done:
-        raise ValueError(f"secagg: round {server_round} was set up already; a node takes part in "
-                         "one SecAgg+ round per round (a second would release a second noised sum)")
-    record[run] = [*done, server_round]
+        raise ValueError(f"secagg: round {server_round} was masked already; a node sends one masked "
+                         "input per round (a second would release a second noised sum)")
+
+
+def check_first_setup(context: Context, server_round: int) -> None:
+    """Refuse (ValueError, one line) a setup for a round whose masked input this node sent."""
+    _refuse_if_masked(_masked_rounds(context)[1], server_round)
+
+
+def note_masked(context: Context, server_round: int) -> None:
+    """Refuse a second masked input for a round of this run; note this one (before it trains)."""
+    record, done = _masked_rounds(context)
+    _refuse_if_masked(done, server_round)
+    record[str(context.run_id)] = [*done, server_round]
 
 
 def contract_layout(recipe: ConfigRecord, records: Mapping[str, Mapping[str, torch.Tensor]]

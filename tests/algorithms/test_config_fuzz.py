@@ -26,7 +26,7 @@ from adaptfl.server_app.run_checks import check_nodes
 from tests.support.run_outputs import metric_rows
 
 DRAWS = 200  # at least; up to MAX_DRAWS until each outcome below has its share (a new key or
-MAX_DRAWS = 320  # choice shifts every later draw, so a fixed count would hang on luck)
+MAX_DRAWS = 480  # choice shifts every later draw, so a fixed count would hang on luck)
 # Where and how the run happens, not what it computes: fixed so each draw stays small.
 FIXED = {"num-server-rounds": 1, "model": "mlp", "task": "fashion-mnist", "max-precond-dim": 100}
 # Small unless drawn (a draw of either key overrides it): the declared defaults (K = 50 steps of

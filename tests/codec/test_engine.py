@@ -218,7 +218,8 @@ def test_dp_client_replies_decode_to_the_round_trip_of_the_privatized_values(
         cfg = _cfg(tiny_data, tmp_path / codec, algorithm="fedavg", weighting="uniform", dp="client",
                    dp_accounting="no-amplification", codec=codec)
         strategy, _, _ = build_run(cfg)
-        strategy.state.run_key = "0" * 32
+        strategy.state.run_key = "0" * 32  # the same noise for both: so each its own node ledgers,
+        monkeypatch.setenv("ADAPTFL_LEDGER_DIR", str(tmp_path / f"ledgers-{codec}"))  # a replay else
         grid = InProcessGrid(2, cfg.to_flower())
         sent = strategy.configure_train(1, ArrayRecord(strategy.state.model), ConfigRecord(), grid)
         replies[codec] = list(grid.send_and_receive(sent))

@@ -168,7 +168,7 @@ def test_secagg_twice_in_a_round_is_refused(tiny_data, tmp_path, monkeypatch) ->
         pass
     assert len(_carrying(seen)) == NODES  # the first SecAgg+ round's only
     assert _carrying(second) == [] and len(_reasons(second)) == NODES
-    assert all("round 1 was set up already" in why for why in _reasons(second))
+    assert all("round 1 was masked already" in why for why in _reasons(second))
 
 
 def _lying_layout(monkeypatch, change) -> None:  # noqa: ANN001

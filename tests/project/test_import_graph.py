@@ -61,6 +61,10 @@ LAZY = {
     "adaptfl/server_app/check_overrides.py": "the preflight CLI refuses a bad key before torch",
     "adaptfl/new.py": "`python -m adaptfl.new` writes files before importing the catalog",
     "adaptfl/client_app/session.py": "Sophia's default loss: workloads imports every task's loader",
+    "adaptfl/local_update/__init__.py": "PEP 562: `step.reference` and the rules load without "
+                                        "LocalUpdate and its fast forms",
+    "adaptfl/local_update/rules/adam.py": "the rule's own direction is the fused kernel's pass, "
+                                          "imported on use: `step.reference` reads the rule alone",
 }
 LAZY_FOLDERS = ("adaptfl/harness/",)  # report and sweep commands, each importing what it runs
 

@@ -53,34 +53,46 @@ def tensor_step(rule: Preconditioner, xs: list[torch.Tensor], gs: list[torch.Ten
     is written (the rule's in-place state updates land on copies)."""
     states = [_copy(st) for st in states]
     dirs = _directions(rule, gs, states, at)
-    share = 1.0 - chain.rho if chain.correction == "after-step" else 1.0
-    decay = chain.lr * chain.weight_decay * share
-    if not chain.trust.active:  # the rule's own step at (1-ρ) of its lr, then the correction
-        out = []
-        for i, (x, (d, scale)) in enumerate(zip(xs, dirs, strict=True)):
-            if d is not None:
-                step = (chain.lr * scale * (1.0 - chain.rho)) * d
-                x = (x - step) * (1.0 - decay) if rule.decay_after else x * (1.0 - decay) - step
-            if global_direction is not None and chain.rho:
-                x = x - chain.ref_lr * chain.rho * global_direction[i]
-            out.append(x)
-        return out, states
+    dg = global_direction if global_direction is not None and chain.rho else None
+    if not chain.trust.active:
+        return _own_steps(rule, xs, dirs, chain, dg), states
+    return _trusted_steps(rule, xs, gs, dirs, chain, dg), states
+
+
+def _decay(chain: Chain) -> float:
+    """δ = lr·wd, times (1-ρ) when the local optimizer runs at lr·(1-ρ) (FedPAC's)."""
+    return chain.lr * chain.weight_decay * (1.0 - chain.rho if chain.correction == "after-step" else 1.0)
+
+
+def _own_steps(rule: Preconditioner, xs: list[torch.Tensor], dirs: list[Direction], chain: Chain,
+               dg: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """The rule's own step at (1-ρ) of its lr, in its authors' order, then x -= ρ·L·Δ_G."""
+    decay, out = _decay(chain), []
+    for i, (x, (d, scale)) in enumerate(zip(xs, dirs, strict=True)):
+        if d is not None:
+            step = (chain.lr * scale * (1.0 - chain.rho)) * d
+            x = (x - step) * (1.0 - decay) if rule.decay_after else x * (1.0 - decay) - step
+        out.append(x if dg is None else x - chain.ref_lr * chain.rho * dg[i])
+    return out
+
+
+def _trusted_steps(rule: Preconditioner, xs: list[torch.Tensor], gs: list[torch.Tensor],
+                   dirs: list[Direction], chain: Chain, dg: list[torch.Tensor] | None
+                   ) -> list[torch.Tensor]:
+    """u = (1-ρ)·(c/L)·d + ρ·Δ_G, φ from the scores u ⊙ g over all tensors, then the move."""
     us = []
     for i, (g, (d, scale)) in enumerate(zip(gs, dirs, strict=True)):
         u = torch.zeros_like(g) if d is None else (1.0 - chain.rho) * (chain.lr * scale / chain.ref_lr) * d
-        us.append(u if global_direction is None or not chain.rho else u + chain.rho * global_direction[i])
+        us.append(u if dg is None else u + chain.rho * dg[i])
     flat_u = torch.cat([u.reshape(-1) for u in us])[None]
-    scores = flat_u * torch.cat([g.reshape(-1) for g in gs])[None]
-    phi = modulate(scores, chain)
+    phi = modulate(flat_u * torch.cat([g.reshape(-1) for g in gs])[None], chain)
     steps = torch.split((flat_u if phi is None else phi * flat_u)[0], [x.numel() for x in xs])
-    out = []
+    decay, out = _decay(chain), []
     for i, (x, s, (d, _)) in enumerate(zip(xs, steps, dirs, strict=True)):
         delta = 0.0 if d is None else decay
-        if rule.decay_after:  # the move decayed with x, the correction's share given back
-            x = (x - chain.ref_lr * s.view_as(x)) * (1.0 - delta)
-            if global_direction is not None and chain.rho:
-                x = x - chain.ref_lr * chain.rho * delta * global_direction[i]
-        else:
-            x = x * (1.0 - delta) - chain.ref_lr * s.view_as(x)
-        out.append(x)
-    return out, states
+        if not rule.decay_after:
+            out.append(x * (1.0 - delta) - chain.ref_lr * s.view_as(x))
+            continue
+        x = (x - chain.ref_lr * s.view_as(x)) * (1.0 - delta)  # decayed with x, the correction's
+        out.append(x if dg is None else x - chain.ref_lr * chain.rho * delta * dg[i])  # share back
+    return out
