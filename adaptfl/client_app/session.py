@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from adaptfl.algorithms.algorithm import Algorithm
 from adaptfl.algorithms.recipe import (
@@ -121,18 +121,30 @@ class ClientSession:
         if wire.RECIPE not in content.config_records:
             raise ContractError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
         recipe = content.config_records[wire.RECIPE]
-        self.msg = msg
+        self.msg, self.model = msg, model
+        self._read_recipe(recipe, content, context)
+        self._load_model(recipe, content, device)
+        self._start_stages(recipe, content, context, data, store)
+
+    def _read_recipe(self, recipe: ConfigRecord, content: RecordDict, context: Context | None) -> None:
+        """What the server asks this round, checked against this node before anything runs: the
+        algorithm, the round, dp's terms under the node's own floor and ledger (privacy/client.py:
+        refused here, before any training), and the records against the algorithm's contract."""
         self.algorithm = algorithm_from_recipe(recipe)
         self.info = round_from_recipe(recipe)
         self.privacy, self.sampled = privacy_from_recipe(recipe)
         self.secure = bool(recipe.get(SECURE, False))  # SecAgg+ masks the reply (secagg/client.py)
         self.node_id = context.node_id if context is not None else 0
         self._identity = identity(context)
-        # the node's own floor and ledger (privacy/client.py): refused here, before any training
         self.reply_z, self.booking = node_terms(context, self.privacy, self.sampled, self.info)
         check_records(content, self.algorithm)
         self.config = dict(content.config_records.get(wire.CONFIG, {}))  # Flower's train_config
-        self.model = model
+
+    def _load_model(self, recipe: ConfigRecord, content: RecordDict,
+                    device: torch.device | str | None) -> None:
+        """The global model x^r into the session's model (its frozen part checked, not sent), on
+        the round's device, and a copy of what was sent: Δ is taken against it."""
+        model = self.model
         check_frozen(model, recipe)
         arrays = content.array_records[wire.ARRAYS].to_torch_state_dict()
         load_federated(model, arrays)
@@ -142,6 +154,11 @@ class ClientSession:
         # x^r of what the server sent (never the frozen base: no second copy of it)
         state = model.state_dict()
         self.start_state = {n: state[n].detach().clone() for n in arrays}
+
+    def _start_stages(self, recipe: ConfigRecord, content: RecordDict, context: Context | None,
+                      data: ClientData | None, store: Any) -> None:
+        """The algorithm's client parts started on the round's decoded records and the node's
+        durable state, and the round's `LocalUpdate` built and configured by them."""
         self.compression = compression_from_recipe(recipe).for_round(self.info.server_round)
         records = {name: {k: v.to(self.device) for k, v in self._decoded(name, rec).items()}
                    for name, rec in content.array_records.items() if name != wire.ARRAYS}
@@ -151,12 +168,12 @@ class ClientSession:
                                      ) if context is not None else MemoryStore()
         self.data = data or ClientData()
         self.info = self.info.for_client(self.data.num_examples)  # local-epochs: this client's own K
-        self._ctx = ctx = ClientRound(model, self.algorithm, self.info, records, store, self.data)
+        self._ctx = ctx = ClientRound(self.model, self.algorithm, self.info, records, store, self.data)
         self.parts: list[ClientPart] = [stage.start(ctx) for stage in self.algorithm.stages()]
-        self.optimizer = build_optimizer(model, self.algorithm, self.info)
+        self.optimizer = build_optimizer(self.model, self.algorithm, self.info)
         for part in self.parts:
             part.configure(self.optimizer)
-        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         self._losses: list[torch.Tensor] = []
         self._stepped = self._lossed = False
         self._g_hat: dict[str, torch.Tensor] | None = None

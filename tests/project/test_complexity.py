@@ -25,7 +25,6 @@ OVER_THE_LIMIT = {
     "workloads/causal_lm.py:resolve": 18,
     "codec/feedback.py:encode_reply": 18,
     "algorithms/recipe.py:to_recipe": 18,
-    "client_app/session.py:__init__": 17,
     "algorithms/config.py:from_flower": 17,
     "algorithms/algorithm.py:contract": 17,
     "workloads/hub.py:_labels": 16,
