@@ -6,8 +6,11 @@ cannot the refusal names it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,6 +41,23 @@ class OrderedGrid(InProcessGrid):
         mine = [r for r in replies if r.metadata.src_node_id == self.liar]
         others = [r for r in replies if r.metadata.src_node_id != self.liar]
         return others[:self.position] + mine + others[self.position:]
+
+
+@contextlib.contextmanager
+def grids_made(grids: list[OrderedGrid]) -> Iterator[None]:
+    """Collect every OrderedGrid made inside (a tamper reads a node's own SecAgg+ state from its
+    grid's contexts), then restore the class."""
+    original = OrderedGrid.__init__
+
+    def init(self: OrderedGrid, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        grids.append(self)
+
+    OrderedGrid.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OrderedGrid.__init__ = original  # type: ignore[method-assign]
 
 
 def run(tamper, liar: int, position: int, num_nodes: int = 5, deliver_first: int | None = None):  # noqa: ANN001, ANN201
@@ -158,7 +178,7 @@ def test_one_key_signed_up_twice_names_its_node(position: str) -> None:
 def test_a_false_accusation_names_the_accuser_never_the_accused(position: str) -> None:
     """Node 2 reports node 4's shares as garbage, with its true pair key: the server opens them,
     they are as node 4 hashed them, so node 2 is named and leaves; node 4 stays."""
-    grids: list[InProcessGrid] = []
+    grids: list[OrderedGrid] = []
 
     def tamper(stage: str, node: int, reply: Message) -> Message:
         if stage == p.CHECK_SHARES and node == 2:
@@ -166,17 +186,8 @@ def test_a_false_accusation_names_the_accuser_never_the_accused(position: str) -
             reply.content[wire.SECAGG] = ConfigRecord({f"{p.BLAME}:4": state["sk-enc:4"]})
         return reply
 
-    original = OrderedGrid.__init__
-
-    def init(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
-        original(self, *args, **kwargs)
-        grids.append(self)
-
-    OrderedGrid.__init__ = init  # type: ignore[method-assign]
-    try:
+    with grids_made(grids):
         out, state, why, bound, _ = run(tamper, 2, POSITIONS[position])
-    finally:
-        OrderedGrid.__init__ = original  # type: ignore[method-assign]
     assert why == "" and out.live == [1, 3, 4, 5]
     assert np.array_equal(out.total, plain_sum([1, 3, 4, 5], bound))
     _only(state.dropped, 2, "blamed node 4, whose shares to it open as hashed")

@@ -16,7 +16,7 @@ from flwr.app import Message
 from adaptfl.core import wire
 from adaptfl.secagg import crypto
 from adaptfl.secagg import protocol as p
-from tests.secagg.test_blame import POSITIONS, OrderedGrid, run
+from tests.secagg.test_blame import POSITIONS, OrderedGrid, grids_made, run
 from tests.secagg.test_protocol import plain_sum
 
 
@@ -96,16 +96,7 @@ def test_a_share_off_its_owners_polynomial_does_not_decide_the_round_by_order(po
             rec[f"{p.HASH_B}:1"] = crypto.share_digest(3, 1, "b", b_share)
         return reply
 
-    original = OrderedGrid.__init__
-
-    def init(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
-        original(self, *args, **kwargs)
-        grids.append(self)
-
-    OrderedGrid.__init__ = init  # type: ignore[method-assign]
-    try:
+    with grids_made(grids):
         out, state, why, bound, _ = run(tamper, 1, position)
-    finally:
-        OrderedGrid.__init__ = original  # type: ignore[method-assign]
     assert why == "" and out.live == [1, 2, 3, 4, 5], why
     assert np.array_equal(out.total, plain_sum(out.live, bound)) and not state.dropped
