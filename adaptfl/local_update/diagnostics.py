@@ -8,6 +8,7 @@ whether or not it is measured (tests/local_update/test_local_update_diagnostics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -25,6 +26,7 @@ class Diagnostics:
     rho: float
     ref_lr: Any
     work: Workspace
+    diagnostics_due: Callable[[], bool]  # LocalUpdate's: the step's door asks it first
 
     def _reset_diagnostics(self) -> None:
         self._diag: dict[str, torch.Tensor] = {}
@@ -36,11 +38,6 @@ class Diagnostics:
         if not self._diag_count:
             return {}
         return {k: float(v) / self._diag_count for k, v in self._diag.items()}
-
-    def diagnostics_due(self) -> bool:
-        """Whether the step being taken (counted in `steps` already) records PosRatio/TopMass."""
-        return self.diagnostics_every > 0 and (
-            (self.steps - 1) % self.diagnostics_every == 0 or self._diag_pending)
 
     def _measure(self, blocks: list[Block], chain: bool) -> bool:
         """Record PosRatio/TopMass if this step is due (steps 1, 1+N, 1+2N, …: a short round

@@ -3,8 +3,8 @@ once per machine.
 
 torch's fused AdamW kernel and eager torch after it need about 29 passes over the D entries
 (the ρ·Δ_G copy, the kernel, the scores, the band's compares and counts, φ, the decay and the
-step) and cannot fuse them. The loops do the same work in two passes and one call (`act`):
-its first pass (`Library.adam_band`) does the kernel's arithmetic, forms s = u ⊙ g and counts
+step) and cannot fuse them. The loops do the same work in two passes and one call (step/native.py's `act`):
+its first pass (as `Library.adam_band`) does the kernel's arithmetic, forms s = u ⊙ g and counts
 the band selection's entries without storing s; `pick` selects the k-th largest among them; `step` writes
 x = (1 - δ)·x + φ ⊙ u with φ from the threshold compare. `band` is the first pass without the
 AdamW part (where the kernel ran already).
@@ -29,7 +29,6 @@ import ctypes
 import hashlib
 import itertools
 import logging
-import math
 import os
 import platform
 import shutil
@@ -38,7 +37,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from adaptfl.local_update.devices import cpu_path
@@ -149,17 +147,6 @@ def adam_usable() -> bool:
     return lib is not None and lib.adam is not None
 
 
-def adam_coefficients(beta1: float, beta2: float, eps: float, lr: float, step: float,
-                      out: torch.Tensor) -> torch.Tensor:
-    """The AdamW pass's coefficients as torch's fused kernel derives them from its arguments (in
-    double from the float32 step count, then rounded to float): 1-β1, β2, 1-β2,
-    sqrt(1-β2^t), ε and -lr/(1-β1^t)."""
-    t = float(np.float32(step))  # the kernel reads its step count as a float
-    out.numpy()[:] = (1.0 - beta1, beta2, 1.0 - beta2, math.sqrt(1.0 - beta2**t), eps,
-                      -(lr / (1.0 - beta1**t)))
-    return out
-
-
 def pick(k: int, n: int, lo: float, hi: float, idx: torch.Tensor, val: torch.Tensor,
          counts: torch.Tensor, nt: int, work: torch.Tensor, ipos: torch.Tensor
          ) -> tuple[float, int, int] | None:
@@ -177,32 +164,6 @@ def pick(k: int, n: int, lo: float, hi: float, idx: torch.Tensor, val: torch.Ten
         return None  # a miss, or (2) the first dropped tie lies beyond the positions kept
     m, cut = ipos.numpy().tolist()  # numpy, not torch: no dispatcher call (costly when cold)
     return float(work.numpy()[-1]), cut, m
-
-
-def act(x: torch.Tensor, u: torch.Tensor, adam: tuple[torch.Tensor, ...] | None, g: Segments,
-        lo: float, hi: float, k: int, decay: float | None, ca: float, cg: float,
-        idx: torch.Tensor, val: torch.Tensor, counts: torch.Tensor, nt: int, work: torch.Tensor,
-        ipos: torch.Tensor) -> tuple[float, int] | None:
-    """The first pass (`Library.adam_band` with adam = (a, m, v, coef), else `band` on u as it
-    is),
-    then `pick`, then `step` with its t and cut, in one call: (t, #band entries) if the band
-    held the k-th largest score and x was stepped; None (x untouched, the first pass done) if
-    it missed. Buffers as `pick`'s, idx.numel() // nt entries per block."""
-    lib = _required()
-    a, m, v, coef = (None,) * 4 if adam is None else (t.data_ptr() for t in adam)
-    if adam is None:
-        vec, kind = 1, 0
-    elif lib.adam is None:
-        raise RuntimeError("act with adam needs a form of torch's AdamW kernel (none matched here)")
-    else:
-        vec, kind = lib.adam
-    if not lib.dll.adaptfl_act(x.data_ptr(), u.data_ptr(), a, m, v, *g.args(), u.numel(),
-                               coef, vec, kind, lo, hi, idx.data_ptr(), val.data_ptr(),
-                               idx.numel() // nt, counts.data_ptr(), nt, work.data_ptr(),
-                               ipos.data_ptr(), k, 1.0 if decay is None else decay,
-                               decay is not None, ca, cg, lib.fused):
-        return None
-    return float(work.numpy()[-1]), int(ipos.numpy()[0])  # numpy: no dispatcher call
 
 
 def threads(n: int) -> int:
@@ -360,6 +321,8 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
     nt = threads(n)
     idx, val = torch.empty(n * nt, dtype=torch.int64), torch.empty(n * nt)
     counts, coef = torch.empty(2 * nt, dtype=torch.int64), torch.empty(6)
+    from adaptfl.local_update.step.native import adam_coefficients  # the step's own derivation
+
     cases = []
     for beta1, beta2, eps, lr, step in ((0.9, 0.999, 1e-8, -0.7, 3.0), (0.6, 0.95, 1e-3, -1e-3, 1.0)):
         u, mm, vv = a.clone(), m.clone(), v.clone()

@@ -30,24 +30,20 @@ from typing import Any, cast
 import torch
 
 from adaptfl.core.params import fields_of, lookup
-from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.diagnostics import Diagnostics
 from adaptfl.local_update.groups import as_groups, build_component
-from adaptfl.local_update.modulation import ACT, Trust
+from adaptfl.local_update.modulation import Trust
 from adaptfl.local_update.rules import (
     Preconditioner,
-    Step,
     field_default,
     fields_from_group,
     group_values,
     torch_keywords,
 )
 from adaptfl.local_update.slots import NamedSlots
-from adaptfl.local_update.step import eager as eager_form
-from adaptfl.local_update.step import fused
-from adaptfl.local_update.step import native as native_form
-from adaptfl.local_update.step.choose import Path, choose_path, flat_layout
-from adaptfl.local_update.step.fused import Fusion
+from adaptfl.local_update.step.choose import Path
+from adaptfl.local_update.step.local_step import local_step
+from adaptfl.local_update.step.native import Steady
 from adaptfl.local_update.workspace import Workspace
 
 CORRECTIONS = ("mix", "after-step")
@@ -114,6 +110,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self.steps = 0  # optimizer steps taken (the diagnostics schedule)
         self.paths: Counter[str] = Counter()  # steps taken in each form (step/choose.py)
         self.last_path: Path | None = None  # the form of the last step, and why
+        self.steady: Steady | None = None  # FedACT's native step as prepared (step/native.py)
         self.work = Workspace()
         self._rules: dict[tuple[Any, ...], Preconditioner] = {}
         self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
@@ -203,159 +200,19 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None, g_hat: Mapping[str, torch.Tensor] | None = None) -> Any:
+        """One step (step/local_step.py: `choose_path` picks its form); with `g_hat`, Sophia's h
+        is refreshed from it after the step."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.steps += 1
-        groups = self.param_groups
-        rules = [self.rule(group) for group in groups]
-        actives = [[p for p in group["params"] if p.grad is not None] for group in groups]
-        path = choose_path(self, rules[0], actives[0], self.diagnostics_due())
-        blocks = []
-        for gi, group in enumerate(groups):
-            if actives[gi]:
-                blocks.extend(self._directions(gi, group, rules[gi], actives[gi], path))
-        if blocks:
-            self.paths[path.form] += 1
-            self.last_path = path
-            chain = self.trust.active or any(b.corrected for b in blocks)
-            in_chain = self._measure(blocks, chain)  # diagnostics never change the step
-            if chain:
-                self._chain(blocks, in_chain, path)
-            else:  # each rule's own step in its authors' order, then the correction (FedPAC,
-                # seed 001: x -= ρ·lr·g_G after the step)
-                for block in blocks:
-                    block.apply_own_step(1.0 - self.rho)
-                    block.add_correction(-self.ref_lr * self.rho)
-        if g_hat is not None:
-            self._refresh_hessian(g_hat)
+        local_step(self, g_hat)
         return loss
 
-    def _directions(self, gi: int, group: dict[str, Any], rule: Preconditioner,
-                    active: list[torch.Tensor], path: Path) -> list[Block]:
-        lr, wd = group["lr"], group["weight_decay"]
-        states = [self.state[p] for p in active]
-        for st in states:
-            st["step"] += 1
-        steps = {st["step"] for st in states}
-        decay = 0.0 if rule.coupled_decay else lr * wd
-        if self.correction == "after-step":  # FedPAC: the local optimizer (and so its decay)
-            decay *= 1.0 - self.rho  # runs at lr·(1-ρ); the (1-ρ) of its move is the chain's
-        if flat_layout(rule, active, group["params"], steps):
-            return [self._flat_block(gi, rule, active, steps.pop(), lr, wd, decay, path)]
-        return eager_form.tensor_blocks(rule, active, self.state, steps, lr, wd, decay,
-                                        Step(0, self.step_offset, self.mix_lambda, self.bs))
-
-    def _flat_block(self, gi: int, rule: Preconditioner, active: list[torch.Tensor], k: int,
-                    lr: float, wd: float, decay: float, path: Path) -> Block:
-        """The whole group as one flat vector (an elementwise rule, every parameter active at
-        one step count): the rule's direction in the group's `u` buffer, gradients read in place
-        where the path lets them stay."""
-        g, views = self._flat_grad(gi, active)
-        n, like = g.numel(), g
-        out = self.work.get(f"u{gi}", n, like)
-        bucket = self._bucket(gi, active) if self.bucket_view else None
-        grads = cast(list[torch.Tensor], [p.grad for p in active])  # active: the params with a grad
-        in_place = path.grads_stay
-        if not in_place:
-            torch._foreach_copy_(views, grads)
-        if rule.coupled_decay and wd:  # coupled L2, as torch.optim.Adam
-            g.add_(torch.cat([p.reshape(-1) for p in active], out=self.work.get("x", n, like)),
-                   alpha=wd)
-        st = self._flat[gi]
-        # The rule may fuse u = ρ·Δ_G + (1-ρ)·(lr/L)·d itself (lr/L = 1 unless this group runs
-        # at its own lr, as Muon's AdamW half does) and leave that pass to the native loops.
-        mix = (1.0 - self.rho) * (lr / self.ref_lr if self.ref_lr else 1.0)
-        fusion = Fusion(out, mix, self._scaled_direction(st["global_direction"])
-                        if path.fuse_correction else None, defer=path.form == "native")
-        if in_place:
-            fusion.grads = grads
-            fusion.views = {"out": self._views_of(gi, "out", out, active),
-                            **{slot: self._views_of(gi, slot, st[slot], active) for slot in rule.slots}}
-        d = fused.direction(rule, g, st, Step(k, self.step_offset + k, self.mix_lambda,
-                                                         self.bs), fusion)
-        eager_form.check_fresh(rule, d.d, st, g)
-        return Block(active, d.d, g, lr * d.scale, decay, rule.decay_after,
-                     st.get("global_direction"), flat=True, corrected=d.corrected,
-                     bucket=bucket, grads=grads if in_place else None, grad_views=views,
-                     pending=d.pending)
-
-    def _views_of(self, gi: int, name: str, flat: torch.Tensor, params: list[torch.Tensor]
-                  ) -> list[torch.Tensor]:
-        """Views of one of the group's flat buffers shaped like its parameters (the same memory
-        as `state[p][name]` for a slot), made once per buffer."""
-        key = (flat.data_ptr(), flat.numel(), len(params))
-        made = self._views.get((gi, name))
-        if made is None or made[0] != key:
-            views = [v.view_as(p) for v, p in zip(torch.split(flat, [p.numel() for p in params]), params,
-                                                  strict=True)]
-            self._views[(gi, name)] = made = (key, views)
-        return made[1]
-
-    def _scaled_direction(self, direction: torch.Tensor) -> torch.Tensor:
-        """ρ·Δ_G, computed once per Δ_G (its version counter tells when it was rewritten)."""
-        key = (direction.data_ptr(), direction._version, self.rho)
-        if self._scaled_key != key:
-            self._scaled = torch.mul(direction, self.rho, out=self.work.get("rho-dg", direction.numel(),
-                                                                           direction))
-            self._scaled_key = key
-        return cast(torch.Tensor, self._scaled)  # computed together with _scaled_key, so set here
-
-    def _chain(self, blocks: list[Block], diagnose: bool, path: Path) -> None:
-        """u = (1-ρ)·(c/L)·d + ρ·Δ_G over every active coordinate, modulated, then stepped:
-        combine → (the trust rule's own fused passes, where it has them) → modulate → move."""
-        if len(blocks) == 1 and blocks[0].flat:  # FedACT's path: everything in place on one vector
-            u, g, at_step = self._combine_flat(blocks[0])
-        else:
-            u, g, at_step = eager_form.combine(blocks, self.ref_lr, self.rho, self.work)
-        scale = -self.ref_lr * at_step  # the step's factor of u
-        b = blocks[0]
-        if path.form == "native":  # FedACT on a CPU: the native loops (step/native.py)
-            trust = cast(ACT, self.trust)  # choose_path: the native form is ACT's
-            native_form.act_step_(cast(torch.Tensor, b.bucket), u, g, trust.tau, trust.trust_alpha,
-                      trust.trust_gamma, scale, b.decay_factor(), self.work, b.grads,
-                      b.grad_views, b.pending, adam=path.native_adam)
-            return
-        b.settle()  # u written, if its pass was left to the trust step
-        sizes = [p.numel() for b in blocks for p in b.params]
-        phi = self._modulate(b, u, g, sizes, diagnose, scale)
-        if len(blocks) == 1 and b.bucket is not None:  # one pass over the flat parameters
-            b.move(u, scale, phi)
-        elif any(b.decay_after for b in blocks):
-            eager_form.move_decaying_after(blocks, u, sizes, phi, self.ref_lr, self.rho)
-        else:
-            eager_form.move(blocks, u, sizes, phi, scale)
-
-    def _combine_flat(self, b: Block) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """u of one flat block, in place in its direction's buffer; (u, g, the factor of u left
-        to the step: the scores are scale-invariant, so without correction c/L joins the step)."""
-        # corrected: u = ρ·Δ_G + (1-ρ)·(c/L)·d already (the rule fused it); its pass may still
-        # be pending, and the trust step below may run it itself
-        u = b._d if b.corrected else b.d
-        if u is None:
-            raise RuntimeError("an elementwise rule's flat step needs a direction; its rule gave none")
-        if b.corrected:
-            return u, b.g, 1.0
-        ratio = b.coef / self.ref_lr if self.ref_lr else 1.0
-        if self.rho <= 0.0:  # no correction: the ranking of s = u ⊙ g and the diagnostics do
-            return u, b.g, ratio  # not change with a positive factor, applied in the step's pass
-        u.mul_((1.0 - self.rho) * ratio)
-        if b.global_direction is not None:  # Δ_G = 0 before the first aggregation
-            u.add_(b.global_direction, alpha=self.rho)
-        return u, b.g, 1.0
-
-    def _modulate(self, b: Block, u: torch.Tensor, g: torch.Tensor, sizes: list[int],
-                  diagnose: bool, scale: float) -> torch.Tensor | None:
-        """s = u ⊙ g (in g's buffer: g is not read after this), the diagnostics of s, and the
-        trust factors -L·φ (the step's factor folded in, so x += φ ⊙ u is one pass); None: no trust."""
-        if not (self.trust.active or diagnose):
-            return None
-        b.fill_g()  # where the gradients stayed in place
-        scores = g.mul_(u)
-        if diagnose:
-            self._record(scores)
-        return fused.phi_(self.trust, scores, sizes, self.work, scale=scale) if self.trust.active else None
+    def diagnostics_due(self) -> bool:
+        """Whether the step being taken (counted in `steps` already) records PosRatio/TopMass."""
+        return self.diagnostics_every > 0 and (
+            (self.steps - 1) % self.diagnostics_every == 0 or self._diag_pending)
 
     def _refresh_hessian(self, g_hat: Mapping[str, torch.Tensor]) -> None:
         """Sophia's h refreshed AFTER use (Liu et al. 2023, Alg. 1; FedMIX-P, seed 002), for the

@@ -21,6 +21,7 @@ class Workspace:
         self._buffers: dict[str, torch.Tensor] = {}
         self._filled: dict[str, Hashable] = {}  # name -> key of what `filled` wrote
         self.hints: dict[Hashable, tuple[float, float]] = {}  # band.py: (centre, half-width)
+        self.native: object = None  # step/native.py's Buffers, made once for the model's sizes
 
     def get(self, name: str, n: int, like: torch.Tensor,
             dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -11,6 +11,7 @@ first, as `torch.optim.Adam(weight_decay=...)`; AdamW decays x in the step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,14 @@ BIAS_MODES = ("paper", "single-counter", "local", "off")
 def bias_steps(mode: str, k: int, t: int) -> tuple[int, int]:
     """Exponents (for m, for v) of the bias corrections 1-β^n; 0 means no correction."""
     return {"paper": (k, t), "single-counter": (t, t), "local": (k, k), "off": (0, 0)}[mode]
+
+
+def kernel_arguments(beta1: float, n_m: int, n_v: int, weight: float) -> tuple[float, float]:
+    """(lr, step) for torch's fused AdamW kernel to add weight·m̂/(sqrt(v̂)+ε) to its buffer
+    with m's correction on n_m and v's on n_v: the kernel takes one step count for both, so it
+    gets n_v (inf: no correction, β^inf = 0) and lr carries bc1(n_v)/bc1(n_m) for m."""
+    m_over_v = (1.0 - beta1**n_v if n_v else 1.0) / (1.0 - beta1**n_m if n_m else 1.0)
+    return -weight * m_over_v, float(n_v) if n_v else math.inf
 
 
 @component("preconditioner", "adamw")

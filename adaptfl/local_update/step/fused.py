@@ -2,7 +2,7 @@
 
 The fast passes of AdamW's and SGD's directions, kept out of the rules, which stay pure
 (`rules/`: a fresh d from g and the state), and the trust rules' φ (trust.py's radix / band
-top-k). On the one-vector path of a single param group (`LocalUpdate._flat_block`, when
+top-k). On the one-vector path of a single param group (`local_step._flat_block`, when
 `step/choose.py` says so) a rule listed here, by its exact class, may:
 
 - write its direction into the chain's workspace instead of a fresh tensor;

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
+from adaptfl.local_update.rules.adam import kernel_arguments
+
 FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # True: the eager passes instead of torch's fused kernel, bit for bit the plain formula of the
 # tests (tests/local_update/test_local_update_fast_paths.py); the fused kernel rounds a few ulps apart.
 EAGER = False
-
 
 
 def fuses(g: torch.Tensor) -> bool:
@@ -25,7 +26,7 @@ class FusedAdamPass:
     """One call of torch's fused AdamW kernel over `out` holding `addend` (or 0), no weight decay,
     with a negative lr: out = addend - lr·m̂/(sqrt(v̂)+ε) per the kernel's float operations,
     m and v updated. Deferred, so that FedACT's native loops may do the same work bit for bit
-    in their first pass (native.act) instead; `run` does it here otherwise."""
+    in their first pass (step/native.py's `act`) instead; `run` does it here otherwise."""
 
     lists: tuple[list[torch.Tensor], ...]  # out, g, exp_avg, exp_avg_sq: per tensor, or one each
     out: torch.Tensor
@@ -72,12 +73,9 @@ def adam_direction_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, g: torch.Te
     if out is None:
         out = torch.empty_like(g)
     if fuses(g):
-        # the kernel's step count is n_v (inf: no correction, β^inf = 0); m's correction via lr
-        m_over_v = (1.0 - beta1**n_v if n_v else 1.0) / (1.0 - beta1**n_m if n_m else 1.0)
-        weight = mix if addend is not None else 1.0
+        lr, step = kernel_arguments(beta1, n_m, n_v, mix if addend is not None else 1.0)
         kernel = FusedAdamPass(([out], [g], [exp_avg], [exp_avg_sq]) if split is None else split,
-                               out, addend, exp_avg, exp_avg_sq, -weight * m_over_v, beta1, beta2,
-                               eps, float(n_v) if n_v else math.inf)
+                               out, addend, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, step)
         if defer:
             return out, 1.0, kernel
         kernel.run()
