@@ -38,7 +38,7 @@ from adaptfl.local_update.workspace import Workspace
 _SAMPLE = 1 << 14  # strided sample for the first band
 _Z = 5.0  # its half-width in binomial standard deviations of the sampled quantile
 _TARGET = 1 / 128  # share of the entries a band should hold (at least `_MIN_BAND`)
-_MIN_BAND = 1024
+_MIN_BAND = 4096  # 1,024 missed 2 of 5 steps of the MLP (50,890 entries): 22 % slower a step
 _GROW = 4.0  # the most a band widens or narrows from one call to the next
 _NUMPY = (torch.float32, torch.float64)  # `_pick` selects these with numpy
 
