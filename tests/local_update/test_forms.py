@@ -28,6 +28,7 @@ from adaptfl.local_update.rules import Step
 from adaptfl.local_update.rules.soap import SOAP
 from adaptfl.local_update.rules.sophia import sophia_direction
 from adaptfl.local_update.step.choose import Path, choose_path
+from adaptfl.local_update.step.local_step import local_step
 from adaptfl.local_update.step.reference import Chain
 from adaptfl.local_update.step.tensors import mixed, tensor_step
 
@@ -157,3 +158,50 @@ def test_every_algorithm_takes_the_form_its_components_call_for(name: str) -> No
         assert _choose(opt, True).form == "fused"
     opt.step()
     assert opt.last_path is not None and opt.last_path.form in (want, "fused"), opt.last_path
+
+
+def _fedact32(seed: int) -> tuple[LocalUpdate, dict[str, torch.nn.Parameter]]:
+    gen = torch.Generator().manual_seed(seed)
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in
+              {"w": (120, 200), "b": (200,)}.items()}
+    opt = LocalUpdate(params.items(), lr=1e-2, weight_decay=0.01, preconditioner="adamw", trust="act",
+                      tau=0.3, rho=0.5, parameters_as_bucket_view=True)
+    opt.set_global_direction({n: 1e-3 * torch.randn(p.shape, generator=gen) for n, p in params.items()})
+    return opt, params
+
+
+def test_the_forms_forced_through_the_door_agree_bit_for_bit() -> None:
+    """`local_step(opt, path=...)` runs the form it is given: FedACT forced into the fused form
+    ends on the native form's bits, step after step (the native loops reproduce torch's kernel
+    and the band's selection exactly)."""
+    if native.library() is None:
+        pytest.skip("no C compiler here: the native form does not exist to compare")
+    runs = []
+    for form in ("native", "fused"):
+        opt, params = _fedact32(4)
+        gen = torch.Generator().manual_seed(9)
+        xs = []
+        for _ in range(6):
+            for p in params.values():
+                p.grad = torch.randn(p.shape, generator=gen)
+            chosen = _choose(opt, diagnose=False)
+            assert chosen.form == "native", chosen.reason
+            forced = None if form == "native" else Path("fused", "forced", chosen.grads_stay,
+                                                          chosen.fuse_correction)
+            with torch.no_grad():
+                local_step(opt, path=forced)
+            xs.append(torch.cat([p.detach().reshape(-1) for p in params.values()]))
+        assert opt.paths == {form: 6}
+        runs.append(xs)
+    for k, (a, b) in enumerate(zip(*runs, strict=True)):
+        assert torch.equal(a, b), f"step {k + 1}"
+
+
+def test_a_forced_form_that_does_not_apply_is_refused() -> None:
+    params = {"w": torch.nn.Parameter(torch.randn(50, 40, dtype=torch.float64))}
+    opt = LocalUpdate(params.items(), lr=1e-2, preconditioner="adamw", trust="act", tau=0.3,
+                      parameters_as_bucket_view=True)
+    params["w"].grad = torch.randn(50, 40, dtype=torch.float64)
+    with pytest.raises(ValueError, match="the native form cannot take this step: "):
+        local_step(opt, path=Path("native", "forced"))
+    assert opt.steps == 0 and opt.state[params["w"]]["step"] == 0  # nothing taken

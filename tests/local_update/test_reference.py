@@ -180,6 +180,68 @@ def test_every_path_is_the_reference_in_float64(case: str, path: str,
             torch.testing.assert_close(state[slot][i], t, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_fused_path_is_the_reference_in_float32(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same in float32 (torch's fused kernel, the radix / band top-k), against the reference
+    run in float32 too: equal to the rounding of 4 steps (a few hundred ulps; Sophia's clipped
+    ratio and SGD's plain steps much less), where the trust rule's choice is the same. A
+    coordinate whose score lies within float32 rounding of the top-k threshold (or of 0, for
+    the cautious mask) may take the other factor: at most one a step here."""
+    monkeypatch.setattr(native, "ENABLED", False)
+    rule, trust, rho, correction, wd = CASES[case]
+    seeds = [1, 2]
+    lam = LAMBDA.get(case, 1.0)
+    x, state = _run_reference(rule, trust, rho, correction, wd, 0.05, seeds, 4, torch.float32, lam)
+    rtol = 500 * torch.finfo(torch.float32).eps
+    for i, seed in enumerate(seeds):
+        alone, alone_state = _run_alone(rule, trust, rho, correction, wd, 0.05, seed, 4, torch.float32, lam)
+        far = ~torch.isclose(x[i], alone, rtol=rtol, atol=1e-6)
+        assert int(far.sum()) <= (4 if trust.active else 0), f"{int(far.sum())} coordinates differ"
+        for slot, t in alone_state.items():  # the moments do not depend on the trust factors
+            torch.testing.assert_close(state[slot][i], t, rtol=rtol, atol=1e-7)
+
+
+def test_the_native_loops_are_the_reference_over_several_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedACT in the native form (the prepared step from the second step on) over 6 steps in
+    float32 against the reference in float64 from the same inputs: m and v to float32
+    rounding; x wherever no step put the coordinate's score within float32 rounding of the
+    threshold (such a coordinate may take the other factor, and keeps that difference)."""
+    lib = native.library()
+    if lib is None or lib.adam is None:
+        pytest.skip("no native form of FedACT's step here (no C compiler, or no form of torch's AdamW "
+                    "kernel matched): the fused path is tested above")
+    gen = torch.Generator().manual_seed(12)
+    shapes = {"w": (300, 250), "b": (250,)}
+    n = 75_250
+    x0 = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
+    dg0 = {k: torch.randn(s, generator=gen) * 1e-2 for k, s in shapes.items()}
+    grads = [{k: torch.randn(s, generator=gen) * 0.1 for k, s in shapes.items()} for _ in range(6)]
+    params = {k: torch.nn.Parameter(t.clone()) for k, t in x0.items()}
+    opt = LocalUpdate(params.items(), lr=1e-3, weight_decay=0.01, preconditioner="adamw",
+                      trust="act", tau=0.3, rho=0.5, step_offset=50, parameters_as_bucket_view=True)
+    opt.set_global_direction(dg0)
+    x = _flat(x0).double()[None]
+    zeros = torch.zeros(1, n, dtype=torch.float64)
+    state = {"exp_avg": zeros, "exp_avg_sq": zeros, "global_direction": _flat(dg0).double()[None]}
+    chain = Chain(lr=1e-3, weight_decay=0.01, ref_lr=1e-3, rho=0.5, trust=ACT(tau=0.3))
+    near = torch.zeros(n, dtype=torch.bool)
+    for k, g in enumerate(grads, start=1):
+        for name, p in params.items():
+            p.grad = g[name].clone()
+        opt.step()
+        x, state, scores = elementwise_step(AdamW(), x, _flat(g).double()[None], state, Step(k, 50 + k),
+                                            chain)
+        threshold = scores[0].kthvalue(n - math.floor(0.3 * n) + 1).values
+        near |= (scores[0] - threshold).abs() <= 1e-5 * threshold.abs() + 1e-12
+    assert opt.paths == {"native": 6}, f"the native loops did not take every step: {opt.paths}"
+    got = _flat({k: p.detach() for k, p in params.items()}).double()
+    torch.testing.assert_close(got[~near], x[0][~near], rtol=2e-6, atol=1e-7)
+    assert int(near.sum()) < 300
+    for slot in ("exp_avg", "exp_avg_sq"):  # float32 rounding of terms (1-β)·g ~ 1e-2 (m), 1e-5 (v)
+        torch.testing.assert_close(_flat(opt.export_state(slot)).double(), state[slot][0], rtol=2e-6,
+                                   atol=6 * torch.finfo(torch.float32).eps * 1e-2)
+
+
 def test_the_native_loops_are_the_reference_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
     """FedACT on a vector long enough for the native loops (where a compiler exists) against
     the reference in float64 from the same float32 inputs: one step; a coordinate whose score

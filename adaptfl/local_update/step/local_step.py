@@ -60,6 +60,7 @@ def _general(opt: LocalUpdate, forced: Path | None) -> Path | None:
     diagnose = opt.diagnostics_due()
     path = choose_path(opt, rules[0], actives[0], diagnose) if forced is None else forced
     if path.form == "native" and (why := native_declines(opt, rules[0], diagnose)) is not None:
+        opt.steps -= 1  # the step was not taken
         raise ValueError(f"the native form cannot take this step: {why}")
     blocks = []
     for gi, group in enumerate(groups):
