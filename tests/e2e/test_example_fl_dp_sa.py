@@ -14,6 +14,7 @@ import math
 import re
 import shutil
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,12 @@ def test_flowers_keys_say_the_same_run_in_adaptfls_terms(monkeypatch: pytest.Mon
     # the plan the README shows, within what the app accepts
     planned = planned_epsilon(0.2, SAMPLED, SUPERNODES, ROUNDS, privacy.dp_delta, privacy.dp_accounting)
     assert round(planned) == 303 and planned < privacy.dp_accept_epsilon
+    # Flower's README's override: refused by the plan, naming what it spends (the README says so)
+    monkeypatch.syspath_prepend(str(APP))
+    keys = importlib.import_module("fl_dp_sa.server_app").adaptfl_keys(
+        {**app_config(APP), "noise-multiplier": 0.1, "clipping-norm": 5, "dp-num-clients": SUPERNODES})
+    with pytest.raises(ValueError, match=r"plans ε=1.2e\+03 .* above dp-accept-epsilon=310"):
+        RunConfig.from_flower(keys)
 
 
 def test_the_readmes_node_config_accepts_the_run_the_defaults_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,6 +88,8 @@ def test_the_readmes_node_config_accepts_the_run_the_defaults_refuse(monkeypatch
     assert one > 1000.0  # past the default budget: one reply alone
     every = [node_ledger.Release("r", r, "train", reply_z) for r in range(1, ROUNDS + 1)]
     assert node_ledger.spent(every, budget.delta) < budget.max_epsilon
+    with pytest.raises(ValueError, match="dp-noise-multiplier=0.1 is below its dp-min-noise-multiplier=0.2"):
+        check_floor(replace(privacy, dp_noise_multiplier=0.1), SAMPLED, node)  # less noise: refused
 
 
 @pytest.mark.flower
