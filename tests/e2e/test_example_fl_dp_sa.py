@@ -3,8 +3,9 @@
 Flower's five keys say the same run in adaptfl's terms (dp='client' at z = 0.2, C = 10, every
 round's 20 noise shares, SecAgg+ with 7 shares and a threshold of 4); the nodes' floor from the
 README's $ADAPTFL_NODE_CONFIG accepts it where the defaults refuse; and under `flwr run` the app
-as shipped (100 SuperNodes, 20 a round, 3 rounds: nothing shrunk; 94 s on the 2-core VM at load ~8) completes, every
-round inside SecAgg+, the planned ε spent and every answering node's reply in its own ledger.
+as shipped (100 SuperNodes, 20 a round, 3 rounds: nothing shrunk; 94 s on the 2-core VM at load
+~8) completes, every round inside SecAgg+, the planned ε spent and every answering node's reply
+in its own ledger.
 """
 
 from __future__ import annotations
