@@ -128,7 +128,9 @@ def check(path: Path, entries: Iterable[dict[str, Any]], delta: float, accountin
             raise ValueError(f"dp-ledger {path}: run {entry['run']!r} was accounted at dp-delta="
                              f"{float(entry['delta']):g}, this run at dp-delta={delta:g}; one ledger "
                              f"reports one δ: run at dp-delta={float(entry['delta']):g}, or name "
-                             "another dp-ledger (it starts at zero)")
+                             "another dp-ledger (it counts only the runs that name it, not these); "
+                             "a one-run audit's lines, booked here before audits booked apart, "
+                             f"belong in {path.parent / AUDITS / path.name}: move them there")
 
 
 def events(entries: Iterable[dict[str, Any]]) -> list[tuple[Event, str]]:
