@@ -35,6 +35,12 @@ canaries and zeros swamp the n real replies' mean.
 Under dp='client' the noise is the nodes', so the canaries are canary nodes in the cohort, each
 noising its own reply with the node's code (node_canaries.py; inside SecAgg+, its integers with
 the SecAgg+ node's code: secure_canaries.py); the reference is the same canary ε.
+
+Its runs book in ledgers of their own, <ledger dir>/audits/ (privacy/ledger.py `apart`): the
+server's and, under dp='client', every simulated node's. An audit run tests the mechanism, at
+noise chosen to be caught, and its outputs are the auditor's, so it must not spend or jam the
+budget that later runs on the data are checked against (docs/privacy.md, "A ledger across
+runs"); a `dp-ledger` or `dp-node-ledger` named on purpose is kept.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from adaptfl.core import wire
 from adaptfl.harness.canaries import Canaries
 from adaptfl.harness.node_canaries import NodeCanaries
 from adaptfl.harness.secure_canaries import SecureCanaries, secure_cohort
-from adaptfl.privacy import client, node_ledger, server
+from adaptfl.privacy import client, ledger, node_ledger, server
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import epsilon_lower_bound
 from adaptfl.privacy.audit_power import detected_share
@@ -177,6 +183,7 @@ class AuditResult:
     accounting: str
     results: Path
     detected_share: float = 0.0  # the largest share of its noise a mechanism is caught at (audit_power.py)
+    ledger: str = ""  # the ledger the run booked in: the audit's own, unless dp-ledger named one
 
     def lines(self) -> list[str]:
         k_in, k_out = self.guesses
@@ -195,6 +202,9 @@ class AuditResult:
         out.append(f"power: at these settings the audit fails a mechanism drawing {self.detected_share:.2f} "
                    f"of its noise or less in half of simulated audits (the canary scores' model); it "
                    f"{half} half the noise (docs/privacy.md, 'The audit's power')")
+        if self.ledger:
+            out.append(f"booked in {self.ledger} (the audit's own ledger unless dp-ledger named "
+                       "one; not the data's: docs/privacy.md, 'A ledger across runs')")
         if self.failed:
             out.append("audit FAILED: the empirical lower bound exceeds the canary mechanism's ε: "
                        "the mechanism leaks more than it accounts for")
@@ -234,7 +244,7 @@ def run_audit(cfg: RunConfig, num_nodes: int, canaries: int = 1000, guesses: int
         for context in grid.contexts.values():
             context.node_config.update(floor)
     audit.correct(k, k)  # refuses a bad k before the run
-    with canaries_in(audit):
+    with canaries_in(audit), ledger.apart(ledger.AUDITS):  # not the data's ledger: see above
         try:
             out = run_federated(grid, cfg)
         except RunAborted as err:  # every round refused (a node's floor) or skipped
@@ -255,9 +265,15 @@ def run_audit(cfg: RunConfig, num_nodes: int, canaries: int = 1000, guesses: int
         epsilon_audit=epsilon_lower_bound(canaries, 2 * k, correct, privacy.dp_delta, confidence),
         epsilon_run=float(rows[-1]["dp-epsilon"]) if rows else 0.0,
         epsilon_no_amplification=epsilon(events, privacy.dp_delta, "no-amplification"),
-        epsilon_canary=reference, accounting=privacy.dp_accounting, results=out,
+        epsilon_canary=reference, accounting=privacy.dp_accounting, results=out, ledger=booked_in(out),
         detected_share=detected_share(canaries, k, audit.rounds, privacy.dp_noise_multiplier * records ** 0.5,
                                       reference, privacy.dp_delta, confidence))
+
+
+def booked_in(out: Path) -> str:
+    """The ledger file the run's rounds went to (server-confidential.jsonl names it)."""
+    rows = [json.loads(line) for line in (out / "server-confidential.jsonl").read_text().splitlines() if line]
+    return next((str(r["dp-ledger-file"]) for r in reversed(rows) if "dp-ledger-file" in r), "")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -13,9 +13,10 @@ seed gets a refusal, never a weaker mechanism (docs/privacy.md, "A client that o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,13 +221,32 @@ def check_evaluation(privacy: Privacy) -> None:
                       "(no noise covers them); evaluate centrally (fraction-evaluate=0)")
 
 
+_dry_runs: list[bool] = []  # set while the server makes its own dry-run reply
+
+
+@contextlib.contextmanager
+def server_dry_run() -> Iterator[None]:
+    """The server's own reply before round 1 (server_app/loop.py `preflight`): no node answers
+    it, so no node's floor applies (each node checks its own when it is asked; the server does
+    not know them) and nothing is booked. Elsewhere a session without a context keeps the
+    defaults' floor."""
+    _dry_runs.append(True)
+    try:
+        yield
+    finally:
+        _dry_runs.pop()
+
+
 def node_terms(context: Context | None, privacy: Privacy, sampled: int, info: RoundInfo
                ) -> tuple[float, NodeBooking]:
     """A session's terms from its node: the reply's noise multiplier under the node's floor
     (`check_floor`, ValueError when refused) and its booking in the node's ledger. Without a
-    context (the server's own dry run of a reply) no floor but the defaults and no ledger."""
+    context no ledger, and the defaults' floor unless it is the server's own dry run (none)."""
     node_config = node_settings(context.node_config) if context is not None else {}
-    reply_z = check_floor(privacy, sampled, node_config)
+    if context is None and _dry_runs and privacy.dp == "client":
+        reply_z = privacy.dp_noise_multiplier / math.sqrt(max(sampled, 1))
+    else:
+        reply_z = check_floor(privacy, sampled, node_config)
     run = info.run_key or str(context.run_id if context is not None else 0)
     return reply_z, NodeBooking.of(node_config if context is not None else None, run,
                                    info.server_round, reply_z)

@@ -16,16 +16,18 @@ else one per-user place keyed by the data a run spends: <ledger dir>/<task>-<fin
 the fingerprint a SHA-256 of the task and its training labels (`data_key`), the ledger dir
 $ADAPTFL_LEDGER_DIR, else $XDG_DATA_HOME/adaptfl/ledgers, else ~/.local/share/adaptfl/ledgers.
 So every dp run on the same data composes, whatever its results dir. dp-target-epsilon applies
-to the run's own ε, not the ledger's.
+to the run's own ε, not the ledger's. Runs inside `apart(AUDITS)` (the one-run audit's) book
+in <ledger dir>/audits/ instead: their own ledgers, which the data's never reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,14 +40,33 @@ KEYS = ("z", "n", "N", "delta", "accounting", "run", "run-key", "round")
 
 
 LEDGER_DIR_ENV = "ADAPTFL_LEDGER_DIR"
+# The one-run audit's runs book here (privacy.md, "A ledger across runs"): they test the
+# mechanism, at noise chosen to be caught, and release nothing to the data's readers, so they
+# must neither spend nor jam the budget every later run on the data is checked against.
+AUDITS = "audits"
+_apart: list[str] = []  # the sub-folder every default ledger is in while `apart` holds
 
 
 def ledger_dir() -> Path:
-    """The per-user place of the data-keyed ledgers."""
+    """The per-user place of the data-keyed ledgers (the server's and each node's)."""
     if os.environ.get(LEDGER_DIR_ENV):
-        return Path(os.environ[LEDGER_DIR_ENV]).expanduser()
-    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data_home) / "adaptfl" / "ledgers"
+        base = Path(os.environ[LEDGER_DIR_ENV]).expanduser()
+    else:
+        data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        base = Path(data_home) / "adaptfl" / "ledgers"
+    return base.joinpath(*_apart[-1:])
+
+
+@contextlib.contextmanager
+def apart(folder: str) -> Iterator[Path]:
+    """Inside, every default ledger (the data's; each in-process node's, privacy/node_ledger.py)
+    is in <ledger dir>/<folder>/: runs there compose with each other, never with the data's.
+    A ledger named on purpose (dp-ledger, dp-node-ledger) stays where it is named."""
+    _apart.append(folder)
+    try:
+        yield ledger_dir()
+    finally:
+        _apart.pop()
 
 
 def data_key(task: str, labels: torch.Tensor) -> str:
@@ -107,7 +128,9 @@ def check(path: Path, entries: Iterable[dict[str, Any]], delta: float, accountin
             raise ValueError(f"dp-ledger {path}: run {entry['run']!r} was accounted at dp-delta="
                              f"{float(entry['delta']):g}, this run at dp-delta={delta:g}; one ledger "
                              f"reports one δ: run at dp-delta={float(entry['delta']):g}, or name "
-                             "another dp-ledger (it starts at zero)")
+                             "another dp-ledger (it counts only the runs that name it, not these); "
+                             "a one-run audit's lines, booked here before audits booked apart, "
+                             f"belong in {path.parent / AUDITS / path.name}: move them there")
 
 
 def events(entries: Iterable[dict[str, Any]]) -> list[tuple[Event, str]]:

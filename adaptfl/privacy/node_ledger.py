@@ -122,7 +122,9 @@ def refusal(booked: list[Release], release: Release, budget: Budget, path: Path)
     after = spent([*booked, release], budget.delta)
     if after > budget.max_epsilon:
         return (f"this reply would take its ledger to ε={after:.4g} at δ={budget.delta:g}, past its "
-                f"{MAX_EPSILON}={budget.max_epsilon:g} ({len(booked)} releases booked in {path})")
+                f"{MAX_EPSILON}={budget.max_epsilon:g} ({len(booked)} releases booked in {path}); "
+                f"ask for more noise, or the node's owner raises {MAX_EPSILON} (node config, or "
+                "$ADAPTFL_NODE_CONFIG where none reaches the node) to accept more")
     return None
 
 

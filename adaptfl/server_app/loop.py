@@ -31,6 +31,7 @@ from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec, federated_state, frozen_parameters, load_federated
 from adaptfl.core.stage import ClientData
 from adaptfl.privacy import ledger
+from adaptfl.privacy.client import server_dry_run
 from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, detail_level
 from adaptfl.privacy.server import BudgetReached
@@ -99,7 +100,8 @@ def preflight(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task) ->
     with torch.random.fork_rng():
         # frozen parameters are shared with the copy, not copied (a pretrained base is large)
         shared = {id(p): p for p in frozen_parameters(model).values()}
-        session = ClientSession(content, copy.deepcopy(model, shared), data=data, store=MemoryStore())
+        with server_dry_run():  # no node's floor: each node checks its own when asked
+            session = ClientSession(content, copy.deepcopy(model, shared), data=data, store=MemoryStore())
         run_local_steps(session, task.test, task.loss, rows, client_id=0, steps=1, warn=False)
         reply = session.reply_content(len(rows), check_steps=False)  # one step of K, on purpose
     contract = strategy.contract()

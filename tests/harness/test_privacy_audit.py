@@ -11,14 +11,17 @@ import numpy as np
 import pytest
 
 from adaptfl.algorithms.config import RunConfig
+from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.harness.privacy_audit import Canaries, canary_epsilon, main, run_audit
 from adaptfl.privacy import client, mechanism, server
 from adaptfl.privacy.accountant import epsilon
 from adaptfl.privacy.audit_bound import binomial_tail, epsilon_lower_bound, p_value
+from adaptfl.privacy.ledger import ledger_dir
 from adaptfl.secagg import noise
+from adaptfl.server_app.loop import run_federated
 from adaptfl.strategies.base import AdaptiveStrategy
 from tests.conftest import needs_fashion_mnist
-from tests.support.run_outputs import confidential_rows
+from tests.support.run_outputs import confidential_rows, metric_rows
 
 
 def _all_right(r: int) -> float:
@@ -128,6 +131,7 @@ def test_the_cli_prints_the_bound_beside_the_accountants_epsilon(tmp_path, tiny_
     assert "empirical ε ≥" in out and "at 95% confidence (δ=1e-05)" in out, out
     assert "accountant's ε = " in out and "dp-accounting=without-replacement" in out, out
     assert "accountant's ε without amplification = " in out and "FAILED" not in out, out
+    assert f"booked in {ledger_dir() / 'audits'}/fashion-mnist-" in out, out  # the audit's own
 
 
 def _scored(sigma: float, rounds: int = 1, count: int = 20_000, seed: int = 3):  # noqa: ANN202
@@ -278,3 +282,30 @@ def test_secure_canaries_fail_nodes_with_half_their_integer_noise(tmp_path, tiny
     half = _secure_audit(tmp_path, tiny_data, "half", NODE_CANARIES, NODE_GUESSES)
     assert half.epsilon_canary == pytest.approx(canary_epsilon(NODE_Z, 1, 1, 1e-5))
     assert half.failed and half.epsilon_audit > half.epsilon_canary, half
+
+
+@needs_fashion_mnist
+@pytest.mark.parametrize("dp", ["central", "client"])
+def test_an_audit_books_apart_so_a_later_default_run_on_the_data_is_not_refused(dp: str, tmp_path,
+                                                                                tiny_data) -> None:
+    """The audit's runs (here at δ = 1e-6, no-amplification) book in <ledger dir>/audits/: the
+    server's ledger and, under dp='client', every real node's. The data's ledger never holds
+    them: a default dp='central' run on the same data afterwards (δ = 1e-5, which one ledger
+    holding the audit's δ would refuse) runs, and its ledger's total is its own ε."""
+    home = ledger_dir()
+    audit = _audit(tmp_path, tiny_data, "audit", z=2.0, dp_delta=1e-6) if dp == "central" else \
+        _node_audit(tmp_path, tiny_data, "audit", canaries=50, guesses=5, dp_delta=1e-6)
+    booked = home / "audits" / audit.ledger.rsplit("/", 1)[-1]
+    assert audit.ledger == str(booked) and booked.is_file(), audit
+    assert any(f"booked in {booked}" in line for line in audit.lines())
+    assert list(home.glob("*.jsonl")) == []  # neither the data's ledger nor a node's
+    nodes = list((home / "audits").glob("node-*.jsonl"))
+    assert len(nodes) == (2 if dp == "client" else 0), nodes  # the 2 sampled real nodes' own
+    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name="after",
+                       algorithm="fedavg", model="mlp", num_server_rounds=1, local_steps=1,
+                       batch_size=16, dp="central", weighting="uniform", fraction_train=0.5,
+                       dp_accept_epsilon=1e3)  # the defaults' δ and accounting
+    out = run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
+    [row] = metric_rows(out)
+    assert row["dp-epsilon-ledger"] == pytest.approx(row["dp-epsilon"], rel=1e-12)
+    assert confidential_rows(out)[-1]["dp-ledger-file"] == str(home / booked.name)  # the same data

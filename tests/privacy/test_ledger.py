@@ -86,8 +86,12 @@ def test_a_line_that_does_not_parse_is_refused_naming_the_file_and_line(tmp_path
     with pytest.raises(ValueError, match=rf"dp-ledger {book} line 2: not a privacy event"):
         ledger.check_privacy_ledger(privacy)
     book.write_text(json.dumps(good) + "\n" + json.dumps({**good, "delta": 1e-6}))
-    with pytest.raises(ValueError, match="one ledger reports one δ: run at dp-delta=1e-06, or name another"):
+    with pytest.raises(ValueError, match="one ledger reports one δ: run at dp-delta=1e-06, or name another") \
+            as refused:
         ledger.check_privacy_ledger(privacy)
+    assert refused.value.args[0].endswith(  # what to do with an audit's old lines
+        f"a one-run audit's lines, booked here before audits booked apart, belong in "
+        f"{tmp_path / 'audits' / 'ledger.jsonl'}: move them there")
 
 
 def test_runs_of_both_accounting_modes_compose_into_one_total(tmp_path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from flwr.app import Context, Message
 
 from adaptfl.algorithms import recipe as recipe_module
@@ -157,3 +158,22 @@ def test_the_docs_node_key_table_is_generated_from_the_declaration() -> None:
 
     text = (Path(__file__).resolve().parents[2] / PAGE).read_text()
     assert node_key_table() in text, "stale: run python scripts/regenerate_docs.py"
+
+
+def test_nodes_whose_floor_is_below_the_defaults_run_a_recipe_the_defaults_refuse(tiny_data,
+                                                                                   tmp_path) -> None:
+    """Flower's fl-dp-sa settings (z = 0.2, C = 10) with every node's floor set to accept them:
+    the server's own dry run before round 1 applies no node's floor (it is no node), so the
+    nodes answer; a session with no node behind it keeps the defaults' floor."""
+    from adaptfl.client_app.session import ClientSession
+    from adaptfl.strategies.base import AdaptiveStrategy
+
+    cfg = _cfg(tiny_data, tmp_path, dp_noise_multiplier=0.2, dp_clip_norm=10.0)
+    replies = _run(cfg, {"dp-min-noise-multiplier": 0.2, "dp-max-clip-norm": 10.0, "dp-max-cohort": NODES})
+    assert [r.error.reason for r in replies if r.has_error()] == []
+    assert sum(wire.DELTA in r.content.array_records for r in replies) == NODES
+    strategy = AdaptiveStrategy(cfg)
+    model = torch.nn.Linear(3, 2)
+    strategy.initialize(model.state_dict())
+    with pytest.raises(ValueError, match="dp-noise-multiplier=0.2 is below its dp-min-noise-multiplier=1"):
+        ClientSession(strategy.instruction(1, sampled=NODES), model)

@@ -82,8 +82,11 @@ def test_a_round_is_booked_once_and_the_budget_binds(tmp_path) -> None:
     assert first == pytest.approx(25.93, abs=0.01)  # one Gaussian at z/2 = 0.25, no amplification
     with pytest.raises(ValueError, match="round 1 of run 'run' .train. was answered already"):
         node_ledger.book(path, Release("run", 1, "train", 0.5), budget)
-    with pytest.raises(ValueError, match=r"ε=41.6.* past its dp-node-max-epsilon=30 \(1 releases"):
+    with pytest.raises(ValueError, match=r"ε=41.6.* past its dp-node-max-epsilon=30 \(1 releases") as past:
         node_ledger.book(path, Release("other-run", 1, "train", 0.5), budget)
+    assert past.value.args[0].endswith("ask for more noise, or the node's owner raises dp-node-max-epsilon "
+                                       "(node config, or $ADAPTFL_NODE_CONFIG where none reaches the node) "
+                                       "to accept more")  # what to do
     assert node_ledger.read(path) == [Release("run", 1, "train", 0.5)]  # refusals book nothing
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     path.write_text(path.read_text() + "{not json\n")
