@@ -41,6 +41,7 @@ import torch
 
 from adaptfl.local_update.devices import cpu_path
 from adaptfl.local_update.native_source import SOURCE
+from adaptfl.local_update.rules.adam import kernel_coefficients
 
 ENABLED = os.environ.get("ADAPTFL_NATIVE", "1") != "0"  # the tests switch it per test
 _GRAIN = 1 << 15  # entries per thread at least: below this a thread costs more than it does
@@ -321,8 +322,6 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
     nt = threads(n)
     idx, val = torch.empty(n * nt, dtype=torch.int64), torch.empty(n * nt)
     counts, coef = torch.empty(2 * nt, dtype=torch.int64), torch.empty(6)
-    from adaptfl.local_update.step.native import adam_coefficients  # the step's own derivation
-
     cases = []
     for beta1, beta2, eps, lr, step in ((0.9, 0.999, 1e-8, -0.7, 3.0), (0.6, 0.95, 1e-3, -1e-3, 1.0)):
         u, mm, vv = a.clone(), m.clone(), v.clone()
@@ -331,7 +330,7 @@ def _adam_form(lib: Library) -> tuple[int, int] | None:
         torch._fused_adamw_(*lists, [], [torch.tensor(step)] * len(sizes), lr=lr,  # type: ignore[call-overload]
                             beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
                             maximize=False)
-        cases.append((adam_coefficients(beta1, beta2, eps, lr, step, coef.clone()), u, mm, vv))
+        cases.append((kernel_coefficients(beta1, beta2, eps, lr, step, coef.clone()), u, mm, vv))
     segments = Segments(list(torch.split(g, sizes)), torch.tensor([0, *itertools.accumulate(sizes)]))
     for form in _ADAM_FORMS:
         if all(_adam_matches(lib, form, a, m, v, segments, c, (idx, val, counts, nt)) for c in cases):

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from adaptfl.local_update import LocalUpdate, band, native
+from adaptfl.local_update.rules.adam import kernel_coefficients
 from adaptfl.local_update.step import choose
 from adaptfl.local_update.step import native as native_form
 
@@ -303,7 +304,7 @@ def test_the_adam_pass_is_torchs_fused_kernel_bit_for_bit(nt: int, step: float, 
     idx, val = torch.empty(cap * nt, dtype=torch.int64), torch.empty(cap * nt)
     counts = torch.empty(2 * nt, dtype=torch.int64)
     offsets = torch.tensor([0, *itertools.accumulate(sizes)])
-    coef = native_form.adam_coefficients(*betas, eps, lr, step, torch.empty(6))
+    coef = kernel_coefficients(*betas, eps, lr, step, torch.empty(6))
     lo, hi = -0.05, 0.1
     lib.adam_band(u, a, m, v, native.Segments(g, offsets), coef, lo, hi, idx, val, counts, nt)
     assert torch.equal(u, u_ref) and torch.equal(m, m_ref) and torch.equal(v, v_ref)

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from adaptfl.core.params import component, param
@@ -32,6 +33,18 @@ def kernel_arguments(beta1: float, n_m: int, n_v: int, weight: float) -> tuple[f
     gets n_v (inf: no correction, β^inf = 0) and lr carries bc1(n_v)/bc1(n_m) for m."""
     m_over_v = (1.0 - beta1**n_v if n_v else 1.0) / (1.0 - beta1**n_m if n_m else 1.0)
     return -weight * m_over_v, float(n_v) if n_v else math.inf
+
+
+def kernel_coefficients(beta1: float, beta2: float, eps: float, lr: float, step: float,
+                      out: torch.Tensor) -> torch.Tensor:
+    """The coefficients torch's fused AdamW kernel derives from its arguments (in double from
+    the float32 step count, then rounded to float): 1-β1, β2, 1-β2, sqrt(1-β2^t), ε and
+    -lr/(1-β1^t); FedACT's native loops (step/native.py) run the kernel's pass with them."""
+    t = float(np.float32(step))  # the kernel reads its step count as a float
+    out.numpy()[:] = (1.0 - beta1, beta2, 1.0 - beta2, math.sqrt(1.0 - beta2**t), eps,
+                      -(lr / (1.0 - beta1**t)))
+    return out
+
 
 
 @component("preconditioner", "adamw")

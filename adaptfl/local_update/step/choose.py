@@ -11,8 +11,10 @@ The forms of one `LocalUpdate` step (each the same arithmetic as `step/reference
 
 Modelled on torch.optim's `_default_to_fused_or_foreach`: every condition of every form is
 here, each with the reason it declines, so a reader who wants to know why a step ran where it
-did reads one function, and the optimizer acts on the returned `Path` without asking again.
-The cohort engine asks the same function (engine/cohort.py).
+did reads one function, and `local_step` (step/local_step.py) acts on the returned `Path`
+without asking again; while FedACT's native step repeats as prepared (`native.Steady`), its
+`fits` only re-checks that nothing this decision read has changed. The cohort engine asks the
+same function (engine/cohort.py).
 """
 
 from __future__ import annotations

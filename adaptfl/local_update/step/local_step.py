@@ -23,6 +23,7 @@ import torch
 from adaptfl.local_update.blocks import Block
 from adaptfl.local_update.modulation import ACT
 from adaptfl.local_update.rules import Preconditioner, Step
+from adaptfl.local_update.rules.adam import kernel_coefficients
 from adaptfl.local_update.step import eager, fused, native
 from adaptfl.local_update.step.choose import Path, choose_path, flat_layout, native_declines
 from adaptfl.local_update.step.fused import Fusion
@@ -179,7 +180,7 @@ def _native(opt: LocalUpdate, b: Block, u: torch.Tensor, g: torch.Tensor, scale:
     buffers = native.buffers_for(opt.work, g, tuple(p.numel() for p in b.params))
     kernel, adam = b.pending, None
     if path.native_adam and kernel is not None and kernel.addend is not None:
-        coef = native.adam_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr, kernel.step,
+        coef = kernel_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr, kernel.step,
                                         buffers.coef)
         adam = (kernel.addend, kernel.exp_avg, kernel.exp_avg_sq, coef)
     else:

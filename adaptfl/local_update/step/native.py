@@ -25,11 +25,11 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 
 from adaptfl.local_update import band, native
-from adaptfl.local_update.rules.adam import AdamW, bias_steps, kernel_arguments
+from adaptfl.local_update.rules.adam import AdamW, bias_steps, kernel_arguments, kernel_coefficients
+from adaptfl.local_update.trust import act_phi_
 from adaptfl.local_update.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -40,17 +40,6 @@ if TYPE_CHECKING:
 
 _CAP = 8  # band positions kept per thread: up to 1/_CAP of its entries (more: counted a miss)
 Adam = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # addend, m, v, coefficients
-
-
-def adam_coefficients(beta1: float, beta2: float, eps: float, lr: float, step: float,
-                      out: torch.Tensor) -> torch.Tensor:
-    """The AdamW pass's coefficients as torch's fused kernel derives them from its arguments (in
-    double from the float32 step count, then rounded to float): 1-β1, β2, 1-β2,
-    sqrt(1-β2^t), ε and -lr/(1-β1^t)."""
-    t = float(np.float32(step))  # the kernel reads its step count as a float
-    out.numpy()[:] = (1.0 - beta1, beta2, 1.0 - beta2, math.sqrt(1.0 - beta2**t), eps,
-                      -(lr / (1.0 - beta1**t)))
-    return out
 
 
 class Buffers:
@@ -154,8 +143,6 @@ def _step_after_a_miss(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, k: int
                        ws: Workspace) -> None:
     """The band missed or there was none: the scores stored in g's buffer, the sample's band;
     where that misses too, the fused passes (radix selection)."""
-    from adaptfl.local_update.trust import act_phi_  # the fused form's selection, rarely needed
-
     n = u.numel()
     sel = band.select(g.mul_(u), k, ws, hint=False)
     if sel is None:  # both bands missed
@@ -201,16 +188,7 @@ class Steady:
 
     def fits(self, opt: LocalUpdate) -> list[torch.Tensor] | None:
         """The gradients, if the coming step is the one this was prepared for; else None."""
-        group, (m, v, dg) = self.group, self.slots
-        flat = opt._flat[0] if len(opt._flat) == 1 else None
-        if not (len(opt.param_groups) == 1 and opt.param_groups[0] is group and opt.state is self.state
-                and group["lr"] > 0.0 and _settings(group) == self.settings
-                and opt.rho == self.rho and opt.trust is self.trust and opt.correction == "mix"
-                and flat is self.flat and flat.get("exp_avg") is m and flat.get("exp_avg_sq") is v
-                and flat.get("global_direction") is dg and dg._version == self.dg_version
-                and self.buffers.suit(self.buffers.sizes) and opt.work.native is self.buffers
-                and [p.data_ptr() for p in self.params] == self.ptrs
-                and all(st["step"] == self.k for st in self.states)):
+        if not (self._same_settings(opt) and self._same_state(opt)):
             return None
         grads = []
         for p in self.params:
@@ -220,6 +198,25 @@ class Steady:
             grads.append(t)
         return grads
 
+    def _same_settings(self, opt: LocalUpdate) -> bool:
+        """One param group, this one, with its entries but lr as they were (lr > 0); ρ, the
+        trust rule, the correction and torch's threads unchanged."""
+        group = self.group
+        return (len(opt.param_groups) == 1 and opt.param_groups[0] is group and group["lr"] > 0.0
+                and _settings(group) == self.settings and opt.rho == self.rho and opt.trust is self.trust
+                and opt.correction == "mix" and self.buffers.suit(self.buffers.sizes))
+
+    def _same_state(self, opt: LocalUpdate) -> bool:
+        """The state's flat slots the very tensors (Δ_G unwritten since), the parameters' memory
+        and the step counts as this left them."""
+        m, v, dg = self.slots
+        flat = opt._flat[0] if len(opt._flat) == 1 else None
+        return (opt.state is self.state and flat is self.flat and opt.work.native is self.buffers
+                and flat.get("exp_avg") is m and flat.get("exp_avg_sq") is v
+                and flat.get("global_direction") is dg and dg._version == self.dg_version
+                and [p.data_ptr() for p in self.params] == self.ptrs
+                and all(st["step"] == self.k for st in self.states))
+
     def run(self, opt: LocalUpdate, grads: list[torch.Tensor]) -> None:
         group, rule = self.group, self.rule
         lr, ref_lr = group["lr"], opt.ref_lr
@@ -228,7 +225,8 @@ class Steady:
         self.k += 1
         n_m, n_v = bias_steps(rule.bias_correction, self.k, opt.step_offset + self.k)
         kernel_lr, kernel_step = kernel_arguments(rule.beta1, n_m, n_v, (1.0 - self.rho) * (lr / ref_lr))
-        coef = adam_coefficients(rule.beta1, rule.beta2, rule.eps, kernel_lr, kernel_step, self.buffers.coef)
+        coef = kernel_coefficients(rule.beta1, rule.beta2, rule.eps, kernel_lr, kernel_step,
+                                   self.buffers.coef)
         decay = lr * group["weight_decay"]
         act_step_(self.x, self.u, self.g, self.act, -ref_lr, 1.0 - decay if decay else None, opt.work,
                   self.buffers, grads, self.grad_views, (self.addend, self.slots[0], self.slots[1], coef))
