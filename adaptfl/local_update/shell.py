@@ -58,6 +58,14 @@ def eager(method: Any) -> Any:
     return getattr(method, "__wrapped__", method)
 
 
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Two groups' entries equal, value by value; a tensor entry (a tensor lr) never counts as
+    unchanged (its comparison is elementwise)."""
+    return len(a) == len(b) and all(
+        ka == kb and not isinstance(va, torch.Tensor) and not isinstance(vb, torch.Tensor) and va == vb
+        for (ka, va), (kb, vb) in zip(a, b, strict=True))
+
+
 class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
     """precondition → mix → correct → modulate → step (see the module docstring).
 
@@ -113,6 +121,7 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
         self.steady: Steady | None = None  # FedACT's native step as prepared (step/native.py)
         self.work = Workspace()
         self._rules: dict[tuple[Any, ...], Preconditioner] = {}
+        self._rule_of: dict[int, tuple[dict[str, Any], tuple[Any, ...], Preconditioner]] = {}
         self._flat: list[dict[str, torch.Tensor]] = [{} for _ in self.param_groups]
         self.bucket_view = parameters_as_bucket_view
         self._buckets: dict[int, tuple[torch.Tensor, list[int]]] = {}  # group -> (flat x, data_ptrs)
@@ -165,13 +174,20 @@ class LocalUpdate(NamedSlots, Diagnostics, torch.optim.Optimizer):
 
     # --- groups, rules and names ------------------------------------------------------------
     def rule(self, group: dict[str, Any]) -> Preconditioner:
-        """The group's rule, rebuilt from its entries (so changing e.g. beta1 there takes effect)."""
+        """The group's rule, rebuilt from its entries (so changing e.g. beta1 there takes effect);
+        looked up again only when an entry changed (the step and `hessian_due` ask every step)."""
+        entries = tuple((k, v) for k, v in group.items() if k not in ("params", "lr"))  # no rule
+        # reads lr, which a scheduler changes every step
+        known = self._rule_of.get(id(group))
+        if known is not None and known[0] is group and _same(known[1], entries):
+            return known[2]
         cls = cast(type[Preconditioner], lookup("preconditioner", group["preconditioner"]))  # as above
         given = fields_from_group(cls, group)
         values = tuple((f.name, given.get(f.name, f.default)) for f in fields_of(cls))
         key = (cls, values)
         if key not in self._rules:
             self._rules[key] = cls(**dict(values))
+        self._rule_of[id(group)] = (group, entries, self._rules[key])
         return self._rules[key]
 
     @property

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -155,21 +155,16 @@ def _step_after_a_miss(x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, k: int
     native.step(x, u, native.Segments.flat(g), sel.t, cut, decay, alpha * scale, gamma * scale, True)
 
 
-def _settings(group: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """A param group's entries but its parameters and lr (the step reads lr afresh)."""
-    return tuple((k, v) for k, v in group.items() if k not in ("params", "lr"))
-
-
 class Steady:
     """FedACT's native step (AdamW's kernel in the loops, the correction fused, the gradients
     read where backward left them), kept while nothing it was prepared from changes: the one
-    param group and its entries but lr, the parameters' memory, the state's flat slots and step
+    param group and its rule, the parameters' memory, the state's flat slots and step
     counts, Δ_G's contents, ρ, the trust rule and torch's threads. `fits` checks that and
     returns the gradients; `run` is then the same step as the general path's, bit for bit."""
 
     def __init__(self, opt: LocalUpdate, block: Block, path: Path, trust: ACT) -> None:
         group = opt.param_groups[0]
-        self.group, self.params, self.settings = group, list(group["params"]), _settings(group)
+        self.group, self.params = group, list(group["params"])
         self.state, self.states = opt.state, [opt.state[p] for p in self.params]
         self.k = self.states[0]["step"]
         self.flat = opt._flat[0]
@@ -199,11 +194,12 @@ class Steady:
         return grads
 
     def _same_settings(self, opt: LocalUpdate) -> bool:
-        """One param group, this one, with its entries but lr as they were (lr > 0); ρ, the
-        trust rule, the correction and torch's threads unchanged."""
+        """One param group, this one, with lr > 0 and its rule's fields as they were (the step
+        reads lr and weight decay afresh); ρ, the trust rule, the correction and torch's threads
+        unchanged."""
         group = self.group
         return (len(opt.param_groups) == 1 and opt.param_groups[0] is group and group["lr"] > 0.0
-                and _settings(group) == self.settings and opt.rho == self.rho and opt.trust is self.trust
+                and opt.rule(group) is self.rule and opt.rho == self.rho and opt.trust is self.trust
                 and opt.correction == "mix" and self.buffers.suit(self.buffers.sizes))
 
     def _same_state(self, opt: LocalUpdate) -> bool:
