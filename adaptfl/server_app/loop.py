@@ -35,6 +35,7 @@ from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, detail_level
 from adaptfl.privacy.server import BudgetReached
 from adaptfl.secagg.aggregate import secure_round
+from adaptfl.secagg.search import NARROWED
 from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model, fell_below_start
 from adaptfl.server_app.checkpoint import (
     check_same_job,
@@ -233,7 +234,8 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
         # under dp the abort message names no node and quotes no reply (they are confidential)
         report, private = strategy.report, cfg.privacy.on
         guard.after_round(server_round, report.skipped, report.skip_reason,
-                          {} if private else report.rejected, [] if private else missing)
+                          {} if private else report.rejected, [] if private else missing,
+                          narrowed=bool(report.secagg.get(NARROWED)))
     guard.at_end(fed.num_server_rounds)
     check_final_model(strategy.state.model)
     worse = fell_below_start(outputs.rows, CONFIDENTIAL_FILE if cfg.privacy.on else "metrics.jsonl")
@@ -346,5 +348,6 @@ def round_row(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task, se
         row[wire.STEP_PATH] = report.step_path()
     if report.clients:
         row["clients"] = report.clients
+    row.update(report.secagg)  # the search for a node that sent a sum out of reach
     row["server-rss-mb"] = rss_mb()
     return row
