@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from adaptfl.secagg.search import Search
+from adaptfl.strategies.skips import RunAborted, SkipGuard
 from adaptfl.strategies.state import ServerState
 
 
@@ -85,3 +86,14 @@ def test_the_search_survives_the_checkpoint() -> None:
     back = ServerState.from_bytes(state.to_bytes()).secagg_search
     assert back == state.secagg_search and back.suspects == [1, 4, 5] and back.failed == [2, 3]
     assert state.clone().secagg_search == state.secagg_search
+
+
+def test_a_skip_that_narrowed_the_search_does_not_count_toward_max_skipped_rounds() -> None:
+    """Resumed from rows too: a search's failures (about log2 n) must not end the run."""
+    narrowed = {"skipped": True, "secagg-narrowed": True}
+    rows = [{"round": 1, "skipped": True}, {"round": 2, **narrowed}, {"round": 3, **narrowed}]
+    guard = SkipGuard(3, rows)
+    guard.after_round(4, True, "out of reach", {}, [], narrowed=True)
+    guard.after_round(5, True, "out of reach", {}, [])  # the second that counts
+    with pytest.raises(RunAborted, match="3 consecutive"):
+        guard.after_round(6, True, "out of reach", {}, [])
