@@ -56,6 +56,7 @@ from adaptfl.server_app.run_checks import (
     check_nodes,
     check_secure_sample,
     check_settings,
+    check_small_rounds,
     partition_sizes,
 )
 from adaptfl.strategies.base import AdaptiveStrategy
@@ -273,6 +274,7 @@ def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, ou
     write_summary(summary, outputs.dir)
     if cfg.secagg.on:
         check_secure_sample(sampled, strategy.num_nodes)
+    check_small_rounds(cfg, sampled, strategy.num_nodes)  # refused unless accept-small-rounds
     if cfg.privacy.on:
         check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
         log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,
