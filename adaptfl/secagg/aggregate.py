@@ -26,8 +26,8 @@ from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.mechanism import metric_domains, shared_records, start_bound
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint
-from adaptfl.secagg.search import EXCLUDED, NARROWED, SUSPECTS
 from adaptfl.secagg.server import Admit, OutOfReach, SecAggServer, SecureRefused, SecureRound, ring_seed
+from adaptfl.strategies.secagg_search import EXCLUDED, NARROWED, SUSPECTS
 from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def _note(strategy: AdaptiveStrategy, out: SecureRound) -> None:
 
 
 def _searched(strategy: AdaptiveStrategy, outcome: tuple[bool, int | None]) -> None:
-    """The search's columns of the row (search.py): the suspects left, whether this round's
+    """The search's columns of the row (strategies/secagg_search.py): the suspects left, whether this round's
     failure narrowed them (then max-skipped-rounds does not count it), every node left out."""
     assert strategy.state is not None
     search, (narrowed, named) = strategy.state.secagg_search, outcome

@@ -32,7 +32,8 @@ class SecureRefused(RuntimeError):
 
 
 class OutOfReach(SecureRefused):
-    """The unmasked sum is one no inputs in range reach: some node of `live` lied (search.py)."""
+    """The unmasked sum is one no inputs in range reach: some node of `live` lied (the search
+    for it: strategies/secagg_search.py)."""
 
     def __init__(self, why: str, live: list[int]) -> None:
         super().__init__(why)

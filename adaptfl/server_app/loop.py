@@ -35,7 +35,6 @@ from adaptfl.privacy.mechanism import metric_domains, reply_domains
 from adaptfl.privacy.release import CONFIDENTIAL_FILE, detail_level
 from adaptfl.privacy.server import BudgetReached
 from adaptfl.secagg.aggregate import secure_round
-from adaptfl.secagg.search import NARROWED
 from adaptfl.server_app.abort import RunAborted, SkipGuard, check_final_model, fell_below_start
 from adaptfl.server_app.checkpoint import (
     check_same_job,
@@ -61,6 +60,7 @@ from adaptfl.server_app.run_checks import (
 )
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.contribution import small_round_note, tolerance_note
+from adaptfl.strategies.secagg_search import NARROWED
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
 

@@ -20,9 +20,9 @@ from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
 from adaptfl.core.stage import RoundInfo
 from adaptfl.privacy import server as dp
-from adaptfl.secagg.search import MIN_COHORT
 from adaptfl.strategies.census import take_census
 from adaptfl.strategies.intake import ReplyIntake
+from adaptfl.strategies.secagg_search import MIN_COHORT
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.train_config import refuse_adaptfl_keys, train_config_lr, with_lr
 
@@ -65,7 +65,7 @@ class RoundBroadcast(ReplyIntake):
             order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
             self.state.sampling_rng = gen.get_state()
             sample = [nodes[i] for i in sorted(order)]
-        # while a liar is searched for, half its suspects sit the round out (secagg/search.py)
+        # while a liar is searched for, half its suspects sit the round out (strategies/secagg_search.py)
         return search.cohort(sample, max(MIN_COHORT, fed.min_replies)) if self.cfg.secagg.on else sample
 
     def payload(self) -> dict[str, Tensors]:

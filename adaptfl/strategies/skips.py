@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from adaptfl.secagg.search import NARROWED
+from adaptfl.strategies.secagg_search import NARROWED
 
 
 class RunAborted(RuntimeError):
@@ -58,7 +58,7 @@ class SkipGuard:
     def after_round(self, server_round: int, skipped: bool, reason: str,
                     rejected: Mapping[str, str], missing: list[int], narrowed: bool = False) -> None:
         """`narrowed`: a SecAgg+ sum out of reach that narrowed the search for its sender
-        (secagg/search.py): progress towards leaving the liar out, not counted (a search takes
+        (strategies/secagg_search.py): progress towards leaving the liar out, not counted (a search takes
         about log2 n of them, bounded; one that narrows nothing counts)."""
         if narrowed:
             return

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from adaptfl.core import wire
-from adaptfl.secagg.search import Search
 from adaptfl.strategies.ownership import Ownership
+from adaptfl.strategies.secagg_search import Search
 
 Tensors = dict[str, torch.Tensor]
 
@@ -31,7 +31,7 @@ class ServerState:
     run_key: str = field(default_factory=lambda: uuid.uuid4().hex)
     # which node each partition id belongs to, and what decided it (strategies/ownership.py)
     ownership: Ownership = field(default_factory=Ownership)
-    # SecAgg+: who sent an input out of range, and who is left out for it (secagg/search.py)
+    # SecAgg+: who sent an input out of range, and who is left out for it (strategies/secagg_search.py)
     secagg_search: Search = field(default_factory=Search)
 
     @property
@@ -108,7 +108,7 @@ class RoundReport:
     # "local-state-source" 0/1/2, "peak-memory-mb", "step-path" by name), for replies that report
     # them, and its "node-id"
     clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
-    # SecAgg+'s search for a node whose input put the sum out of reach (secagg/search.py):
+    # SecAgg+'s search for a node whose input put the sum out of reach (strategies/secagg_search.py):
     # secagg-suspects, secagg-excluded and secagg-narrowed, as the row has them
     secagg: dict[str, list[int] | dict[str, str] | bool] = field(default_factory=dict)
 

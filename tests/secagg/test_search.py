@@ -1,4 +1,4 @@
-"""The search for the node whose input put a SecAgg+ sum out of reach (secagg/search.py): group
+"""The search for the node whose input put a SecAgg+ sum out of reach (strategies/secagg_search.py): group
 testing over rounds finds one liar among n in about log2 n failed rounds, whatever node it is
 and whether it lies every round or only some; a passing round clears nobody; the state survives
 the checkpoint."""
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from adaptfl.secagg.search import Search
+from adaptfl.strategies.secagg_search import Search
 from adaptfl.strategies.skips import RunAborted, SkipGuard
 from adaptfl.strategies.state import ServerState
 

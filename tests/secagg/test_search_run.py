@@ -1,7 +1,7 @@
 """A whole SecAgg+ run with one node whose input is out of range every round (+1e9 on its masked
 vector): the rounds whose sum fails are skipped, the search names that node in the row and
 leaves it out, the run completes, and from the exclusion on the model is bit for bit the one of
-the same run with that node disconnected (secagg/search.py, docs/secagg.md)."""
+the same run with that node disconnected (strategies/secagg_search.py, docs/secagg.md)."""
 
 from __future__ import annotations
 
