@@ -1,5 +1,6 @@
 """Finding the node whose input put a SecAgg+ sum out of reach (fixedpoint.beyond_reach), by
-group testing over the next rounds (Dorfman 1943; one defective among n in ⌈log₂ n⌉ tests):
+group testing over the next rounds (after Dorfman 1943; binary splitting finds one defective
+among n in ⌈log₂ n⌉ tests):
 the sum of a cohort tells only whether some input in it was out of range, never whose.
 
     a round's sum fails      the suspects become its live nodes (the first failure), or those
@@ -22,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-# the least cohort a secure sum takes (server.py refuses fewer: the sum of two is each one's)
+# the least cohort a secure sum takes (secagg/server.py refuses fewer: the sum of two is each one's)
 MIN_COHORT = 3
 # the row's columns (server_app/columns.py declares what each means)
 SUSPECTS, EXCLUDED, NARROWED = "secagg-suspects", "secagg-excluded", "secagg-narrowed"
