@@ -11,6 +11,9 @@ and its defaults; node 5 hostile in every round, one attack a run:
 - "bit-flipped unmask shares": one bit of every share it returns at unmask;
 - "copied public keys": signs up with node 1's keys and proofs.
 
+`--in-reach`: "+1eK on y" for K = 3..7 (inside the sum check's reach at 5 nodes, 5·B ≈ 5.4e8)
+against clean and +1e9 (beyond it: skipped until the search names node 5).
+
 Per attack: final test accuracy (0 for a run that aborted), rounds skipped, and who the rows'
 `rejected` name. About 20 s a run on 2 cores (one torch thread)."""
 
@@ -47,11 +50,18 @@ LIAR = 5
 Tamper = Callable[[str, Message], None]  # (stage, the liar's reply), in place
 
 
-def add_1e9(stage: str, reply: Message) -> None:
-    if stage == p.MASKED_INPUT and wire.MASKED in reply.content.array_records:
-        y = reply.content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
-        y = (y + np.uint64(10 ** 9)) & np.uint64(2 ** 32 - 1)
-        reply.content[wire.MASKED] = ArrayRecord({p.MASKED_ARRAY: Array(y.astype(np.uint32))})
+def add_on_y(amount: int) -> Tamper:
+    """`amount` added to every value of the masked vector (mod 2^32): q + amount under the masks.
+    Beyond the sum's reach (5·B ≈ 5.4e8 at 5 nodes) the check sees it; below, nothing can."""
+    def tamper(stage: str, reply: Message) -> None:
+        if stage == p.MASKED_INPUT and wire.MASKED in reply.content.array_records:
+            y = reply.content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
+            y = (y + np.uint64(amount)) & np.uint64(2 ** 32 - 1)
+            reply.content[wire.MASKED] = ArrayRecord({p.MASKED_ARRAY: Array(y.astype(np.uint32))})
+    return tamper
+
+
+add_1e9 = add_on_y(10 ** 9)
 
 
 def garbage_ciphertexts(stage: str, reply: Message) -> None:
@@ -96,7 +106,10 @@ ATTACKS: dict[str, Tamper | None] = {
     "clean": None, "+1e9 on y": add_1e9, "in-range flip × 20": None,
     "garbage ciphertexts": garbage_ciphertexts, "garbage to one peer": garbage_to_one,
     "wrong commitment": wrong_commitment,
-    "bit-flipped unmask shares": flipped_shares, "copied public keys": copied_keys}
+    "bit-flipped unmask shares": flipped_shares, "copied public keys": copied_keys,
+    # inside the check's reach: what the server cannot tell from an honest sum (--in-reach)
+    **{f"+1e{k} on y": add_on_y(10 ** k) for k in (3, 4, 5, 6, 7)}}
+IN_REACH = ["clean", *(f"+1e{k} on y" for k in (3, 4, 5, 6, 7)), "+1e9 on y"]
 
 
 def handler(tamper: Tamper | None):  # noqa: ANN201 - a ClientApp handler
@@ -139,7 +152,7 @@ def run(name: str, data: str, out: pathlib.Path) -> dict:
         rows, accuracy, aborted = metric_rows(out / "r"), 0.0, str(why).split("\n")[0][:90]
     finally:
         app.handle_train = original
-    named = sorted({node for r in rows for node in r.get("rejected", {})})
+    named = sorted({node for r in rows for node in (*r.get("rejected", {}), *r.get("secagg-excluded", {}))})
     return {"attack": name, "accuracy": accuracy, "skipped": sum(bool(r["skipped"]) for r in rows),
             "rounds": len(rows), "named": named, "aborted": aborted,
             "seconds": time.perf_counter() - started,
@@ -149,7 +162,10 @@ def run(name: str, data: str, out: pathlib.Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS))
+    parser.add_argument("--in-reach", action="store_true",
+                        help="the sizes of a lie on y: " + ", ".join(IN_REACH))
     args = parser.parse_args()
+    args.attacks = IN_REACH if args.in_reach else args.attacks
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
     print(describe("cpu"))

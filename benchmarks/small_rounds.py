@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from adaptfl.client_app.app import train_or_refuse  # noqa: E402
 from adaptfl.strategies import contribution  # noqa: E402
+from benchmarks import hostile_table  # noqa: E402
 from benchmarks.contribution_bound import run  # noqa: E402
 from benchmarks.hostile_table import tiny_fashion_mnist  # noqa: E402
 from benchmarks.machine import describe  # noqa: E402
@@ -42,7 +43,7 @@ CASES = {"2 a round, 9×/−9×": (0.4, NINE_BY_MINUS_NINE, {}),
 
 def _config(data: dict, out: pathlib.Path, algorithm: str, seed: int, fraction: float, **kw):  # noqa: ANN202
     return _hostile_config(data, out, algorithm, rounds=8, num_threads=1, seed=seed,
-                           fraction_train=fraction, **kw)
+                           fraction_train=fraction, accept_small_rounds=True, **kw)
 
 
 def attacked(data: dict, work: pathlib.Path, algorithms: list[str], seeds: list[int],
@@ -82,12 +83,19 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--honest", action="store_true", help="the honest cost on Dirichlet α 0.3")
+    parser.add_argument("--images", nargs=2, type=int, metavar=("TRAIN", "TEST"),
+                        help="the first TRAIN/TEST Fashion-MNIST images (default: the tests' 600/200)")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--ratio", type=float, default=2.0, help="max-contribution-ratio (2: the default)")
     parser.add_argument("--small-round-ratio", type=float, default=contribution.SMALL_ROUND_RATIO,
                         help="measure another value of contribution.SMALL_ROUND_RATIO")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     contribution.SMALL_ROUND_RATIO = args.small_round_ratio
+    if args.images:
+        hostile_table.TINY_FASHION_MNIST = tuple(args.images)
+    for name in set(CASES) - set(args.cases):
+        del CASES[name]
     print(f"machine: {describe('cpu')}; SMALL_ROUND_RATIO {contribution.SMALL_ROUND_RATIO:g}\n")
     work = pathlib.Path(tempfile.mkdtemp(prefix="small-rounds-"))
     data = {"fashion-mnist": tiny_fashion_mnist(work / "fashion-mnist")}

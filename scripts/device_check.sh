@@ -114,7 +114,7 @@ fi
 mkdir -p "$out/loopback"
 [ -d .device-certs ] && cp -r .device-certs "$out/loopback/certs"
 stage deployment-round 80 "flwr-run-exit" python3 -m adaptfl.deploy.loopback --num-nodes 2 \
-  --workdir "$out/loopback" --run-config "$run_config"
+  --workdir "$out/loopback" --run-config "$run_config accept-small-rounds=true"
 
 # ---- the summary ---------------------------------------------------------------------------
 {

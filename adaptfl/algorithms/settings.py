@@ -69,6 +69,11 @@ class Federation(Component):
                                           "to the median of the last 32 kept replies' (docs/robustness.md, "
                                           "'Contribution bound'); 0: off",
                                           within=(0.0, None))
+    accept_small_rounds: bool = param(False, "run rounds that sample fewer than 3 nodes (a "
+                                      "federation of two, fraction-train × few nodes); refused "
+                                      "before round 1 without it: no round median bounds a hostile "
+                                      "reply there (docs/robustness.md, 'Rounds of one and two "
+                                      "replies')")
     max_skipped_rounds: int = param(3, "abort the run (non-zero exit) after this many consecutive "
                                     "skipped or refused rounds (also under Flower's Strategy.start)",
                                     within=(1, None))

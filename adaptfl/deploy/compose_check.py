@@ -36,7 +36,8 @@ from adaptfl.deploy.layout import CERTS, DEPLOY, PROJECT
 MIN_FREE_GB = 16
 ROUNDS = 2
 # min-replies=2: round 1 waits until both SuperNodes have joined
-RUN_CONFIG = f"num-server-rounds={ROUNDS} min-replies=2 model='mlp' local-steps=3 batch-size=32"
+RUN_CONFIG = (f"num-server-rounds={ROUNDS} min-replies=2 model='mlp' local-steps=3 batch-size=32 "
+              "accept-small-rounds=true")  # two SuperNodes: rounds of two, accepted by name
 # The operators' `flwr` runs in the `operator` container on the `server` network (its
 # connections: deploy/operator.toml); the SuperLink's port is published nowhere on this host.
 OPERATOR = "$COMPOSE {} --profile operator run --rm -T operator"

@@ -1,7 +1,8 @@
 """A real Flower deployment on this machine: TLS, SuperNode authentication, process isolation,
 and the Fleet API proxy as the only way in for SuperNodes.
 
-    python -m adaptfl.deploy.loopback --num-nodes 2 --run-config "num-server-rounds=2 model='mlp'"
+    python -m adaptfl.deploy.loopback --num-nodes 2 \
+        --run-config "num-server-rounds=2 model='mlp' accept-small-rounds=true"
 
 Runs the very commands of the compose demo (adaptfl/deploy/commands.py) on 127.0.0.1 with free ports:
 certificates, node keys and SuperExec secrets from deploy/generate-certs.sh (one folder per

@@ -77,7 +77,8 @@ if TYPE_CHECKING:
 PROG = "python -m adaptfl.harness.privacy_audit"
 # under the overrides given; an audit measures ε, so a plan past dp-accept-epsilon (the audit's
 # own tiny-noise runs) is what it is there to test, not a run to refuse
-DEFAULTS = {"dp": "central", "weighting": "uniform", "dp-accept-epsilon": 1e12}
+# an audit measures ε on whatever rounds it is given: it refuses no plan and no small round
+DEFAULTS = {"dp": "central", "weighting": "uniform", "dp-accept-epsilon": 1e12, "accept-small-rounds": True}
 
 
 @dataclass

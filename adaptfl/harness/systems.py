@@ -134,6 +134,7 @@ def bytes_per_algorithm(results: Path, num_nodes: int = 2) -> list[dict[str, Any
     for algorithm in [a for a in SPEC_WIRE if a in catalog()]:
         run_dir = run_inprocess(_config(**{"algorithm": algorithm, "num-server-rounds": 3,
                                            "local-steps": 1, "results-dir": str(results),
+                                           "accept-small-rounds": num_nodes < 3,
                                            "run-name": f"bytes-{algorithm}",
                                            "client-state-dir": str(results / "state" / algorithm)}),
                                 num_nodes)

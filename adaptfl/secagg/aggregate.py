@@ -26,7 +26,8 @@ from adaptfl.core.privacy_settings import Privacy
 from adaptfl.privacy.mechanism import metric_domains, shared_records, start_bound
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint
-from adaptfl.secagg.server import Admit, SecAggServer, SecureRefused, SecureRound, ring_seed
+from adaptfl.secagg.server import Admit, OutOfReach, SecAggServer, SecureRefused, SecureRound, ring_seed
+from adaptfl.strategies.secagg_search import EXCLUDED, NARROWED, SUSPECTS
 from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics
 
 if TYPE_CHECKING:
@@ -78,8 +79,12 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
         out = server.run(grid, nodes, messages[0].content, slots, ranges, admit(strategy))
     except SecureRefused as why:
         _note(strategy, server.out)
+        if isinstance(why, OutOfReach):  # whose input it was: group testing over the next rounds
+            _searched(strategy, strategy.state.secagg_search.after_failure(server_round, why.live))
         return (*strategy._skip(server_round, str(why)), _missing(server.out.dropped))
     _note(strategy, server.out)
+    strategy.state.secagg_search.after_pass()
+    _searched(strategy, (False, None))
     assert out.total is not None
     records, averaged = fixedpoint.decode_mean(out.total, slots, bound, len(out.live))
     for name in contract.up:  # a record of no arrays (Muon routing nothing) has no slot
@@ -128,6 +133,22 @@ def _note(strategy: AdaptiveStrategy, out: SecureRound) -> None:
     report.answered = len(out.live)
     report.bytes_down, report.bytes_up = out.bytes_down, out.bytes_up
     report.down_bytes, report.up_bytes = {"secagg+": out.bytes_down}, {"secagg+": out.bytes_up}
+
+
+def _searched(strategy: AdaptiveStrategy, outcome: tuple[bool, int | None]) -> None:
+    """The search's columns of the row (strategies/secagg_search.py): the suspects left, whether this round's
+    failure narrowed them (then max-skipped-rounds does not count it), every node left out."""
+    assert strategy.state is not None
+    search, (narrowed, named) = strategy.state.secagg_search, outcome
+    row = strategy.report.secagg
+    if search.suspects:
+        row[SUSPECTS] = list(search.suspects)
+    if narrowed or named is not None:
+        row[NARROWED] = True
+    if search.excluded:
+        row[EXCLUDED] = {str(n): why for n, why in search.excluded.items()}
+    if named is not None:
+        log.log(detail_level(strategy.cfg.privacy.on), "%s", search.excluded[named])
 
 
 def _missing(dropped: dict[int, str]) -> list[int]:

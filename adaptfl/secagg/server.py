@@ -31,6 +31,15 @@ class SecureRefused(RuntimeError):
     """The round cannot be unmasked (too few shares, too few nodes): the message says why."""
 
 
+class OutOfReach(SecureRefused):
+    """The unmasked sum is one no inputs in range reach: some node of `live` lied (the search
+    for it: strategies/secagg_search.py)."""
+
+    def __init__(self, why: str, live: list[int]) -> None:
+        super().__init__(why)
+        self.live = live
+
+
 @dataclass
 class SecureRound:
     """What one SecAgg+ round gives the strategy."""
@@ -150,7 +159,7 @@ class SecAggServer:
         total = fixedpoint.from_ring(self._unmask(grid, live, alive - live), self.bits)
         why = fixedpoint.beyond_reach(total, layout, self.bound, len(live), self.noise_std)
         if why:  # what no len(live) inputs in range reach: a node lied about its input
-            raise SecureRefused(why)
+            raise OutOfReach(why, sorted(live))
         self.out.total, self.out.live = total, sorted(live)
         return self.out
 

@@ -56,10 +56,12 @@ from adaptfl.server_app.run_checks import (
     check_nodes,
     check_secure_sample,
     check_settings,
+    check_small_rounds,
     partition_sizes,
 )
 from adaptfl.strategies.base import AdaptiveStrategy
 from adaptfl.strategies.contribution import small_round_note, tolerance_note
+from adaptfl.strategies.secagg_search import NARROWED
 from adaptfl.strategies.validation import ReplyRejected, decode_content, reply_bound
 from adaptfl.workloads import Task, build_task_model, load_task
 
@@ -235,7 +237,8 @@ def train_rounds(grid: Grid, cfg: RunConfig, strategy: AdaptiveStrategy, model: 
         # under dp the abort message names no node and quotes no reply (they are confidential)
         report, private = strategy.report, cfg.privacy.on
         guard.after_round(server_round, report.skipped, report.skip_reason,
-                          {} if private else report.rejected, [] if private else missing)
+                          {} if private else report.rejected, [] if private else missing,
+                          narrowed=bool(report.secagg.get(NARROWED)))
     guard.at_end(fed.num_server_rounds)
     check_final_model(strategy.state.model)
     worse = fell_below_start(outputs.rows, CONFIDENTIAL_FILE if cfg.privacy.on else "metrics.jsonl")
@@ -273,6 +276,7 @@ def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, ou
     write_summary(summary, outputs.dir)
     if cfg.secagg.on:
         check_secure_sample(sampled, strategy.num_nodes)
+    check_small_rounds(cfg, sampled, strategy.num_nodes)  # refused unless accept-small-rounds
     if cfg.privacy.on:
         check_planned_target(cfg.privacy, cfg.federation, strategy.num_nodes, cfg.algorithm)
         log.info("%s", plan_line(cfg.privacy, dp_plan(cfg.privacy, cfg.algorithm, cfg.federation,
@@ -348,5 +352,6 @@ def round_row(strategy: AdaptiveStrategy, model: torch.nn.Module, task: Task, se
         row[wire.STEP_PATH] = report.step_path()
     if report.clients:
         row["clients"] = report.clients
+    row.update(report.secagg)  # the search for a node that sent a sum out of reach
     row["server-rss-mb"] = rss_mb()
     return row

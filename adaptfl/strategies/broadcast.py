@@ -22,6 +22,7 @@ from adaptfl.core.stage import RoundInfo
 from adaptfl.privacy import server as dp
 from adaptfl.strategies.census import take_census
 from adaptfl.strategies.intake import ReplyIntake
+from adaptfl.strategies.secagg_search import MIN_COHORT
 from adaptfl.strategies.state import RoundReport, ServerState, Tensors
 from adaptfl.strategies.train_config import refuse_adaptfl_keys, train_config_lr, with_lr
 
@@ -51,17 +52,21 @@ class RoundBroadcast(ReplyIntake):
     def sample_nodes(self, grid: Grid) -> list[int]:
         assert self.state is not None
         fed = self.cfg.federation
-        nodes = wait_for_nodes(grid, fed)
+        search = self.state.secagg_search  # SecAgg+: a node that sent a sum out of reach is out
+        nodes = [n for n in wait_for_nodes(grid, fed) if n not in search.excluded]
         self.num_nodes = len(nodes)  # N, for rules that scale by |S|/N (SCAFFOLD, FedDyn)
         self._connected = set(nodes)
         count = sample_size(fed, len(nodes))
         if self.cfg.privacy.on:  # amplification by sampling needs a sample nobody can recompute
-            return sorted(secret_sample(nodes, count))
-        gen = torch.Generator()
-        gen.set_state(self.state.sampling_rng)
-        order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
-        self.state.sampling_rng = gen.get_state()
-        return [nodes[i] for i in sorted(order)]
+            sample = sorted(secret_sample(nodes, count))
+        else:
+            gen = torch.Generator()
+            gen.set_state(self.state.sampling_rng)
+            order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
+            self.state.sampling_rng = gen.get_state()
+            sample = [nodes[i] for i in sorted(order)]
+        # while a liar is searched for, half its suspects sit the round out (strategies/secagg_search.py)
+        return search.cohort(sample, max(MIN_COHORT, fed.min_replies)) if self.cfg.secagg.on else sample
 
     def payload(self) -> dict[str, Tensors]:
         """The records the algorithm's components send this round (all in its contract)."""

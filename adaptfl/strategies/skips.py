@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from adaptfl.strategies.secagg_search import NARROWED
+
 
 class RunAborted(RuntimeError):
     """The run cannot produce a trustworthy model; the message says why, in one line."""
@@ -48,13 +50,18 @@ class SkipGuard:
         self.window = max(window or 2 * limit, limit)
         self.recent: list[bool] = []  # skipped?, the last `window` rounds
         for row in rows:
-            if row.get("round", 0) >= 1:
+            if row.get("round", 0) >= 1 and not row.get(NARROWED):
                 self.streak = self.streak + 1 if row.get("skipped") else 0
                 self.trained = self.trained or not row.get("skipped")
                 self.recent = [*self.recent, bool(row.get("skipped"))][-self.window:]
 
     def after_round(self, server_round: int, skipped: bool, reason: str,
-                    rejected: Mapping[str, str], missing: list[int]) -> None:
+                    rejected: Mapping[str, str], missing: list[int], narrowed: bool = False) -> None:
+        """`narrowed`: a SecAgg+ sum out of reach that narrowed the search for its sender
+        (strategies/secagg_search.py): progress towards leaving the liar out, not counted (a search takes
+        about log2 n of them, bounded; one that narrows nothing counts)."""
+        if narrowed:
+            return
         self.streak = self.streak + 1 if skipped else 0
         self.trained = self.trained or not skipped
         self.recent = [*self.recent, skipped][-self.window:]

@@ -14,6 +14,7 @@ import torch
 
 from adaptfl.core import wire
 from adaptfl.strategies.ownership import Ownership
+from adaptfl.strategies.secagg_search import Search
 
 Tensors = dict[str, torch.Tensor]
 
@@ -30,6 +31,8 @@ class ServerState:
     run_key: str = field(default_factory=lambda: uuid.uuid4().hex)
     # which node each partition id belongs to, and what decided it (strategies/ownership.py)
     ownership: Ownership = field(default_factory=Ownership)
+    # SecAgg+: who sent an input out of range, and who is left out for it (strategies/secagg_search.py)
+    secagg_search: Search = field(default_factory=Search)
 
     @property
     def partition_owners(self) -> dict[int, int]:
@@ -44,13 +47,15 @@ class ServerState:
             sampling_rng=self.sampling_rng.clone(),
             run_key=self.run_key,
             ownership=self.ownership.clone(),
+            secagg_search=self.secagg_search.clone(),
         )
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         torch.save({"server_round": self.server_round, "model": self.model,
                     "extras": self.extras, "sampling_rng": self.sampling_rng,
-                    "run_key": self.run_key, "ownership": self.ownership.as_dict()}, buffer)
+                    "run_key": self.run_key, "ownership": self.ownership.as_dict(),
+                    "secagg_search": self.secagg_search.as_dict()}, buffer)
         return buffer.getvalue()
 
     @classmethod
@@ -59,7 +64,9 @@ class ServerState:
         return cls(server_round=int(raw["server_round"]), model=raw["model"],
                    extras=raw["extras"], sampling_rng=raw["sampling_rng"],
                    run_key=str(raw["run_key"]),
-                   ownership=Ownership.from_dict(raw.get("ownership", {}), raw.get("partition_owners", {})))
+                   ownership=Ownership.from_dict(raw.get("ownership", {}), raw.get("partition_owners", {})),
+                   secagg_search=Search.from_dict(raw["secagg_search"]) if "secagg_search" in raw
+                   else Search())  # a checkpoint from before the search
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint intact."""
@@ -101,6 +108,9 @@ class RoundReport:
     # "local-state-source" 0/1/2, "peak-memory-mb", "step-path" by name), for replies that report
     # them, and its "node-id"
     clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
+    # SecAgg+'s search for a node whose input put the sum out of reach (strategies/secagg_search.py):
+    # secagg-suspects, secagg-excluded and secagg-narrowed, as the row has them
+    secagg: dict[str, list[int] | dict[str, str] | bool] = field(default_factory=dict)
 
     def step_path(self) -> str | None:
         """The local-step paths the accepted replies took ("native", or e.g. "eager+native" where

@@ -91,7 +91,8 @@ def test_random_configs_are_refused_before_round_1_or_complete_a_round(tiny_data
                 and outcomes["two rounds"] >= DRAWS // 12:
             break
         values = {**_draw(rng), "data-dir": tiny_data["fashion-mnist"], "results-dir": str(tmp_path),
-                  "run-name": f"d{draw}", "client-state-dir": str(tmp_path / "state")}
+                  "run-name": f"d{draw}", "client-state-dir": str(tmp_path / "state"),
+                  "accept-small-rounds": True}
         try:
             cfg = RunConfig.from_flower(values, drop_unused=True)
             strategy, _, task = build_run(cfg)

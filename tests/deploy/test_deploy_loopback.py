@@ -28,7 +28,7 @@ from tests.deploy.test_deploy_paths import documented_certs
 BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 MISSING = [b for b in BINARIES if shutil.which(b) is None]
 SETTINGS = {"model": "mlp", "num-server-rounds": 2, "local-steps": 3, "batch-size": 32,
-            "num-threads": 1, "seed": 7}
+            "num-threads": 1, "seed": 7, "accept-small-rounds": True}  # two SuperNodes
 
 pytestmark = [
     pytest.mark.flower,
@@ -159,6 +159,7 @@ def attacked(tmp_path_factory) -> LoopbackResult:
     trusted = workdir / "trusted-entities.yaml"
     trusted.write_text(f"fpk_federation: '{(workdir / 'federation.pub').read_text().strip()}'\n")
     run_config = (f"model='mlp' num-server-rounds=1 local-steps=1 batch-size=16 min-replies=1 "
+                  "accept-small-rounds=true "
                   f"results-dir='{workdir / 'results'}' run-name='unsigned'")
     return run_loopback(workdir, num_nodes=1, run_config=run_config, attacker=True,
                         trusted_entities=trusted, timeout=300)

@@ -120,6 +120,7 @@ def test_under_flwr_simulation_every_node_answers_the_census_before_round_1(tiny
     (which holds the partitioning) has it, though round 1 heard from one client."""
     settings = {"num-server-rounds": 1, "local-steps": 1, "batch-size": 16, "num-threads": 1,
                 "model": "'mlp'", "partitioning": "'dirichlet'", "fraction-train": 0.34, "seed": 7,
+                "accept-small-rounds": "true",
                 "data-dir": f"'{tiny_data['fashion-mnist']}'"}
     results = tmp_path / "results"
     overrides = " ".join(f"{k}={v}" for k, v in settings.items())

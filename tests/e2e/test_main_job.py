@@ -30,7 +30,9 @@ pytestmark = [
 def start_main_job(tmp_path: Path, run_config: str, *extra: str) -> subprocess.Popen[str]:
     env = dict(os.environ, ADAPTFL_SKIP_SETUP="1", ADAPTFL_FLOWER_HOMES=str(tmp_path / "homes"))
     return subprocess.Popen(
-        [str(SCRIPT), "--run-config", run_config, "--federation-config", "num-supernodes=2", *extra],
+        # two SuperNodes: rounds of two, accepted by name
+        [str(SCRIPT), "--run-config", f"{run_config} accept-small-rounds=true", "--federation-config",
+         "num-supernodes=2", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # Its own process group with SIGINT as a terminal gives it, so a test can press Ctrl-C.
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

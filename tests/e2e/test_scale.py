@@ -162,7 +162,7 @@ def test_a_fresh_clientapp_process_trains_without_dynamo_or_arrow(tmp_path, tiny
     of CPU) and flwr-datasets' Arrow tables for an iid split (~130 MB) stay out of a FedACT
     round with durable local state (docs/scale.md)."""
     cfg = _cfg(tmp_path, tiny_data, algorithm="fedact", local_state="persist", bias_correction="local",
-               num_server_rounds=1, fraction_train=1.0)
+               num_server_rounds=1, fraction_train=1.0, accept_small_rounds=True)
     captured = tmp_path / "message.pkl"
     real = client_app.handle_train
 

@@ -224,7 +224,8 @@ def test_auto_leaves_fedact_on_a_cpu_to_the_native_loops(tiny_data, tmp_path, ca
     batches the gradients only and says so; an explicit form takes the reference step."""
     caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
     cfg = RunConfig.of(algorithm="fedact", model="mlp", num_server_rounds=1, local_steps=2, batch_size=16,
-                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="auto")
+                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="auto",
+                       accept_small_rounds=True)
     steps = count_native_steps(monkeypatch)
     alone = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg.replace(run_name="alone")))
     alone_native, steps[0] = steps[0], 0

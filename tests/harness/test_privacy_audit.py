@@ -67,7 +67,8 @@ def test_canary_guesses_count_the_top_as_in_and_the_bottom_as_out() -> None:
 TINY = dict(algorithm="fedavg", num_server_rounds=3, local_steps=1, batch_size=16, model="mlp",
             weighting="uniform", dp="central", dp_seed=3, dp_testing_reproducible_noise=True,
             fraction_train=0.5, dp_accounting="no-amplification", dp_clip_norm=0.5,
-            dp_accept_epsilon=1e12)  # as the CLI's DEFAULTS: an audit measures ε, refuses no plan
+            dp_accept_epsilon=1e12,  # as the CLI's DEFAULTS: an audit measures ε, refuses no plan
+            accept_small_rounds=True)
 CANARIES, GUESSES = 500, 50  # r = 100: at most ε ≈ 3.49 from all right
 
 

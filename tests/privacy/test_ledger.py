@@ -21,7 +21,8 @@ from tests.support.run_outputs import die_before_checkpoint, metric_rows
 # 2 rounds of 2 of 4 nodes, analytic RDP (no-amplification): each event is (1.0, 2, 4)
 TINY = dict(num_server_rounds=2, local_steps=1, batch_size=16, model="mlp", weighting="uniform",
             dp="central", dp_seed=1, dp_testing_reproducible_noise=True, fraction_train=0.5,
-            dp_accounting="no-amplification", dp_accept_epsilon=1e3)  # tiny federation's ε
+            dp_accounting="no-amplification", dp_accept_epsilon=1e3,  # tiny federation's ε
+            accept_small_rounds=True)
 EVENT = (1.0, 2, 4)
 
 

@@ -36,7 +36,8 @@ from tests.support.run_outputs import confidential_rows, metric_rows
 
 DP = dict(dp="central", weighting="uniform", dp_seed=7,
           dp_testing_reproducible_noise=True, dp_clip_norm=0.5, dp_state_clip_norm=0.3,
-          dp_accept_epsilon=1e3)  # a tiny federation's ε: not what these tests check
+          dp_accept_epsilon=1e3,  # a tiny federation's ε: not what these tests check
+          accept_small_rounds=True)
 FAMILIES = ["fedavg", "fedact", "fedpac-soap", "fedpac-soap+light", "fedpac-sophia", "fedmixp-muon",
             "scaffold", "mimelite", "hafedho", "fedadam", "feddyn"]
 F32_EPS = torch.finfo(torch.float32).eps
@@ -174,7 +175,7 @@ def test_epsilon_without_amplification_equals_flowers_fixed_clipping_accountant(
 
 SMALL = dict(num_server_rounds=4, local_steps=2, batch_size=16, model="mlp", run_name="t",
              weighting="uniform", dp="central", dp_seed=1,
-                 dp_testing_reproducible_noise=True, fraction_train=0.5,
+                 dp_testing_reproducible_noise=True, fraction_train=0.5, accept_small_rounds=True,
              dp_accounting="no-amplification",  # analytic RDP: the run's ε costs nothing
              dp_accept_epsilon=1e3)  # a tiny federation's ε: not what these tests check
 

@@ -25,7 +25,8 @@ from tests.support.run_outputs import die_before_checkpoint, metric_rows
 
 TINY = dict(num_server_rounds=1, local_steps=1, batch_size=16, model="mlp", weighting="uniform",
             fraction_train=1.0, dp_accounting="no-amplification", dp_state_clip_norm=1e-3,
-            dp_accept_epsilon=1e3)  # a tiny federation's ε: not what these tests check
+            dp_accept_epsilon=1e3,  # a tiny federation's ε: not what these tests check
+            accept_small_rounds=True)  # two nodes a round
 NAMES_A_NODE = re.compile(r"\b(node|nodes|client|partition)s? \[?\d")  # "node 3", "nodes [1, 2]"
 
 

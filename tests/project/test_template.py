@@ -203,7 +203,7 @@ def test_the_generated_app_runs_two_rounds_under_flwr_run(tmp_path: Path) -> Non
     assert "config error: invalid local-steps=0: must be >= 1" in out, out[-4000:]
     done = flwr_run_app_dir(app, tmp_path / "flwr-home", num_supernodes=2, with_status=True,
                             run_config=f"num-server-rounds=2 results-dir='{results}' run-name='t' "
-                                       "fraction-evaluate=1.0")
+                                       "fraction-evaluate=1.0 accept-small-rounds=true")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "Unable to find attribute" not in out, out[-4000:]

@@ -18,7 +18,8 @@ from adaptfl.workloads import build_model
 from tests.conftest import needs_fashion_mnist
 from tests.support.run_outputs import final_model, metric_rows
 
-SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t")
+SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t",
+             accept_small_rounds=True)  # two nodes a round
 
 
 def test_fedact_run_writes_metrics_plot_and_model(tmp_path, tiny_data) -> None:
@@ -106,7 +107,8 @@ def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, tiny_data, caplo
     import logging
 
     cfg = RunConfig.of(results_dir=str(tmp_path), model="mlp", data_dir=tiny_data["fashion-mnist"],
-                       num_server_rounds=3, local_steps=1, batch_size=1_000_000, run_name="big")
+                       num_server_rounds=3, local_steps=1, batch_size=1_000_000, run_name="big",
+                       accept_small_rounds=True)
     with caplog.at_level(logging.WARNING, logger="adaptfl"):
         run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
     messages = " ".join(r.getMessage() for r in caplog.records)

@@ -64,7 +64,7 @@ def test_the_store_holds_the_config_and_the_rows_of_metrics_jsonl(tiny_data, tmp
 
 def test_under_dp_the_store_holds_what_metrics_jsonl_holds(tiny_data, tmp_path) -> None:
     cfg = _cfg(tiny_data, tmp_path, mlflow=True, weighting="uniform", dp="central", dp_seed=1,
-               dp_testing_reproducible_noise=True, fraction_train=0.5,
+               dp_testing_reproducible_noise=True, fraction_train=0.5, accept_small_rounds=True,
                dp_accounting="no-amplification", dp_accept_epsilon=1e3)  # tiny federation
     out = run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
     client, run = _the_run(out)

@@ -119,7 +119,7 @@ def test_a_finished_run_continues_for_more_rounds_and_says_what_the_schedule_doe
     """issue 33: num-server-rounds raised on resume=true continues a finished run (rows 1-2 kept,
     round 3 added); with the cosine schedule a warning says it is recomputed; lowering is refused."""
     base = dict(model="mlp", local_steps=2, data_dir=tiny_data["fashion-mnist"], num_threads=1,
-                results_dir=str(tmp_path), run_name="grow")
+                results_dir=str(tmp_path), run_name="grow", accept_small_rounds=True)
     first = metric_rows(run_inprocess(RunConfig.of(**base, num_server_rounds=2), 2))
     with caplog.at_level("WARNING"):
         out = run_inprocess(RunConfig.of(**base, num_server_rounds=3, resume=True), 2)

@@ -34,7 +34,8 @@ class FlowerLikeGrid(InProcessGrid):
 
 
 def _cfg(tiny_data, tmp_path, task: str = "fashion-mnist", **kw) -> RunConfig:
-    values = dict(model="mlp" if task == "fashion-mnist" else "llama-tiny", task=task,
+    values = dict(accept_small_rounds=True,  # rounds of one or two nodes
+                  model="mlp" if task == "fashion-mnist" else "llama-tiny", task=task,
                   num_server_rounds=2, local_steps=2, batch_size=8, data_dir=tiny_data[task],
                   results_dir=str(tmp_path / "out"), run_name="t",
                   client_state_dir=str(tmp_path / "state"))
@@ -171,7 +172,8 @@ def test_on_a_flower_grid_a_setting_no_client_can_run_aborts_naming_the_clients_
 def test_the_engine_exits_3_when_every_round_times_out(tiny_data, tmp_path) -> None:
     pairs = {"model": "mlp", "num-server-rounds": 4, "local-steps": 100000, "batch-size": 8,
              "round-timeout": 1.0, "data-dir": tiny_data["fashion-mnist"],
-             "results-dir": str(tmp_path), "run-name": "slow", "num-threads": 1}
+             "results-dir": str(tmp_path), "run-name": "slow", "num-threads": 1,
+             "accept-small-rounds": True}
     command = [sys.executable, "-m", "adaptfl.engine", "--num-nodes", "1",
                *(f"{k}={json.dumps(v)}" for k, v in pairs.items())]
     done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=300, check=False)

@@ -1,8 +1,8 @@
 """Every setting a warning or a refusal before round 1 suggests is accepted as written: the
 tolerance note's trimmed-mean (it names min-replies, and fraction-train where the rounds are too
-small), the small-round note's fraction-train, and the aggregator refusals' settings
-(server_app/run_checks.py `check_tolerance`) each applied to the run they were given for, then
-checked as round 1 checks them."""
+small), the small-round note's fraction-train, the small-round refusal's two ways out, and the
+aggregator refusals' settings (server_app/run_checks.py `check_tolerance`) each applied to the
+run they were given for, then checked as round 1 checks them."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.sampling import fewest_replies, hostile_count, nodes_needed, sample_size
-from adaptfl.server_app.run_checks import check_tolerance
+from adaptfl.server_app.run_checks import check_small_rounds, check_tolerance
 from adaptfl.strategies.contribution import small_round_note, tolerance_note
 
-SETTING = re.compile(r"([a-z][a-z0-9-]*)=('[^']*'|[0-9][0-9.e-]*)")
+SETTING = re.compile(r"([a-z][a-z0-9-]*)=('[^']*'|[0-9][0-9.e-]*|true|false)")
 
 
 def suggested(text: str, after: str) -> dict[str, Any]:
@@ -60,6 +60,22 @@ def test_the_small_round_notes_setting_runs_as_named(nodes: int, fraction: float
     fixed = applied(user, suggested(line.split(" bounds each reply")[0], "; "))
     assert sample_size(fixed.federation, nodes) >= 3
     assert small_round_note(fixed, sample_size(fixed.federation, nodes), nodes) is None
+
+
+@pytest.mark.parametrize("nodes,fraction", [(5, 0.4), (7, 0.1), (2, 1.0), (3, 0.5), (200, 0.01)])
+def test_the_small_round_refusals_settings_run_as_named(nodes: int, fraction: float) -> None:
+    """Either way out it names: the fraction-train that samples 3 (below 3 nodes, more nodes:
+    no setting), and accept-small-rounds=true."""
+    user = dict(algorithm="fedavg", fraction_train=fraction)
+    cfg = RunConfig.of(**user)
+    with pytest.raises(ValueError) as refused:
+        check_small_rounds(cfg, sample_size(cfg.federation, nodes), nodes)
+    line = str(refused.value)
+    more, accept = line.split(", or set ")[0], suggested(line, ", or set ")
+    assert accept == {"accept-small-rounds": True}
+    for way in [accept] if nodes < 3 else [suggested(more, "; use "), accept]:
+        fixed = applied(user, way)
+        check_small_rounds(fixed, sample_size(fixed.federation, nodes), nodes)  # accepted as written
 
 
 @pytest.mark.parametrize("settings", [

@@ -39,7 +39,8 @@ def tiny_llama(tmp_path_factory) -> str:
 
 
 def _cfg(tmp_path, folder: str, algorithm: str = "fedact", **kw) -> RunConfig:
-    values = dict(algorithm=algorithm, task=TASK, model=f"hf:{folder}", max_length=128, lora_rank=4,
+    values = dict(accept_small_rounds=True,  # rounds of one or two nodes
+                  algorithm=algorithm, task=TASK, model=f"hf:{folder}", max_length=128, lora_rank=4,
                   lora_alpha=8.0, lora_dropout=0.0, num_server_rounds=2, local_steps=4,
                   batch_size=4, lr=3e-3, partitioning="natural-id", num_threads=1,
                   results_dir=str(tmp_path / "out"), run_name="lora",
@@ -296,7 +297,7 @@ def test_engine_cli_refuses_llm_bad_input_with_exit_2(args, message, tiny_llama,
     base = [f"model='hf:{tiny_llama}'", f"task='{TASK}'", "max-length=128", "lora-rank=4",
             "num-server-rounds=1", "local-steps=1", "batch-size=2", "partitioning='natural-id'",
             f"data-dir='{tmp_path}'", f"results-dir='{tmp_path / 'out'}'", "run-name='lora'",
-            f"client-state-dir='{tmp_path / 'state'}'"]
+            f"client-state-dir='{tmp_path / 'state'}'", "accept-small-rounds=true"]
     changed = {a.partition("=")[0] for a in args}
     overrides = [a for a in base if a.partition("=")[0] not in changed] + args
     done = subprocess.run([sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2",
