@@ -106,10 +106,12 @@ def test_coordinate_median_selects_the_values_a_sort_would(dtype: torch.dtype) -
                 flat[1::7], flat[2::11], flat[3::13] = math.nan, math.inf, -math.inf
             ordered = values.sort(dim=0).values
             expected = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
-            got = coordinate_median(values)
-            assert got.shape == expected.shape and got.dtype == dtype, (shape, got.shape)
-            assert torch.equal(got.isnan(), expected.isnan()), (n, shape)
-            assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0)), (n, shape)
+            kept = values.clone()
+            for got in (coordinate_median(values), coordinate_median(values.clone(), reorder=True)):
+                assert got.shape == expected.shape and got.dtype == dtype, (shape, got.shape)
+                assert torch.equal(got.isnan(), expected.isnan()), (n, shape)
+                assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0)), (n, shape)
+            assert torch.equal(values.nan_to_num(7.0), kept.nan_to_num(7.0))  # left as it was
 
 
 def test_trimmed_mean_cuts_beta_n_at_each_end() -> None:

@@ -30,18 +30,24 @@ from adaptfl.server_rules.aggregators import (
 SELECTABLE = (torch.float16, torch.float32, torch.float64)
 
 
-def coordinate_median(values: torch.Tensor) -> torch.Tensor:
+def coordinate_median(values: torch.Tensor, reorder: bool = False) -> torch.Tensor:
     """Median over dim 0 of [n, ...]; the mean of the two middle values for even n.
 
     The middle values are selected (numpy's introselect, O(n) a coordinate) rather than sorted
     (O(n log n)): the same values, ~3x less time at 100 replies, which the contribution bound
-    pays every round for every reply (docs/scale.md)."""
+    pays every round for every reply (docs/scale.md). `reorder`: `values` is a scratch stack
+    that may be reordered along dim 0 in place (saves a copy of it)."""
     n = values.shape[0]
     if values.dtype not in SELECTABLE or values.device.type != "cpu" or values.requires_grad:
         ordered = values.sort(dim=0).values
         return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
     middle = (n // 2,) if n % 2 else (n // 2 - 1, n // 2)
-    picked = torch.from_numpy(np.take(np.partition(values.numpy(), middle, axis=0), middle, axis=0))
+    chosen = values.numpy()
+    if reorder:
+        chosen.partition(middle, axis=0)
+    else:
+        chosen = np.partition(chosen, middle, axis=0)
+    picked = torch.from_numpy(np.take(chosen, middle, axis=0))
     return picked[0] if n % 2 else 0.5 * (picked[0] + picked[1])
 
 
