@@ -12,7 +12,8 @@
 # loopback-deployment round with device='cuda'. The timeouts add up to 590 s (the device tool's
 # limit per command: 600 s);
 # measured: 289 s on an H200 (2026-12-04; README, docs/speed.md).
-# --dry-run: the same stages on the CPU with small sizes (CI: tests/project/test_device_check.py).
+# --dry-run: the same stages on the CPU with small sizes, the two Flower rounds in the background
+# beside the others (CI: tests/project/test_device_check.py).
 # Exit status: 0 when no stage failed (a stage skipped for a missing dependency is not a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
