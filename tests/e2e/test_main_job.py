@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -111,7 +111,6 @@ class FlowerJobs:
     failing: subprocess.CompletedProcess[str]
     stopped: StoppedJob
     decoys_alive: bool
-    created: list[Path] = field(default_factory=list)
 
 
 def _drain(job: subprocess.Popen[str], timeout: float) -> Callable[[], subprocess.CompletedProcess[str]]:
@@ -181,7 +180,7 @@ def flower_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerJobs
         finished = {rounds: wait() for rounds, wait in waits.items()}
         for done in finished.values():
             created += results_lines(done.stdout)
-        yield FlowerJobs(tmp, finished, wait_failing(), stop, all(d.poll() is None for d in decoys), created)
+        yield FlowerJobs(tmp, finished, wait_failing(), stop, all(d.poll() is None for d in decoys))
     finally:
         for job in jobs:
             if job.poll() is None:  # SIGTERM: the script stops what it started
