@@ -107,7 +107,7 @@ beside() {
 # the rows of the stages run beside the others, in the order they were started
 collect_beside() {
   local i
-  for i in "${!beside_pids[@]}"; do
+  for i in ${beside_pids[@]+"${!beside_pids[@]}"}; do
     wait "${beside_pids[$i]}" || failed=1
     rows+=("$(cat "$out/${beside_names[$i]}.row" 2>/dev/null || echo "| ${beside_names[$i]} | FAILED | 0 | no row |")")
   done
