@@ -65,7 +65,8 @@ def run_adaptfl(work: Path, args: argparse.Namespace, clients: int) -> dict:
               f"fraction-train={args.sampled / clients} local-steps={args.steps} batch-size=32 "
               f"lr=0.1 lr-schedule='constant' num-threads=1 diagnostics-every=0 model='cnn' "
               f"dirichlet-alpha=0.3 results-dir='{results}' run-name='run' "
-              f"client-state-dir='{state}' client-state-memory={str(args.state_memory).lower()}")
+              f"client-state-dir='{state}' client-state-memory={str(args.state_memory).lower()}"
+              + (" max-contribution-ratio=0.0 screen-ratio=0.0" if args.no_bounds else ""))
     log = flwr_run(ROOT, work / "home", clients, config, args.timeout)
     rows = rows_of(results / "run" / "metrics.jsonl", args.rounds, log)
     return {"rows": rows, "disk-mb": du_mb(results, state), "state-mb": du_mb(state)}
@@ -100,6 +101,9 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true",
                         help="adaptfl only (e.g. scaffold's durable state at 1,000 clients)")
     parser.add_argument("--flower-first", action="store_true", help="start each size with Flower's app")
+    parser.add_argument("--no-bounds", action="store_true",
+                        help="adaptfl's reply bounds off (max-contribution-ratio=0 screen-ratio=0): "
+                             "Flower's FedAvg has neither, so like for like; default: adaptfl's defaults")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     if shutil.which("flwr") is None:
@@ -131,7 +135,8 @@ def main() -> None:
         return
     print(f"adaptfl {args.algorithm} vs Flower's FedAvg: {args.sampled} clients a round, K={args.steps}, "
           f"cnn on Fashion-MNIST (Dirichlet 0.3), medians of rounds 2..{args.rounds} x "
-          f"{args.repeats} repeat(s)")
+          f"{args.repeats} repeat(s); adaptfl's reply bounds "
+          f"{'off' if args.no_bounds else 'at their defaults'}")
     print("| clients | adaptfl round s | Flower round s | ratio | adaptfl server RSS MB | "
           "Flower server RSS MB | adaptfl disk MB (client state) | Flower disk MB |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

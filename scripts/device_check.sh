@@ -12,7 +12,8 @@
 # loopback-deployment round with device='cuda'. The timeouts add up to 590 s (the device tool's
 # limit per command: 600 s);
 # measured: 289 s on an H200 (2026-12-04; README, docs/speed.md).
-# --dry-run: the same stages on the CPU with small sizes (CI: tests/project/test_device_check.py).
+# --dry-run: the same stages on the CPU with small sizes, the two Flower rounds in the background
+# beside the others (CI: tests/project/test_device_check.py).
 # Exit status: 0 when no stage failed (a stage skipped for a missing dependency is not a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +92,48 @@ stage() {
 
 skip() { rows+=("| $1 | skipped | 0 | $2 |"); }
 
+# beside NAME ...: in a dry run, `stage NAME ...` in the background while the stages after it run
+# (the Flower rounds wait on polls and process starts, not on the CPU: the dry run checks that
+# each stage passes, its figures mean nothing); on the GPU machine, as `stage`, one at a time.
+beside_names=()
+beside_pids=()
+beside() {
+  if [ $dry = 0 ]; then stage "$@"; return; fi
+  ( rows=(); stage "$@"; printf '%s\n' "${rows[0]}" > "$out/$1.row"; exit $failed ) &
+  beside_names+=("$1")
+  beside_pids+=($!)
+}
+
+# the rows of the stages run beside the others, in the order they were started
+collect_beside() {
+  local i
+  for i in ${beside_pids[@]+"${!beside_pids[@]}"}; do
+    wait "${beside_pids[$i]}" || failed=1
+    rows+=("$(cat "$out/${beside_names[$i]}.row" 2>/dev/null || echo "| ${beside_names[$i]} | FAILED | 0 | no row |")")
+  done
+}
+
+# two nodes in the dry run: rounds of two replies, accepted by name (docs/robustness.md)
+run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' accept-small-rounds=true"  # + results-dir
+# one `flwr run` simulation round and one loopback-deployment round: on the GPU machine after
+# the others (their timeouts last), in a dry run first, beside the others
+flower_stages() {
+  if python3 -c "import ray" 2>/dev/null; then
+    beside simulation-round 80 "done in|FAILED" \
+      env ADAPTFL_SKIP_SETUP=1 ADAPTFL_FLOWER_HOMES="$out/flwr-homes" bash scripts/main_job.sh --federation-config \
+      "num-supernodes=$nodes client-resources-num-cpus=2 client-resources-num-gpus=$gpus" \
+      --run-config "$run_config results-dir='$out/runs/simulation'"
+  else
+    skip simulation-round "ray is not installed (flwr[simulation]'s Ray wheel is over what a device call carries)"
+  fi
+  # certificates made where ssh-keygen exists (the script makes only what is missing)
+  mkdir -p "$out/loopback"
+  [ -d .device-certs ] && cp -r .device-certs "$out/loopback/certs"
+  beside deployment-round 80 "flwr-run-exit" python3 -m adaptfl.deploy.loopback --num-nodes 2 \
+    --workdir "$out/loopback" --run-config "$run_config results-dir='$out/runs/deployment'"
+}
+[ $dry = 1 ] && flower_stages
+
 stage tests 100 "passed|failed" python3 -m pytest -q -p no:cacheprovider -rs "${tests[@]}"
 stage bench-fedact-5m 60 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${fedact[@]}"
 stage bench-fedact-21m 40 "^summary" python3 benchmarks/bench_fedact.py --device $dev "${big[@]}"
@@ -101,20 +144,8 @@ stage bench-topk 30 "this device's path|radix \(accel" python3 benchmarks/bench_
 stage bench-cohort 60 "^  cohort" python3 benchmarks/bench_cohort.py --device $dev "${cohort[@]}" \
   --forms auto vmap --data-dir "$data"
 
-run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' results-dir='$out/runs'"
-if python3 -c "import ray" 2>/dev/null; then
-  stage simulation-round 80 "done in|FAILED" \
-    env ADAPTFL_SKIP_SETUP=1 ADAPTFL_FLOWER_HOMES="$out/flwr-homes" bash scripts/main_job.sh --federation-config \
-    "num-supernodes=$nodes client-resources-num-cpus=2 client-resources-num-gpus=$gpus" \
-    --run-config "$run_config"
-else
-  skip simulation-round "ray is not installed (flwr[simulation]'s Ray wheel is over what a device call carries)"
-fi
-# certificates made where ssh-keygen exists (the script makes only what is missing)
-mkdir -p "$out/loopback"
-[ -d .device-certs ] && cp -r .device-certs "$out/loopback/certs"
-stage deployment-round 80 "flwr-run-exit" python3 -m adaptfl.deploy.loopback --num-nodes 2 \
-  --workdir "$out/loopback" --run-config "$run_config accept-small-rounds=true"
+[ $dry = 0 ] && flower_stages
+collect_beside
 
 # ---- the summary ---------------------------------------------------------------------------
 {

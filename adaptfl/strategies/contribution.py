@@ -63,7 +63,8 @@ def center(arrays: Sequence[torch.Tensor]) -> torch.Tensor:
     out = torch.empty_like(flats[0])
     step = max(1, SLICE // len(flats))
     for start in range(0, out.numel(), step):
-        out[start:start + step] = coordinate_median(torch.stack([f[start:start + step] for f in flats]))
+        scratch = torch.stack([f[start:start + step] for f in flats])
+        out[start:start + step] = coordinate_median(scratch, reorder=True)
     return out.view_as(arrays[0])
 
 

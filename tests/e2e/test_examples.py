@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,7 @@ from adaptfl.algorithms.config import RunConfig, declared_keys
 from adaptfl.client_app.session import ClientSession
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.base import AdaptiveStrategy
-from tests.conftest import needs_fashion_mnist
+from tests.conftest import FASHION_MNIST_DIR, needs_fashion_mnist
 from tests.support.flower_processes import PROJECT, flower_env, stop_local_superlink
 from tests.support.run_outputs import final_model, metric_rows
 
@@ -82,6 +84,37 @@ def tail(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout[-3000:] + done.stderr[-3000:]
 
 
+def example_run_settings() -> dict[str, tuple[Path, int, str, bool]]:
+    """The three examples' `flwr run`s of the tests below, as (app, nodes, run config, through
+    the honest-exit wrapper); {out} is the run's own folder."""
+    stock = " ".join(f"{k}={v}" for k, v in STOCK_RUN.items())
+    return {"own": (OWN, 3, "num-server-rounds=2 results-dir='{out}/results' run-name='digits'", False),
+            "stock": (STOCK, 3, stock + " out-dir='{out}/out'", True),
+            "advanced": (ADVANCED, 3, "num-server-rounds=5 num-train-examples=1200 num-test-examples=500 "
+                         "fraction-train=0.5 out-dir='{out}/out'", True)}
+ON_EXAMPLE_RUNS = pytest.mark.xdist_group("flower-example-runs")  # the fixture's runs, built once
+
+
+@pytest.fixture(scope="module")
+def example_runs(tmp_path_factory: pytest.TempPathFactory
+                 ) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """The examples' Flower runs, started together (each its own SuperLink and Ray, as each
+    README's command does), so their start-ups overlap: {name: (its folder, how it ended)}. A run
+    whose dependency is missing here (scikit-learn, Fashion-MNIST) is left out; its test skips."""
+    if shutil.which("flwr") is None:
+        pytest.skip("the flwr CLI is not installed")
+    settings = example_run_settings()
+    wanted = [name for name in settings
+              if (importlib.util.find_spec("sklearn") is not None if name == "own"
+                  else os.path.isdir(FASHION_MNIST_DIR))]
+    folders = {name: tmp_path_factory.mktemp(name) for name in wanted}
+    with ThreadPoolExecutor(max(1, len(wanted))) as pool:
+        running = {name: pool.submit(flwr_run_app, app, folders[name] / "flwr-home", nodes,
+                                     config.format(out=folders[name]), honest)
+                   for name, (app, nodes, config, honest) in settings.items() if name in wanted}
+        return {name: (folders[name], run.result()) for name, run in running.items()}
+
+
 @pytest.mark.parametrize("app", [OWN, STOCK, TORCH, ADVANCED], ids=lambda p: p.name)
 def test_each_example_is_a_project_that_depends_on_adaptfl(app: Path) -> None:
     with open(app / "pyproject.toml", "rb") as fh:
@@ -99,13 +132,14 @@ def test_own_data_app_sets_only_its_own_keys() -> None:
 
 
 @pytest.mark.flower
+@ON_EXAMPLE_RUNS
 @needs_flwr
-def test_own_data_and_model_train_two_rounds_under_flwr_run(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_own_data_and_model_train_two_rounds_under_flwr_run(
+        example_runs: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("sklearn", reason="pip install -e examples/own-data-model (scikit-learn)")
-    results = tmp_path / "results"
-    done = flwr_run_app(OWN, tmp_path / "flwr-home", 3,
-                        f"num-server-rounds=2 results-dir='{results}' run-name='digits'")
+    folder, done = example_runs["own"]
+    results = folder / "results"
     assert done.returncode == 0, tail(done)
     rows = metric_rows(results / "digits")
     assert [r["replies-accepted"] for r in rows] == [3, 3], tail(done)
@@ -222,15 +256,16 @@ def test_stock_app_works_before_and_after_the_switch(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.flower
+@ON_EXAMPLE_RUNS
 @needs_flwr
 @needs_fashion_mnist
-def test_stock_flower_app_runs_fedact_two_rounds_under_flwr_run(tmp_path: Path) -> None:
+def test_stock_flower_app_runs_fedact_two_rounds_under_flwr_run(
+        example_runs: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]) -> None:
     """The Done-when bullet: the ported quickstart on `FedACT(...)` in a stock Flower ServerApp
     with `strategy.start`, 2 rounds of one epoch per client, federated evaluation on half the
     nodes after each round (the app's pyproject as shipped)."""
-    out = tmp_path / "out"
-    config = " ".join(f"{k}={v}" for k, v in STOCK_RUN.items())
-    done = flwr_run_app(STOCK, tmp_path / "flwr-home", 3, f"{config} out-dir='{out}'", honest=True)
+    folder, done = example_runs["stock"]
+    out = folder / "out"
     assert done.returncode == 0, tail(done)  # the wrapper's: the SuperLink says it completed
     assert (out / "central.json").is_file(), tail(done)
     assert "Starting FedACT strategy" in done.stdout + done.stderr
@@ -294,16 +329,16 @@ def test_the_advanced_app_keeps_its_own_keys_through_the_wrapper() -> None:
 
 
 @pytest.mark.flower
+@ON_EXAMPLE_RUNS
 @needs_flwr
 @needs_fashion_mnist
-def test_advanced_app_halves_its_lr_at_round_5_under_flwr_run(tmp_path: Path) -> None:
+def test_advanced_app_halves_its_lr_at_round_5_under_flwr_run(
+        example_runs: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]) -> None:
     """The app as shipped, 5 rounds on 3 nodes, through the honest-exit wrapper: exit 0; the
     train config's lr, halved by the app's own `configure_train` at round 5, is what the clients
     stepped with (the `lr` of each round's train metrics); the model learned."""
-    out = tmp_path / "out"
-    config = (f"num-server-rounds=5 num-train-examples=1200 num-test-examples=500 fraction-train=0.5 "
-              f"out-dir='{out}'")
-    done = flwr_run_app(ADVANCED, tmp_path / "flwr-home", 3, config, honest=True)
+    folder, done = example_runs["advanced"]
+    out = folder / "out"
     assert done.returncode == 0, tail(done)
     [run_dir] = list(out.glob("outputs/*/*"))
     rows = json.loads((run_dir / "results.json").read_text())

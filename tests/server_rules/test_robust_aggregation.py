@@ -18,7 +18,7 @@ from adaptfl.server_rules.aggregators import AggregationRefused, Combine
 from adaptfl.server_rules.aggregators.clip import Clip
 from adaptfl.server_rules.aggregators.krum import Krum
 from adaptfl.server_rules.aggregators.mean import Mean
-from adaptfl.server_rules.aggregators.median import Median
+from adaptfl.server_rules.aggregators.median import Median, coordinate_median
 from adaptfl.server_rules.aggregators.trimmed_mean import TrimmedMean
 from adaptfl.strategies.invariants import InvariantViolated, check_state
 from adaptfl.strategies.state import ServerState
@@ -90,6 +90,28 @@ def test_median_is_coordinate_wise_and_unweighted() -> None:
     assert out["w"].tolist() == [2.0, 0.0]
     out, _ = _combine(Median(), _items([1.0], [2.0], [4.0], [1e30]))
     assert out["w"].tolist() == [3.0]  # even n: mean of the two middle values
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.bfloat16])
+def test_coordinate_median_selects_the_values_a_sort_would(dtype: torch.dtype) -> None:
+    """The selected middle values (numpy's partition) are the sorted ones, with NaN after every
+    number as torch sorts it, ±inf and zeros; bf16 (no numpy twin) takes the sort itself."""
+    generator = torch.Generator().manual_seed(0)
+    for n in range(1, 12):
+        for shape in ((n,), (n, 7), (n, 3, 5)):
+            values = torch.randn(shape, generator=generator).to(dtype)
+            flat = values.view(-1)
+            flat[::5] = 0.0
+            if n > 2:
+                flat[1::7], flat[2::11], flat[3::13] = math.nan, math.inf, -math.inf
+            ordered = values.sort(dim=0).values
+            expected = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+            kept = values.clone()
+            for got in (coordinate_median(values), coordinate_median(values.clone(), reorder=True)):
+                assert got.shape == expected.shape and got.dtype == dtype, (shape, got.shape)
+                assert torch.equal(got.isnan(), expected.isnan()), (n, shape)
+                assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0)), (n, shape)
+            assert torch.equal(values.nan_to_num(7.0), kept.nan_to_num(7.0))  # left as it was
 
 
 def test_trimmed_mean_cuts_beta_n_at_each_end() -> None:

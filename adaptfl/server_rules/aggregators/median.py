@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from adaptfl.core.params import component
@@ -25,12 +26,29 @@ from adaptfl.server_rules.aggregators import (
     coordinatewise,
 )
 
+# dtypes numpy selects in as torch sorts them (NaN after every number): bf16 has no numpy twin
+SELECTABLE = (torch.float16, torch.float32, torch.float64)
 
-def coordinate_median(values: torch.Tensor) -> torch.Tensor:
-    """Median over dim 0 of [n, ...]; the mean of the two middle values for even n."""
-    ordered = values.sort(dim=0).values
-    n = ordered.shape[0]
-    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+def coordinate_median(values: torch.Tensor, reorder: bool = False) -> torch.Tensor:
+    """Median over dim 0 of [n, ...]; the mean of the two middle values for even n.
+
+    The middle values are selected (numpy's introselect, O(n) a coordinate) rather than sorted
+    (O(n log n)): the same values, ~3x less time at 100 replies, which the contribution bound
+    pays every round for every reply (docs/scale.md). `reorder`: `values` is a scratch stack
+    that may be reordered along dim 0 in place (saves a copy of it)."""
+    n = values.shape[0]
+    if values.dtype not in SELECTABLE or values.device.type != "cpu" or values.requires_grad:
+        ordered = values.sort(dim=0).values
+        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    middle = (n // 2,) if n % 2 else (n // 2 - 1, n // 2)
+    chosen = values.numpy()
+    if reorder:
+        chosen.partition(middle, axis=0)
+    else:
+        chosen = np.partition(chosen, middle, axis=0)
+    picked = torch.from_numpy(np.take(chosen, middle, axis=0))
+    return picked[0] if n % 2 else 0.5 * (picked[0] + picked[1])
 
 
 @component("aggregator", "median")
