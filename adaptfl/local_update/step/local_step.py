@@ -10,7 +10,8 @@ docstring of shell.py in that form:
     move         x = (1 - δ)·x + (-L·φ) ⊙ u
 
 While FedACT's native step can be repeated as prepared (`native.Steady.fits`), the door runs
-it directly; anything else takes the general path, which prepares it again.
+it directly; anything else takes the general path, which prepares it again where it runs the
+native form (a diagnostics step runs the fused form and leaves the preparation as it was).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def local_step(opt: LocalUpdate, g_hat: Mapping[str, torch.Tensor] | None = None
             steady.run(opt, grads)
             taken = steady.path
     if taken is None:
-        opt.steady = None
         taken = _general(opt, path)
+        if steady is not None and opt.steady is steady:  # not prepared again: still valid if
+            steady.follow()  # nothing but the step counts moved (a diagnostics step)
     if taken is not None:
         opt.paths[taken.form] += 1
         opt.last_path = taken

@@ -213,6 +213,11 @@ class Steady:
                 and [p.data_ptr() for p in self.params] == self.ptrs
                 and all(st["step"] == self.k for st in self.states))
 
+    def follow(self) -> None:
+        """After a step the general path took (a diagnostics step keeps its scores): the step
+        counts it moved are the ones to check next; `fits` still checks everything else."""
+        self.k = self.states[0]["step"]
+
     def run(self, opt: LocalUpdate, grads: list[torch.Tensor]) -> None:
         group, rule = self.group, self.rule
         lr, ref_lr = group["lr"], opt.ref_lr
