@@ -30,6 +30,9 @@ class ServerState:
     run_key: str = field(default_factory=lambda: uuid.uuid4().hex)
     # which node each partition id belongs to, and what decided it (strategies/ownership.py)
     ownership: Ownership = field(default_factory=Ownership)
+    # node -> record -> the version it holds, as its last reply echoed it (codec/versions.py):
+    # a record goes to it without its bytes while its version is the one held
+    held: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def partition_owners(self) -> dict[int, int]:
@@ -44,13 +47,15 @@ class ServerState:
             sampling_rng=self.sampling_rng.clone(),
             run_key=self.run_key,
             ownership=self.ownership.clone(),
+            held={node: dict(versions) for node, versions in self.held.items()},
         )
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         torch.save({"server_round": self.server_round, "model": self.model,
                     "extras": self.extras, "sampling_rng": self.sampling_rng,
-                    "run_key": self.run_key, "ownership": self.ownership.as_dict()}, buffer)
+                    "run_key": self.run_key, "ownership": self.ownership.as_dict(),
+                    "held": self.held}, buffer)
         return buffer.getvalue()
 
     @classmethod
@@ -59,7 +64,9 @@ class ServerState:
         return cls(server_round=int(raw["server_round"]), model=raw["model"],
                    extras=raw["extras"], sampling_rng=raw["sampling_rng"],
                    run_key=str(raw["run_key"]),
-                   ownership=Ownership.from_dict(raw.get("ownership", {}), raw.get("partition_owners", {})))
+                   ownership=Ownership.from_dict(raw.get("ownership", {}), raw.get("partition_owners", {})),
+                   held={int(node): {str(k): int(v) for k, v in versions.items()}
+                         for node, versions in raw.get("held", {}).items()})  # none: all whole
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint intact."""
