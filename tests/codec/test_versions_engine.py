@@ -18,7 +18,7 @@ from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
-from adaptfl.server_app.loop import build_run
+from adaptfl.server_app.loop import build_run, run_federated
 from adaptfl.strategies import broadcast
 from adaptfl.strategies.state import ServerState
 
@@ -28,8 +28,9 @@ pytestmark = pytest.mark.slow
 def _cfg(tiny_data, tmp_path: Path, **kw) -> RunConfig:  # noqa: ANN001
     values = dict(model="mlp", algorithm="fedact", num_server_rounds=5, local_steps=2, batch_size=16,
                   data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",
-                  client_state_dir=str(tmp_path / "state"), fraction_train=1.0, v_sync="full",
-                  v_sync_until=1, codec_v_bar="nf4")
+                  client_state_dir=str(tmp_path / "state"), fraction_train=1.0)
+    if kw.get("algorithm", "fedact") == "fedact":  # v̄ sent once and frozen
+        values.update(v_sync="full", v_sync_until=1, codec_v_bar="nf4")
     return RunConfig.of(**{**values, **kw})
 
 
@@ -41,7 +42,8 @@ class Recording:
 
     def __call__(self, msg: Message, context) -> Message:  # noqa: ANN001
         reply = train_or_refuse(msg, context)
-        self.pairs.append((int(msg.content.config_records[wire.CONFIG]["server-round"]), msg, reply))
+        config = msg.content.config_records.get(wire.CONFIG)  # a SecAgg+ stage without training: none
+        self.pairs.append((int(config["server-round"]) if config else 0, msg, reply))
         return reply
 
     def of_round(self, server_round: int) -> list[tuple[Message, Message]]:
@@ -198,3 +200,40 @@ def test_a_resumed_server_sends_what_the_uninterrupted_one_does(tiny_data, tmp_p
         assert _bytes(sent) == _bytes(again) and resumed.report.accepted == 2
         for name, t in whole.state.model.items():
             assert torch.equal(resumed.state.model[name], t), (r, name)
+
+
+def _sent_records(recording: Recording) -> dict[int, list[set[str]]]:
+    """round -> the array records of each training instruction (SecAgg+'s masked-input stage)."""
+    out: dict[int, list[set[str]]] = {}
+    for r, msg, _ in recording.pairs:
+        if wire.VERSIONS in msg.content.config_records:
+            out.setdefault(r, []).append(set(msg.content.array_records))
+    return out
+
+
+@pytest.mark.parametrize("keys", [
+    dict(secagg="secagg+", weighting="uniform", screen_ratio=0, max_contribution_ratio=0),
+    dict(dp="central", weighting="uniform", dp_target_epsilon=50.0, total_examples=600, dp_seed=7,
+         dp_testing_reproducible_noise=True),
+], ids=["secagg+", "dp"])
+def test_under_secagg_and_dp_a_static_record_goes_once_and_the_state_is_the_whole_runs(
+        tiny_data, tmp_path, monkeypatch, keys) -> None:  # noqa: ANN001
+    """HaFedHo's |D| (n-total) does not change over a run: it goes down in round 2 only (the
+    first with records to share), the
+    replies (masked ones too) echo it, and the run ends on the state of the run that sends
+    everything whole, bit for bit."""
+    cfg = _cfg(tiny_data, tmp_path / "held", algorithm="hafedho", num_server_rounds=3, **keys)
+    recording = Recording()
+    held = ServerState.load(run_federated(InProcessGrid(3, cfg.to_flower(), handler=recording), cfg)
+                            / "state.pt")
+    sent = _sent_records(recording)
+    assert [sum(wire.HAFEDHO_N_TOTAL in s for s in sent[r]) for r in (1, 2, 3)] == [0, 3, 0], sent
+    assert all(wire.ARRAYS in s for r in sent for s in sent[r])  # the model changes every round
+    assert set(held.held) == {1, 2, 3} and all(wire.HAFEDHO_N_TOTAL in v for v in held.held.values())
+    _whole_every_round(monkeypatch)
+    whole_cfg = cfg.replace(results_dir=str(tmp_path / "whole"),
+                            client_state_dir=str(tmp_path / "whole-state"))
+    whole = ServerState.load(run_federated(InProcessGrid(3, whole_cfg.to_flower()), whole_cfg) / "state.pt")
+    assert whole.held == {}
+    for name, t in whole.model.items():
+        assert torch.equal(held.model[name], t), name
