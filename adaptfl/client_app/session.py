@@ -46,7 +46,7 @@ from adaptfl.algorithms.recipe import (
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
 from adaptfl.codec.feedback import encode_reply
 from adaptfl.codec.values import MalformedEncoding
-from adaptfl.codec.versions import Store, take_held
+from adaptfl.codec.versions import Store, echo, take_held
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.core.stage import ClientData, ClientPart, ClientRound, RoundInfo
@@ -332,8 +332,7 @@ class ClientSession:
                               wire.METRICS: MetricRecord(cast("dict[str, MetricRecordValues]", values))})
         for name, tensors in records.items():
             content[name] = ArrayRecord(tensors)
-        if self.held_versions is not None:  # what this node now holds (codec/versions.py)
-            content[wire.VERSIONS] = ConfigRecord(dict(self.held_versions))
+        echo(content, self.held_versions)  # what this node now holds (codec/versions.py)
         return content
 
 

@@ -14,7 +14,9 @@
                      then the codecs above: top-k cells lose most in round 1 and never recover
                      it (docs/compression.md), the rounds where the model moves most
 
-The model broadcast is always exact: a sampled client may have missed the last one.
+The model broadcast is always exact: a sampled client may hold an older model than the last
+one. Every broadcast record, the model included, goes only to a node that does not hold its
+current version (versions.py).
 """
 
 from __future__ import annotations

@@ -129,6 +129,12 @@ def take_held(content: RecordDict, store: Store) -> tuple[RecordDict, Versions |
     return out, dict(versions) if store.durable else {}
 
 
+def echo(reply: RecordDict, held: Versions | None) -> None:
+    """The reply's echo of what the node holds (none to an instruction without versions)."""
+    if held is not None:
+        reply[wire.VERSIONS] = ConfigRecord(dict(held))
+
+
 def _held_copy(store: Store, name: str, version: int) -> Tensors:
     """The node's kept copy of `name`, if it is that version."""
     tensors, _ = store.load(HELD + name)
