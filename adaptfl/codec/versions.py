@@ -22,6 +22,7 @@ values the server did not send. The protocol, both ends:
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -30,6 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from adaptfl.core import wire
 
+log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
 Versions = dict[str, int]  # record -> version
 HELD = "held-"  # durable client state: held-<record>, the record's arrays as the node received them
@@ -116,17 +118,30 @@ def take_held(content: RecordDict, store: Store) -> tuple[RecordDict, Versions |
     if versions is None:
         return content, None
     out = RecordDict({name: record for name, record in content.items() if name != wire.VERSIONS})
+    held: Versions = {}
     for name, version in versions.items():
-        if name in out.array_records:
-            tensors = dict(out.array_records[name].to_torch_state_dict())
-            if digest(tensors) != version:
-                raise NotHeld(f"record {name!r} arrived as another version than the instruction names "
-                              f"({digest(tensors)} against {version}): not used")
-            if store.durable:
-                store.save(HELD + name, tensors)
-        else:
+        if name not in out.array_records:
             out[name] = ArrayRecord(_held_copy(store, name, version))
-    return out, dict(versions) if store.durable else {}
+            held[name] = version
+            continue
+        tensors = dict(out.array_records[name].to_torch_state_dict())
+        if digest(tensors) != version:
+            raise NotHeld(f"record {name!r} arrived as another version than the instruction names "
+                          f"({digest(tensors)} against {version}): not used")
+        if store.durable and _kept(store, name, tensors):
+            held[name] = version
+    return out, held
+
+
+def _kept(store: Store, name: str, tensors: Tensors) -> bool:
+    """Keep a record that came; a node that cannot (a state folder it may not write) trains all
+    the same and holds nothing, so it is sent the record whole again."""
+    try:
+        store.save(HELD + name, tensors)
+    except (OSError, ValueError) as err:
+        log.warning("cannot keep broadcast record %s (%s): it is sent whole again", name, err)
+        return False
+    return True
 
 
 def echo(reply: RecordDict, held: Versions | None) -> None:

@@ -91,6 +91,18 @@ def test_a_node_without_durable_state_keeps_nothing_and_says_so() -> None:
     assert held == {} and not store.kept
 
 
+def test_a_node_that_cannot_keep_a_record_trains_and_holds_nothing(caplog) -> None:  # noqa: ANN001
+    store = Store()
+
+    def refuse(name: str, tensors: dict[str, torch.Tensor]) -> None:
+        raise ValueError("client state folder belongs to another user")
+
+    store.save = refuse  # type: ignore[method-assign]
+    content, held = take_held(addressed(_instruction(), versions_of(_instruction()), {}), store)
+    assert held == {} and set(content.array_records) == {wire.ARRAYS, wire.V_BAR}
+    assert "sent whole again" in caplog.text
+
+
 def _left_out(store: Store) -> str:
     versions = versions_of(_instruction())
     with pytest.raises(NotHeld) as err:
