@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from adaptfl.codec import model_delta
 from adaptfl.core import wire
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def digest(tensors: Mapping[str, torch.Tensor]) -> int:
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return int.from_bytes(h.digest()[:8], "little") >> 1
 
 
@@ -101,7 +102,7 @@ def announced(content: RecordDict) -> Versions | None:
     record = content.config_records.get(wire.VERSIONS)
     if record is None:
         return None
-    out = {name: value for name, value in record.items() if name in wire.VERSIONED
+    out = {name: value for name, value in record.items() if name in (*wire.VERSIONED, wire.ARRAYS_DELTA)
            and isinstance(value, int) and not isinstance(value, bool) and value >= 0}
     if len(out) != len(record):
         bad = sorted(set(record) - set(out))
@@ -118,6 +119,9 @@ def take_held(content: RecordDict, store: Store) -> tuple[RecordDict, Versions |
     if versions is None:
         return content, None
     out = RecordDict({name: record for name, record in content.items() if name != wire.VERSIONS})
+    base = versions.pop(wire.ARRAYS_DELTA, None)
+    if base is not None:  # the model as a delta against one this node holds (model_delta.py)
+        out[wire.ARRAYS] = ArrayRecord(_undelta(out, store, base, versions.get(wire.ARRAYS)))
     held: Versions = {}
     for name, version in versions.items():
         if name not in out.array_records:
@@ -142,6 +146,26 @@ def _kept(store: Store, name: str, tensors: Tensors) -> bool:
         log.warning("cannot keep broadcast record %s (%s): it is sent whole again", name, err)
         return False
     return True
+
+
+def _undelta(content: RecordDict, store: Store, base: int, version: int | None) -> Tensors:
+    """The model from its delta (taken out of `content`) and the held model of version `base`,
+    checked to be the announced `version`."""
+    if wire.ARRAYS in content.array_records or wire.ARRAYS_DELTA not in content.array_records:
+        raise NotHeld(f"an instruction naming a model delta carries {wire.ARRAYS_DELTA!r} and not "
+                      f"{wire.ARRAYS!r}: server and client disagree")
+    delta = dict(content.array_records[wire.ARRAYS_DELTA].to_torch_state_dict())
+    del content[wire.ARRAYS_DELTA]
+    try:
+        model = model_delta.decode(delta, _held_copy(store, wire.ARRAYS, base))
+    except NotHeld:
+        raise
+    except ValueError as why:
+        raise NotHeld(f"record {wire.ARRAYS_DELTA!r}: {why}") from None
+    if digest(model) != version:
+        raise NotHeld(f"the model decoded from its delta is version {digest(model)}, the instruction "
+                      f"names {version}: not used")
+    return model
 
 
 def echo(reply: RecordDict, held: Versions | None) -> None:

@@ -21,6 +21,9 @@ MIME_M = "m"  # ArrayRecord: MimeLite's server momentum m
 # codec/versions.py); a record the node holds at that version goes without its bytes. In a
 # reply: the versions the node now holds (an instruction without it is whole, as before)
 VERSIONS = "versions"
+# ArrayRecord {"zlib": uint8}: the model as its XOR against a model the node holds (model-delta,
+# codec/model_delta.py), in place of `arrays`; VERSIONS names that model's version under this key
+ARRAYS_DELTA = "arrays-delta"
 
 # --- Records in a TRAIN reply (client -> server) ---
 DELTA = "delta"  # ArrayRecord: Δ_i = x_i^{r,K} - x^r

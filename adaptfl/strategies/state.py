@@ -33,6 +33,8 @@ class ServerState:
     # node -> record -> the version it holds, as its last reply echoed it (codec/versions.py):
     # a record goes to it without its bytes while its version is the one held
     held: dict[int, dict[str, int]] = field(default_factory=dict)
+    # model version -> that earlier model, the last few (model-delta: a delta against it)
+    kept_models: dict[int, Tensors] = field(default_factory=dict)
 
     @property
     def partition_owners(self) -> dict[int, int]:
@@ -48,6 +50,7 @@ class ServerState:
             run_key=self.run_key,
             ownership=self.ownership.clone(),
             held={node: dict(versions) for node, versions in self.held.items()},
+            kept_models={v: {k: t.clone() for k, t in m.items()} for v, m in self.kept_models.items()},
         )
 
     def to_bytes(self) -> bytes:
@@ -55,7 +58,7 @@ class ServerState:
         torch.save({"server_round": self.server_round, "model": self.model,
                     "extras": self.extras, "sampling_rng": self.sampling_rng,
                     "run_key": self.run_key, "ownership": self.ownership.as_dict(),
-                    "held": self.held}, buffer)
+                    "held": self.held, "kept_models": self.kept_models}, buffer)
         return buffer.getvalue()
 
     @classmethod
@@ -66,7 +69,8 @@ class ServerState:
                    run_key=str(raw["run_key"]),
                    ownership=Ownership.from_dict(raw.get("ownership", {}), raw.get("partition_owners", {})),
                    held={int(node): {str(k): int(v) for k, v in versions.items()}
-                         for node, versions in raw.get("held", {}).items()})  # none: all whole
+                         for node, versions in raw.get("held", {}).items()},  # none: all whole
+                   kept_models={int(v): m for v, m in raw.get("kept_models", {}).items()})
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint intact."""

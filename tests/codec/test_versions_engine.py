@@ -219,16 +219,18 @@ def _sent_records(recording: Recording) -> dict[int, list[set[str]]]:
 def test_under_secagg_and_dp_a_static_record_goes_once_and_the_state_is_the_whole_runs(
         tiny_data, tmp_path, monkeypatch, keys) -> None:  # noqa: ANN001
     """HaFedHo's |D| (n-total) does not change over a run: it goes down in round 2 only (the
-    first with records to share), the
+    first with records to share), the model as a delta from round 2, the
     replies (masked ones too) echo it, and the run ends on the state of the run that sends
     everything whole, bit for bit."""
-    cfg = _cfg(tiny_data, tmp_path / "held", algorithm="hafedho", num_server_rounds=3, **keys)
+    cfg = _cfg(tiny_data, tmp_path / "held", algorithm="hafedho", num_server_rounds=3, model_delta="xor",
+               **keys)
     recording = Recording()
     held = ServerState.load(run_federated(InProcessGrid(3, cfg.to_flower(), handler=recording), cfg)
                             / "state.pt")
     sent = _sent_records(recording)
     assert [sum(wire.HAFEDHO_N_TOTAL in s for s in sent[r]) for r in (1, 2, 3)] == [0, 3, 0], sent
-    assert all(wire.ARRAYS in s for r in sent for s in sent[r])  # the model changes every round
+    # the model changes every round: whole in round 1, then as its delta against the node's
+    assert all((wire.ARRAYS in s) == (r == 1) == (wire.ARRAYS_DELTA not in s) for r in sent for s in sent[r])
     assert set(held.held) == {1, 2, 3} and all(wire.HAFEDHO_N_TOTAL in v for v in held.held.values())
     _whole_every_round(monkeypatch)
     whole_cfg = cfg.replace(results_dir=str(tmp_path / "whole"),
@@ -237,3 +239,47 @@ def test_under_secagg_and_dp_a_static_record_goes_once_and_the_state_is_the_whol
     assert whole.held == {}
     for name, t in whole.model.items():
         assert torch.equal(held.model[name], t), name
+
+
+def test_the_model_goes_as_a_lossless_delta_and_the_run_is_the_whole_runs(tiny_data, tmp_path) -> None:
+    """model-delta='xor': from round 2 each node gets the model as its delta against the one it
+    holds, fewer bytes; the run ends on the model of the run without it, bit for bit; the rows
+    count what went; a resumed server keeps the models it deltas against."""
+    cfg = _cfg(tiny_data, tmp_path / "delta", model_delta="xor")
+    delta, _, _ = build_run(cfg)
+    grid = InProcessGrid(2, cfg.to_flower())
+    plain_cfg = _cfg(tiny_data, tmp_path / "plain")
+    plain, _, _ = build_run(plain_cfg)
+    plain_grid = InProcessGrid(2, plain_cfg.to_flower())
+    for r in range(1, 5):
+        if r == 3:  # resumed mid-run: the state (kept models too) through its bytes
+            saved = delta.state.to_bytes()
+            delta, _, _ = build_run(cfg)
+            delta.state = ServerState.from_bytes(saved)
+            assert len(delta.state.kept_models) == 2
+        sent = _round(delta, grid, r)
+        _round(plain, plain_grid, r)
+        assert delta.report.accepted == 2, delta.report.rejected
+        records = [set(m.content.array_records) for m in sent]
+        assert all((wire.ARRAYS_DELTA in s) == (r > 1) and (wire.ARRAYS in s) == (r == 1) for s in records)
+        assert delta.report.metrics["bytes-down"] == _bytes(sent)
+        if r > 1:
+            assert delta.report.down_bytes[wire.ARRAYS_DELTA] < 0.95 * plain.report.down_bytes[wire.ARRAYS]
+        for name, t in plain.state.model.items():
+            assert torch.equal(delta.state.model[name], t), (r, name)
+    assert plain.state.kept_models == {}
+
+
+def test_a_node_that_lost_the_model_a_delta_needs_refuses_then_gets_it_whole(tiny_data, tmp_path) -> None:
+    cfg = _cfg(tiny_data, tmp_path, model_delta="xor")
+    strategy, _, _ = build_run(cfg)
+    grid = InProcessGrid(2, cfg.to_flower())
+    for r in (1, 2):
+        _round(strategy, grid, r)
+    shutil.rmtree(tmp_path / "state" / f"run-{strategy.state.run_key}" / "partition-1")  # node 2's
+    _round(strategy, grid, 3)
+    [(node, why)] = strategy.report.rejected.items()
+    assert node == "2" and "holds none" in why and wire.ARRAYS in why, why
+    sent = {m.metadata.dst_node_id: set(m.content.array_records) for m in _round(strategy, grid, 4)}
+    assert wire.ARRAYS in sent[2] and wire.V_BAR in sent[2] and wire.ARRAYS_DELTA in sent[1]
+    assert strategy.report.accepted == 2
