@@ -94,6 +94,8 @@ def make_private_dirs(folder: Path, levels: int) -> None:
 class ClientStateStore:
     """Load and save named tensor dicts for one client in one run."""
 
+    durable = True  # a save is found by a later round's load (codec/versions.py relies on it)
+
     def __init__(self, context: Context, directory: str, server_round: int,
                  run_key: str = "", in_memory: bool = True) -> None:
         if run_key and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_key):
@@ -188,6 +190,8 @@ class ClientStateStore:
 class MemoryStore:
     """No durable state: every load finds nothing (a preflight run, or a ClientApp without a
     Flower context). Saves are kept in memory only."""
+
+    durable = False  # nothing saved here is found again: the node holds no broadcast record
 
     def __init__(self) -> None:
         self.saved: dict[str, Tensors] = {}

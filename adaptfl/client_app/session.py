@@ -46,6 +46,7 @@ from adaptfl.algorithms.recipe import (
 from adaptfl.client_app.client_state import ClientStateStore, MemoryStore
 from adaptfl.codec.feedback import encode_reply
 from adaptfl.codec.values import MalformedEncoding
+from adaptfl.codec.versions import Store, echo, take_held
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec, frozen_digest, load_federated
 from adaptfl.core.stage import ClientData, ClientPart, ClientRound, RoundInfo
@@ -122,6 +123,7 @@ class ClientSession:
             raise ContractError(f"message lacks the {wire.RECIPE!r} record: not from an adaptfl strategy")
         recipe = content.config_records[wire.RECIPE]
         self.msg, self.model = msg, model
+        content, store = self._held_records(recipe, content, context, store)
         self._read_recipe(recipe, content, context)
         self._load_model(recipe, content, device)
         self._start_stages(recipe, content, context, data, store)
@@ -162,10 +164,6 @@ class ClientSession:
         self.compression = compression_from_recipe(recipe).for_round(self.info.server_round)
         records = {name: {k: v.to(self.device) for k, v in self._decoded(name, rec).items()}
                    for name, rec in content.array_records.items() if name != wire.ARRAYS}
-        if store is None:
-            store = ClientStateStore(context, str(recipe.get(CLIENT_STATE_DIR, "")), self.info.server_round,
-                                     self.info.run_key, bool(recipe.get(CLIENT_STATE_MEMORY, True))
-                                     ) if context is not None else MemoryStore()
         self.data = data or ClientData()
         self.info = self.info.for_client(self.data.num_examples)  # local-epochs: this client's own K
         self._ctx = ctx = ClientRound(self.model, self.algorithm, self.info, records, store, self.data)
@@ -177,6 +175,19 @@ class ClientSession:
         self._losses: list[torch.Tensor] = []
         self._stepped = self._lossed = False
         self._g_hat: dict[str, torch.Tensor] | None = None
+
+    def _held_records(self, recipe: ConfigRecord, content: RecordDict, context: Context | None,
+                      store: Store | None) -> tuple[RecordDict, Store]:
+        """The instruction with the records it leaves out as held by this node (codec/versions.py:
+        NotHeld refuses the round), and the node's durable state they are kept in; the versions
+        now held are echoed by the reply (`held_versions`, None: a whole instruction)."""
+        info = round_from_recipe(recipe)
+        if store is None:
+            store = ClientStateStore(context, str(recipe.get(CLIENT_STATE_DIR, "")), info.server_round,
+                                     info.run_key, bool(recipe.get(CLIENT_STATE_MEMORY, True))
+                                     ) if context is not None else MemoryStore()
+        content, self.held_versions = take_held(content, store)
+        return content, store
 
     def _decoded(self, name: str, record: ArrayRecord) -> dict[str, torch.Tensor]:
         """A broadcast record as the server's codec for it wrote it (the server keeps the same
@@ -321,6 +332,7 @@ class ClientSession:
                               wire.METRICS: MetricRecord(cast("dict[str, MetricRecordValues]", values))})
         for name, tensors in records.items():
             content[name] = ArrayRecord(tensors)
+        echo(content, self.held_versions)  # what this node now holds (codec/versions.py)
         return content
 
 

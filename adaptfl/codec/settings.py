@@ -13,8 +13,12 @@
     codec-warmup     rounds 1..R send every shared record at codec-warmup-codec (fp32: dense),
                      then the codecs above: top-k cells lose most in round 1 and never recover
                      it (docs/compression.md), the rounds where the model moves most
+    model-delta      xor: the model to a node holding an earlier one as its lossless XOR
+                     against it, compressed (model_delta.py); none: whole
 
-The model broadcast is always exact: a sampled client may have missed the last one.
+The model broadcast is always exact: a sampled client may hold an older model than the last
+one. Every broadcast record, the model included, goes only to a node that does not hold its
+current version (versions.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from adaptfl.codec.positions import LAYOUTS
 from adaptfl.core import wire
 from adaptfl.core.domain import Domain
 from adaptfl.core.params import Component, component, param
+
+KEPT_MODELS = 2  # the earlier models the server keeps for model-delta (versions.py)
 
 
 def record_key(record: str) -> str:
@@ -57,6 +63,9 @@ class CompressionBase(Component):
                               "the codecs above (0: no warm-up)", within=(0, None))
     codec_warmup_codec: str = param("fp32", "the codec of every shared record in the codec-warmup "
                                     "rounds (any codec above; fp32: dense)")
+    model_delta: str = param("none", "the model to a node that holds one of the server's last "
+                             f"{KEPT_MODELS} models: none (whole), or xor (lossless: its bitwise XOR "
+                             "against that one, compressed)", choices=("none", "xor"))
 
     def check(self) -> None:
         Codec.parse(self.codec)

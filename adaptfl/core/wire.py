@@ -17,6 +17,13 @@ SCAFFOLD_C = "c"  # ArrayRecord: SCAFFOLD's server control variate c
 THETA = "theta"  # ArrayRecord: FedPAC's averaged Θ^r / FedMIX-P's reference P^r ("<param>/<slot>")
 G_G = "g-g"  # ArrayRecord: FedPAC's global direction g_G = -mean Δ_i / (K·lr)
 MIME_M = "m"  # ArrayRecord: MimeLite's server momentum m
+# ConfigRecord {record: version}: each array record's version (a digest of its bytes as sent,
+# codec/versions.py); a record the node holds at that version goes without its bytes. In a
+# reply: the versions the node now holds (an instruction without it is whole, as before)
+VERSIONS = "versions"
+# ArrayRecord {"zlib": uint8}: the model as its XOR against a model the node holds (model-delta,
+# codec/model_delta.py), in place of `arrays`; VERSIONS names that model's version under this key
+ARRAYS_DELTA = "arrays-delta"
 
 # --- Records in a TRAIN reply (client -> server) ---
 DELTA = "delta"  # ArrayRecord: Δ_i = x_i^{r,K} - x^r
@@ -30,6 +37,7 @@ METRICS = "metrics"  # MetricRecord: the keys below, plus any numeric metric the
 
 # Every array record but the model, by direction: each has its own wire codec (adaptfl/codec/)
 SHARED_DOWN = (DELTA_G, V_BAR, HAFEDHO_G, HAFEDHO_F_HAT, HAFEDHO_N_TOTAL, SCAFFOLD_C, THETA, G_G, MIME_M)
+VERSIONED = (ARRAYS, *SHARED_DOWN)  # what VERSIONS versions: the model and every broadcast record
 SHARED_UP = (DELTA, V_LOCAL, DELTA_C, THETA_LOCAL, GRAD_AT_X)
 
 # --- MetricRecord keys of a reply ---

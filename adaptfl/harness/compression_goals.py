@@ -69,7 +69,7 @@ GOALS: dict[str, Goal] = {
         "fedact", {**INT2, "codec-delta-g": "nf4", "v-sync": "none"}, up_ratio=10, max_total=0.65,
         within=1.5),
     # v sent once (round 1, at nf4) and frozen after it (1-bit Adam's warm-up); v̄ (nf4) goes
-    # down every round
+    # down once per node (versioned broadcast records, codec/versions.py)
     "fedact ≥10× fewer up (int2, v nf4 once, frozen)": Goal("fedact", {
         **INT2, "codec-delta-g": "nf4", "codec-v": "nf4", "codec-v-bar": "nf4", "v-sync": "full",
         "v-sync-until": 1}, up_ratio=10, max_total=0.65, within=1.5),

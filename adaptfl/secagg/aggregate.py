@@ -76,7 +76,8 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
         why = fixedpoint.refusal(bits, len(nodes), z_sqrt_k, slots)  # the mean mostly rounding
         if why:
             raise SecureRefused(why)
-        out = server.run(grid, nodes, messages[0].content, slots, ranges, admit(strategy))
+        out = server.run(grid, nodes, {m.metadata.dst_node_id: m.content for m in messages}, slots,
+                         ranges, admit(strategy))
     except SecureRefused as why:
         _note(strategy, server.out)
         if isinstance(why, OutOfReach):  # whose input it was: group testing over the next rounds
@@ -128,6 +129,7 @@ def admit(strategy: AdaptiveStrategy) -> Admit:
 def _note(strategy: AdaptiveStrategy, out: SecureRound) -> None:
     """The round's drops, bytes and answers into the strategy's report."""
     report = strategy.report
+    strategy.learn_held(out.versions)  # a node dropped before its masked input is forgotten
     for node, why in out.dropped.items():
         strategy._reject(str(node), f"secagg+ {why}")
     report.answered = len(out.live)

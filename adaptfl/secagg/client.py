@@ -196,6 +196,8 @@ def _masked_input(msg: Message, cfg: ConfigRecord, state: ConfigRecord, context:
     y = Array(total.astype(fixedpoint.wire_dtype(bits)))
     content = RecordDict({wire.MASKED: ArrayRecord({p.MASKED_ARRAY: y}),
                           wire.METRICS: MetricRecord(metrics)})
+    if wire.VERSIONS in reply.content.config_records:  # what this node holds (codec/versions.py)
+        content[wire.VERSIONS] = reply.content.config_records[wire.VERSIONS]
     return Message(content, reply_to=msg)
 
 

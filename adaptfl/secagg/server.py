@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ class SecureRound:
     bytes_down: int = 0
     bytes_up: int = 0
     latency: dict[int, float] = field(default_factory=dict)
+    # each masked reply's echo of the broadcast versions its node holds (codec/versions.py)
+    versions: dict[int, ConfigRecord | None] = field(default_factory=dict)
 
 
 def content_bytes(content: RecordDict) -> int:
@@ -138,11 +140,13 @@ class SecAggServer:
             raise SecureRefused(f"secagg+: {len(alive)} nodes left after {stage}; a sum needs 3 or more")
         return alive
 
-    def run(self, grid: Grid, nodes: list[int], instruction: RecordDict, layout: list[fixedpoint.Slot],
-            clips: dict[str, float], admit: Admit | None = None) -> SecureRound:
-        """The round's sum, one function per stage of protocol.py's table; `admit(metrics by
-        node)` names the masked replies to drop (their plain metrics checked, partitions bound)
-        before anything is unmasked."""
+    def run(self, grid: Grid, nodes: list[int], instruction: RecordDict | Mapping[int, RecordDict],
+            layout: list[fixedpoint.Slot], clips: dict[str, float], admit: Admit | None = None
+            ) -> SecureRound:
+        """The round's sum, one function per stage of protocol.py's table; `instruction`: the
+        training instruction, one for all or each node's own (codec/versions.py); `admit(metrics
+        by node)` names the masked replies to drop (their plain metrics checked, partitions
+        bound) before anything is unmasked."""
         members = sorted(nodes)
         while True:  # each pass removes at least one node at fault, or is the last
             if len(members) < 3:
@@ -232,7 +236,7 @@ class SecAggServer:
         self.masked_with = {n: self.neighbours[n] & kept for n in kept}
         return faults
 
-    def _masked_input(self, grid: Grid, alive: set[int], instruction: RecordDict,
+    def _masked_input(self, grid: Grid, alive: set[int], instruction: RecordDict | Mapping[int, RecordDict],
                       layout: list[fixedpoint.Slot], clips: dict[str, float], admit: Admit | None
                       ) -> set[int]:
         """y with the training instruction and the peers to mask with. Drops: a malformed y,
@@ -244,7 +248,7 @@ class SecAggServer:
         self.masked_with = {n: self.masked_with[n] & alive for n in alive}
         contents = {}
         for n in sorted(alive):
-            content = RecordDict(dict(instruction))
+            content = RecordDict(dict(instruction if isinstance(instruction, RecordDict) else instruction[n]))
             content[wire.SECAGG] = ConfigRecord({p.STAGE: p.MASKED_INPUT, p.ROUND: self.round, **setup,
                                                  p.MASK_WITH: sorted(self.masked_with[n])})
             contents[n] = content
@@ -257,6 +261,7 @@ class SecAggServer:
                 continue
             self.masked[node] = content.array_records[wire.MASKED][p.MASKED_ARRAY].numpy().astype(np.uint64)
             self.out.metrics[node] = dict(content.metric_records[wire.METRICS])
+            self.out.versions[node] = content.config_records.get(wire.VERSIONS)  # what it holds now
         refused = admit(self.out.metrics) if admit is not None else {}
         for node, why in refused.items():
             self._drop(node, f"masked-input: {why}")

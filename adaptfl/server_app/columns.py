@@ -95,7 +95,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "latency-max": ("both", "seconds from an instruction's creation to its reply, the slowest reply "
                     "decoded (hosts' clocks may differ in a deployment)"),
     "bytes-down": ("both", "bytes sent to the sampled nodes as they go over the wire (the model and the "
-                   "records sent down, encoded)"),
+                   "records sent down, encoded; a record a node holds at its version is not sent)"),
     "bytes-up": ("both", "bytes of the accepted replies' records as they came over the wire"),
     "compression-ratio": ("both", "with a lossy codec: the round's bytes (both directions, the model "
                           "included) at fp32 over its bytes on the wire; absent under fp32"),

@@ -146,6 +146,7 @@ class RoundAggregation(RoundBroadcast):
             stage.aggregate(agg)
         new = self.state.clone()
         new.server_round, new.model = server_round, agg.model
+        self.keep_model(new)  # model-delta: the one it replaces (broadcast.py)
         new.extras.update({**moments, **agg.new_extras, **combine.slots()})
         if ledger:  # each client's examples, counted once over the run (examples.py)
             new.extras[LEDGER] = ledger_record(ledger)

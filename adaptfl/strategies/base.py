@@ -33,6 +33,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.settings import SETTINGS
 from adaptfl.codec.settings import check_domains
+from adaptfl.codec.versions import Versions
 from adaptfl.core.contract import Contract, ModelSpec
 from adaptfl.core.params import fields_of
 from adaptfl.strategies.aggregation import RoundAggregation
@@ -70,6 +71,7 @@ class AdaptiveStrategy(RoundAggregation, FederatedEvaluation, Strategy):
         self.run_dir = ""  # the results folder, where adaptfl's loop writes one (dp-ledger names it)
         self.data_key = ""  # the data's identity: its per-user dp ledger (privacy/ledger.py)
         self._messages: list[Message] = []  # this round's instructions, one per sampled node
+        self.announced: Versions = {}  # this round's version of each record (codec/versions.py)
         self._connected: set[int] = set()  # nodes connected at the last sampling
         self._censused: set[int] = set()  # nodes asked their examples (census.py)
         self.screen_reference: dict[str, list[float]] = {}  # set by _screen each round

@@ -15,7 +15,10 @@ from flwr.serverapp import Grid
 
 from adaptfl.algorithms.recipe import FROZEN_DIGEST, to_recipe
 from adaptfl.algorithms.sampling import sample_size, secret_sample, wait_for_nodes
+from adaptfl.codec import model_delta
 from adaptfl.codec.codec import spec_bytes, wire_bytes
+from adaptfl.codec.settings import KEPT_MODELS
+from adaptfl.codec.versions import Versions, addressed, echoed, record_version, versions_of
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
 from adaptfl.core.stage import RoundInfo
@@ -34,6 +37,7 @@ class RoundBroadcast(ReplyIntake):
     data_key: str  # the data's identity: its per-user dp ledger (privacy/ledger.py)
     train_lr: dict[int, float]  # round -> the lr its train config gave
     _censused: set[int]  # nodes asked their examples (census.py)
+    announced: Versions  # this round's version of each record (codec/versions.py)
 
     def initialize(self, arrays: Mapping[str, torch.Tensor], spec: ModelSpec | None = None
                    ) -> None:  # AdaptiveStrategy's
@@ -119,21 +123,65 @@ class RoundBroadcast(ReplyIntake):
         self.report = RoundReport(sampled=len(nodes), lr=self.round_info(server_round).lr)
         if self.cfg.compression.codec_warmup:  # the row says which codecs ran
             self.report.codec_warmup = server_round <= self.cfg.compression.codec_warmup
-        self._count_down(content, len(nodes))
-        messages = [Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
-                    for node in nodes]
+        self.announced = versions_of(content)  # each record's bytes only where a node lacks them
+        deltas: dict[int, ArrayRecord] = {}  # held model version -> the model's delta against it
+        messages = [Message(content=self._for_node(content, node, deltas), dst_node_id=node,
+                            message_type=MessageType.TRAIN) for node in nodes]
+        self._count_down(content, messages)
         self._messages = messages
         return messages
 
-    def _count_down(self, content: RecordDict, nodes: int) -> None:
-        """The round's bytes down, by record as they go over the wire, and at fp32."""
+    def _for_node(self, content: RecordDict, node: int, deltas: dict[int, ArrayRecord]) -> RecordDict:
+        """One node's instruction: less what it holds (codec/versions.py); under model-delta='xor'
+        the model as its delta against the one the node holds, where the server kept that one
+        (codec/model_delta.py; one delta a round per model held)."""
+        assert self.state is not None
+        held = self.state.held.get(node, {})
+        out = addressed(content, self.announced, held)
+        base = held.get(wire.ARRAYS)
+        if self.cfg.compression.model_delta == "none" or base is None or \
+                wire.ARRAYS not in out.array_records or base not in self.state.kept_models:
+            return out
+        if base not in deltas:
+            deltas[base] = ArrayRecord(model_delta.encode(self.state.model, self.state.kept_models[base]))
+        del out[wire.ARRAYS]
+        out[wire.ARRAYS_DELTA] = deltas[base]
+        out.config_records[wire.VERSIONS][wire.ARRAYS_DELTA] = base
+        return out
+
+    def keep_model(self, new: ServerState) -> None:
+        """model-delta: the model `new` replaces joins the last KEPT_MODELS the server keeps."""
+        assert self.state is not None
+        if self.cfg.compression.model_delta == "none":
+            return
+        old = {n: t.detach().clone() for n, t in self.state.model.items()}
+        kept = {**new.kept_models, record_version(ArrayRecord(old)): old}
+        new.kept_models = dict(list(kept.items())[-KEPT_MODELS:])
+
+    def _count_down(self, content: RecordDict, messages: list[Message]) -> None:
+        """The round's bytes down, by record as they go over the wire in each message, and what
+        the whole instruction takes at fp32 for every node."""
         assert self.state is not None
         raw = {wire.ARRAYS: self.state.model, **self.payload()}
-        for name, record in content.array_records.items():
-            self.report.down_bytes[name] = nodes * wire_bytes(record)
-            self.report.fp32_bytes += nodes * spec_bytes({n: (tuple(t.shape), t.dtype)
-                                                          for n, t in raw[name].items()})
+        for name in content.array_records:
+            self.report.fp32_bytes += len(messages) * spec_bytes({n: (tuple(t.shape), t.dtype)
+                                                                  for n, t in raw[name].items()})
+        for name in {n for m in messages for n in m.content.array_records} | set(content.array_records):
+            self.report.down_bytes[name] = sum(wire_bytes(m.content.array_records[name]) for m in messages
+                                               if name in m.content.array_records)
         self.report.bytes_down = sum(self.report.down_bytes.values())
+
+    def learn_held(self, echoes: Mapping[int, ConfigRecord | None]) -> None:
+        """What each node sampled this round holds now, from its reply's echo (codec/versions.py);
+        a node absent from `echoes` (no usable reply) is forgotten: its next instruction is whole.
+        Bookkeeping of what went where, kept in a skipped round too (the nodes hold it all the same)."""
+        assert self.state is not None
+        for node in {m.metadata.dst_node_id for m in self._messages}:
+            held = echoed(echoes.get(node), self.announced)
+            if held:
+                self.state.held[node] = held
+            else:
+                self.state.held.pop(node, None)
 
     def _as_broadcast(self, state: ServerState, next_round: int) -> None:
         """The records the server sends in `next_round`, as its codecs deliver them: the server

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from flwr.app import Message, MessageType
+from flwr.app import ConfigRecord, Message, MessageType
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.algorithms.settings import parse_partition_map
@@ -66,6 +66,9 @@ class ReplyIntake:
     partition_sizes: list[int] | None  # where the server knows the partitioning (AdaptiveStrategy)
 
     def contract(self, server_round: int | None = None) -> Contract:  # AdaptiveStrategy's
+        raise NotImplementedError
+
+    def learn_held(self, echoes: Mapping[int, ConfigRecord | None]) -> None:  # broadcast.py's
         raise NotImplementedError
 
     def reply_codecs(self, server_round: int = 1) -> Codecs:
@@ -194,6 +197,7 @@ class ReplyIntake:
             for name, size in decoded.record_bytes.items():
                 self.report.up_bytes[name] = self.report.up_bytes.get(name, 0) + size
             accepted[node] = decoded
+        self.learn_held({node: reply.versions for node, reply in accepted.items()})  # screened or not
         return accepted
 
     def _decode_one(self, node: int | None, msgs: list[Message], expected: Mapping[str, ArraySpec],

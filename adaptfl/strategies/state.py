@@ -33,6 +33,11 @@ class ServerState:
     ownership: Ownership = field(default_factory=Ownership)
     # SecAgg+: who sent an input out of range, and who is left out for it (strategies/secagg_search.py)
     secagg_search: Search = field(default_factory=Search)
+    # node -> record -> the version it holds, as its last reply echoed it (codec/versions.py):
+    # a record goes to it without its bytes while its version is the one held
+    held: dict[int, dict[str, int]] = field(default_factory=dict)
+    # model version -> that earlier model, the last few (model-delta: a delta against it)
+    kept_models: dict[int, Tensors] = field(default_factory=dict)
 
     @property
     def partition_owners(self) -> dict[int, int]:
@@ -48,6 +53,8 @@ class ServerState:
             run_key=self.run_key,
             ownership=self.ownership.clone(),
             secagg_search=self.secagg_search.clone(),
+            held={node: dict(versions) for node, versions in self.held.items()},
+            kept_models={v: {k: t.clone() for k, t in m.items()} for v, m in self.kept_models.items()},
         )
 
     def to_bytes(self) -> bytes:
@@ -55,7 +62,8 @@ class ServerState:
         torch.save({"server_round": self.server_round, "model": self.model,
                     "extras": self.extras, "sampling_rng": self.sampling_rng,
                     "run_key": self.run_key, "ownership": self.ownership.as_dict(),
-                    "secagg_search": self.secagg_search.as_dict()}, buffer)
+                    "secagg_search": self.secagg_search.as_dict(),
+                    "held": self.held, "kept_models": self.kept_models}, buffer)
         return buffer.getvalue()
 
     @classmethod
@@ -66,7 +74,10 @@ class ServerState:
                    run_key=str(raw["run_key"]),
                    ownership=Ownership.from_dict(raw.get("ownership", {}), raw.get("partition_owners", {})),
                    secagg_search=Search.from_dict(raw["secagg_search"]) if "secagg_search" in raw
-                   else Search())  # a checkpoint from before the search
+                   else Search(),  # a checkpoint from before the search
+                   held={int(node): {str(k): int(v) for k, v in versions.items()}
+                         for node, versions in raw.get("held", {}).items()},  # none: all whole
+                   kept_models={int(v): m for v, m in raw.get("kept_models", {}).items()})
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint intact."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeGuard, cast
 
 import torch
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from adaptfl.codec.codec import Codec, wire_bytes
 from adaptfl.codec.values import MalformedEncoding
@@ -35,6 +35,7 @@ class DecodedReply:
     metrics: dict[str, float | int]
     num_bytes: int  # as it came over the wire (the arrays' serialised bytes)
     record_bytes: dict[str, int] = field(default_factory=dict)  # the same by record
+    versions: ConfigRecord | None = None  # the broadcast versions the node holds (codec/versions.py)
 
 
 # record name -> its codec (adaptfl/codec/codec.py), with the block size both sides use
@@ -195,8 +196,9 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
     names = set(content.array_records)
     if names != set(expected):
         raise ReplyRejected(f"array records {sorted(names)}, expected {sorted(expected)}")
-    if set(content.config_records):
-        raise ReplyRejected(f"unexpected config records {sorted(content.config_records)}")
+    unexpected = sorted(set(content.config_records) - {wire.VERSIONS})  # read by codec/versions.py
+    if unexpected:
+        raise ReplyRejected(f"unexpected config records {unexpected}")
     if set(content.metric_records) != {wire.METRICS}:
         raise ReplyRejected(f"metric records {sorted(content.metric_records)}, "
                             f"expected ['{wire.METRICS}']")
@@ -217,7 +219,8 @@ def decode_content(content: RecordDict, expected: Mapping[str, ArraySpec], max_b
         arrays[record_name] = tensors
     metrics = _check_metrics(dict(content.metric_records[wire.METRICS]), required_metrics,
                              metric_domains, level)
-    return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size, record_bytes=by_record)
+    return DecodedReply(arrays=arrays, metrics=metrics, num_bytes=size, record_bytes=by_record,
+                        versions=content.config_records.get(wire.VERSIONS))
 
 
 def _decoded(record_name: str, record: ArrayRecord, spec: ArraySpec, codec: Codec | None, block: int

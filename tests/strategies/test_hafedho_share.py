@@ -133,8 +133,9 @@ def test_a_message_with_g_but_no_federation_size_is_refused(nodes, tmp_path) -> 
     for server_round in (1, 2):
         messages = list(strategy.configure_train(server_round, ArrayRecord(strategy.state.model),
                                                  ConfigRecord(), grid))
-        if server_round == 2:
+        if server_round == 2:  # neither its bytes nor its version (else: "held", codec/versions.py)
             del messages[0].content.array_records[wire.HAFEDHO_N_TOTAL]
+            del messages[0].content.config_records[wire.VERSIONS][wire.HAFEDHO_N_TOTAL]
         replies = list(grid.send_and_receive(messages))
         strategy.aggregate_train(server_round, replies)
     assert replies[0].has_error()
