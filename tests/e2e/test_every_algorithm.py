@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from adaptfl.algorithms.catalog import catalog
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.codec.versions import record_version
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
@@ -115,6 +116,9 @@ def test_every_record_sent_down_changes_the_clients_reply(algorithm: str, tiny_d
     for name in sorted(sent):
         content = RecordDict(dict(msg.content.items()))
         content[name] = _perturbed(msg.content.array_records[name])
+        versions = msg.content.config_records.get(wire.VERSIONS)
+        if versions is not None and name in versions:  # the instruction names what it sends
+            content[wire.VERSIONS] = ConfigRecord({**dict(versions), name: record_version(content[name])})
         changed = Message(content=content, dst_node_id=msg.metadata.dst_node_id,
                           message_type=msg.metadata.message_type)
         assert _differs(reference, _client_reply(changed, node_config, str(tmp_path))), \

@@ -14,7 +14,7 @@ from tests.support.flower_processes import flwr_run_simulation, stop_local_super
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow]  # one 1-round simulation of 2 nodes (~1 min)
 SETTINGS = ("num-server-rounds=1 local-steps=1 batch-size=16 num-threads=1 model='mlp' dp='client' "
-            "weighting='uniform' dp-accept-epsilon=1000.0 max-skipped-rounds=1")
+            "weighting='uniform' dp-accept-epsilon=1000.0 max-skipped-rounds=1 accept-small-rounds=true")
 
 
 @needs_fashion_mnist

@@ -25,6 +25,7 @@ model = "mlp"
 num-server-rounds = 2
 local-steps = 1
 batch-size = 8
+accept-small-rounds = true  # two nodes: rounds of two, accepted by name
 """
 
 
@@ -34,8 +35,8 @@ def test_grid_cells_and_unknown_algorithms() -> None:
     cells = grid.cells()
     assert [c.axes["seed"] for c in cells] == [0, 1, 2]
     assert cells[0].run_config == {"model": "mlp", "num-server-rounds": 2, "local-steps": 1,
-                                   "batch-size": 8, "algorithm": "fedavg", "dirichlet-alpha": 0.5,
-                                   "fraction-train": 1.0, "seed": 0}
+                                   "batch-size": 8, "accept-small-rounds": True, "algorithm": "fedavg",
+                                   "dirichlet-alpha": 0.5, "fraction-train": 1.0, "seed": 0}
     assert len({c.cell_id for c in cells}) == 3
     again = Cell(dict(reversed(cells[0].axes.items())), cells[0].fixed, 2)
     assert again.cell_id == cells[0].cell_id  # key order does not matter

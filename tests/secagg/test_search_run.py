@@ -50,7 +50,8 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     base = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
                         secagg="secagg+", algorithm="fedavg", run_name="run",
                         lr_schedule="constant")  # a cut run resumes on the same lr
-    whole = base.replace(results_dir=str(tmp_path / "whole"), num_server_rounds=ROUNDS)
+    whole = base.replace(results_dir=str(tmp_path / "whole"), num_server_rounds=ROUNDS,
+                         client_state_dir=str(tmp_path / "whole" / "state"))
     rows = metric_rows(run_federated(lying_grid(whole), whole))  # completes: no RunAborted
     named = next(r["round"] for r in rows if "secagg-excluded" in r)
     assert list(rows[named - 1]["secagg-excluded"]) == [str(LIAR)], rows[named - 1]
@@ -65,12 +66,18 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     assert named < ROUNDS
 
     # the same run cut at the exclusion, resumed as it was, and resumed without the liar at all
-    cut = base.replace(results_dir=str(tmp_path / "cut"), num_server_rounds=named)
+    # the nodes keep their state (the records they hold) inside the run's folder, copied with it
+    cut = base.replace(results_dir=str(tmp_path / "cut"), num_server_rounds=named,
+                       client_state_dir=str(tmp_path / "cut" / "state"))
     run_federated(lying_grid(cut), cut)
     shutil.copytree(tmp_path / "cut", tmp_path / "absent")
     resumed = cut.replace(num_server_rounds=ROUNDS, resume=True)
     expected = final_model(run_federated(lying_grid(resumed), resumed))
     assert_same_model(final_model(tmp_path / "whole" / "run"), expected)  # the search resumes
+    # the nodes' state as the cut left it (the resume above moved it on); the run config, and
+    # so the state folder, is the cut run's
+    shutil.rmtree(tmp_path / "cut" / "state")
+    shutil.copytree(tmp_path / "absent" / "state", tmp_path / "cut" / "state")
     absent = resumed.replace(results_dir=str(tmp_path / "absent"))
     alone = run_federated(WithoutLiar(NODES, absent.to_flower()), absent)
     assert_same_model(final_model(alone), expected)
