@@ -85,7 +85,7 @@ def cohort_key(job: LocalJob, form: str) -> tuple[Any, ...]:
     benchmarks/bench_cohort.py --algorithm fedact: 0.78x on an Intel Xeon, docs/scale.md)."""
     key = signature(job)
     opt = job.session.optimizer
-    native_trust = form == "auto" and native_declines(opt, opt.rule(opt.param_groups[0]), False) is None
+    native_trust = form == "auto" and native_declines(opt, opt.rule(opt.param_groups[0])) is None
     return key if key is not None and not native_trust else ("own", *own_signature(job))
 
 

@@ -28,11 +28,10 @@ N = 40_000  # above topk._SMALL: the band path
 _STEP, _ACT = native.step, native_form.act
 
 
-def _choose(opt: LocalUpdate, diagnose: bool) -> choose.Path:
+def _choose(opt: LocalUpdate) -> choose.Path:
     """choose_path as `opt.step` asks it: the first group's rule and parameters with a gradient."""
     group = opt.param_groups[0]
-    return choose.choose_path(opt, opt.rule(group), [p for p in group["params"] if p.grad is not None],
-                              diagnose)
+    return choose.choose_path(opt, opt.rule(group), [p for p in group["params"] if p.grad is not None])
 
 
 @pytest.fixture
@@ -193,7 +192,7 @@ def test_without_a_compiler_the_eager_passes_run(fresh_native, monkeypatch: pyte
     monkeypatch.setenv("CC", str(fresh_native / "no-such-compiler"))
     assert native.library() is None and not native.usable(torch.zeros(1))
     assert not list(fresh_native.iterdir())
-    path = _choose(_fedact(), False)
+    path = _choose(_fedact())
     assert path.form == "fused" and "not built here" in path.reason, path
 
 
@@ -270,7 +269,7 @@ def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa:
 
 def test_the_accelerator_branch_never_runs_the_loops(accelerator_paths: None) -> None:
     assert not native.usable(torch.zeros(N))
-    path = _choose(_fedact(), False)
+    path = _choose(_fedact())
     assert path.form == "fused" and path.reason.endswith("(the loops take float32 on a CPU)"), path
 
 

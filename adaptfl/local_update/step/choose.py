@@ -53,11 +53,10 @@ class Path:
     native_adam: bool = False  # the native loops do the AdamW kernel's pass too (`loops.act`)
 
 
-def choose_path(opt: LocalUpdate, rule: Preconditioner, active: list[torch.Tensor],
-                diagnose: bool) -> Path:
+def choose_path(opt: LocalUpdate, rule: Preconditioner, active: list[torch.Tensor]) -> Path:
     """The form of `opt`'s coming step: `rule` and `active` (its parameters with a gradient)
-    are its first group's; `diagnose` is whether the step records PosRatio/TopMass (those steps
-    keep their scores, which the native loops never store)."""
+    are its first group's. Every form records PosRatio/TopMass where the step is due to (the
+    native form from u and g before its loops run)."""
     groups = opt.param_groups
     group = groups[0]
     params = group["params"]
@@ -70,7 +69,7 @@ def choose_path(opt: LocalUpdate, rule: Preconditioner, active: list[torch.Tenso
     like = params[0]
     stay = _grads_stay(opt, rule, like, [cast(torch.Tensor, p.grad) for p in active])  # active: set
     fuse = opt.rho > 0.0 and opt.has_flat_slot("global_direction")
-    declined = native_declines(opt, rule, diagnose)
+    declined = native_declines(opt, rule)
     if declined is None:
         return Path("native", "FedACT's AdamW, scores, top-k and step in the C loops", stay, fuse,
                     _native_adam(opt, rule, like, fuse))
@@ -96,15 +95,13 @@ def _grads_stay(opt: LocalUpdate, rule: Preconditioner, like: torch.Tensor,
         and fuses(like) and all(t.is_contiguous() and t.dtype == like.dtype for t in grads)
 
 
-def native_declines(opt: LocalUpdate, rule: Preconditioner, diagnose: bool) -> str | None:
+def native_declines(opt: LocalUpdate, rule: Preconditioner) -> str | None:
     """Why the native loops do not take `opt`'s steps (None: they do), its gradients aside:
     the cohort engine asks this before any gradient exists."""
     trust = opt.trust
     like = opt.param_groups[0]["params"][0]
     if type(trust) is not ACT or trust.per_tensor:
         return "the native loops do FedACT's global trust only"
-    if diagnose:
-        return "a diagnostics step keeps its scores"
     if not opt.bucket_view:
         return "the parameters are not one bucket"
     group = opt.param_groups[0]

@@ -11,7 +11,8 @@ docstring of shell.py in that form:
 
 While FedACT's native step can be repeated as prepared (`native.Steady.fits`), the door runs
 it directly; anything else takes the general path, which prepares it again where it runs the
-native form (a diagnostics step runs the fused form and leaves the preparation as it was).
+native form (a diagnostics step, which forms its scores before the loops, leaves the
+preparation as it was).
 """
 
 from __future__ import annotations
@@ -60,9 +61,8 @@ def _general(opt: LocalUpdate, forced: Path | None) -> Path | None:
     groups = opt.param_groups
     rules = [opt.rule(group) for group in groups]
     actives = [[p for p in group["params"] if p.grad is not None] for group in groups]
-    diagnose = opt.diagnostics_due()
-    path = choose_path(opt, rules[0], actives[0], diagnose) if forced is None else forced
-    if path.form == "native" and (why := native_declines(opt, rules[0], diagnose)) is not None:
+    path = choose_path(opt, rules[0], actives[0]) if forced is None else forced
+    if path.form == "native" and (why := native_declines(opt, rules[0])) is not None:
         opt.steps -= 1  # the step was not taken
         raise ValueError(f"the native form cannot take this step: {why}")
     blocks = []
@@ -163,7 +163,7 @@ def _chain(opt: LocalUpdate, blocks: list[Block], diagnose: bool, path: Path) ->
     scale = -opt.ref_lr * at_step  # the step's factor of u
     b = blocks[0]
     if path.form == "native":  # FedACT on a CPU: the native loops (step/native.py)
-        _native(opt, b, u, g, scale, path)
+        _native(opt, b, u, g, scale, path, diagnose)
         return
     b.settle()  # u written, if its pass was left to the trust step
     sizes = [p.numel() for b in blocks for p in b.params]
@@ -176,17 +176,23 @@ def _chain(opt: LocalUpdate, blocks: list[Block], diagnose: bool, path: Path) ->
         eager.move(blocks, u, sizes, phi, scale)
 
 
-def _native(opt: LocalUpdate, b: Block, u: torch.Tensor, g: torch.Tensor, scale: float, path: Path) -> None:
-    """The native form's step of one flat block, prepared to repeat where it can."""
+def _native(opt: LocalUpdate, b: Block, u: torch.Tensor, g: torch.Tensor, scale: float, path: Path,
+            diagnose: bool) -> None:
+    """The native form's step of one flat block, prepared to repeat where it can. A step that
+    records PosRatio/TopMass forms its scores s = u ⊙ g first (the loops never store them): the
+    kernel then runs on its own and the loops take u as written."""
     trust = cast(ACT, opt.trust)  # choose_path: the native form is ACT's
     buffers = native.buffers_for(opt.work, g, tuple(p.numel() for p in b.params))
     kernel, adam = b.pending, None
-    if path.native_adam and kernel is not None and kernel.addend is not None:
+    if path.native_adam and not diagnose and kernel is not None and kernel.addend is not None:
         coef = kernel_coefficients(kernel.beta1, kernel.beta2, kernel.eps, kernel.lr, kernel.step,
                                         buffers.coef)
         adam = (kernel.addend, kernel.exp_avg, kernel.exp_avg_sq, coef)
     else:
         b.settle()  # the kernel runs first; the loops read its u
+    if diagnose:
+        b.fill_g()  # where the gradients stayed in place
+        opt._record(torch.mul(g, u, out=opt.work.get("diag.s", g.numel(), g)))
     native.act_step_(cast(torch.Tensor, b.bucket), u, g, (trust.tau, trust.trust_alpha, trust.trust_gamma),
                      scale, b.decay_factor(), opt.work, buffers, b.grads, b.grad_views, adam)
     if adam is not None and path.grads_stay and opt.correction == "mix":

@@ -214,7 +214,7 @@ class Steady:
                 and all(st["step"] == self.k for st in self.states))
 
     def follow(self) -> None:
-        """After a step the general path took (a diagnostics step keeps its scores): the step
+        """After a step the general path took (a diagnostics step records its scores): the step
         counts it moved are the ones to check next; `fits` still checks everything else."""
         self.k = self.states[0]["step"]
 
