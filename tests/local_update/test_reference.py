@@ -180,13 +180,17 @@ def test_every_path_is_the_reference_in_float64(case: str, path: str,
             torch.testing.assert_close(state[slot][i], t, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("path", ["eager", "fused"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_fused_path_is_the_reference_in_float32(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same in float32 (torch's fused kernel, the radix / band top-k), against the reference
-    run in float32 too: equal to the rounding of 4 steps (a few hundred ulps; Sophia's clipped
-    ratio and SGD's plain steps much less), where the trust rule's choice is the same. A
+def test_every_path_is_the_reference_in_float32(case: str, path: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same in float32 (torch's fused kernel or its eager passes, the radix / band top-k),
+    against the reference run in float32 too: equal to the rounding of 4 steps (a few hundred
+    ulps; Sophia's clipped ratio and SGD's plain steps much less), where the trust rule's
+    choice is the same. A
     coordinate whose score lies within float32 rounding of the top-k threshold (or of 0, for
     the cautious mask) may take the other factor: at most one a step here."""
+    monkeypatch.setattr(fused_adam, "EAGER", path == "eager")
     monkeypatch.setattr(native, "ENABLED", False)
     rule, trust, rho, correction, wd = CASES[case]
     seeds = [1, 2]
