@@ -13,6 +13,7 @@ from adaptfl.core import wire
 from adaptfl.core.secagg_settings import SecAgg, clip_key
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.fedavg import FedAvg
+from tests.support.counting_grid import counting_grid
 
 OK = dict(secagg="secagg+", weighting="uniform", screen_ratio=0, max_contribution_ratio=0)
 
@@ -56,14 +57,7 @@ def test_fewer_than_three_nodes_are_refused_before_round_1(tmp_path, tiny_data, 
 
     cfg = RunConfig.of(secagg="secagg+", model="mlp", num_server_rounds=1, local_steps=1, batch_size=8,
                        data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="t")
-    calls: list[int] = []
-
-    def counted(msg, context):  # noqa: ANN001, ANN202
-        calls.append(context.node_id)
-        return handle(msg, context)
-
-    grid = InProcessGrid(2, cfg.to_flower(), handler=counted)
-    grid.static_nodes = static
+    grid, calls = counting_grid(2, cfg, static)
     with pytest.raises(ValueError, match=r"secagg='secagg\+' with 2 of 2 nodes a round: a secure sum "
                                          "needs 3 or more"):
         run_federated(grid, cfg)

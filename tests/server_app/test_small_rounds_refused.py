@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from adaptfl.algorithms.config import RunConfig
-from adaptfl.client_app.app import handle
-from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import run_federated
 from adaptfl.server_app.run_checks import check_small_rounds
+from tests.support.counting_grid import counting_grid
 from tests.support.run_outputs import metric_rows
 
 
@@ -33,19 +32,11 @@ def test_a_run_of_two_nodes_is_refused_before_anything_is_sent(tmp_path, tiny_da
     """With the nodes known (the engine), or at round 1 under Flower, before any message."""
     cfg = RunConfig.of(model="mlp", num_server_rounds=1, local_steps=1, batch_size=8,
                        data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="t")
-    calls: list[int] = []
-
-    def counted(msg, context):  # noqa: ANN001, ANN202
-        calls.append(context.node_id)
-        return handle(msg, context)
-
-    grid = InProcessGrid(2, cfg.to_flower(), handler=counted)
-    grid.static_nodes = static
+    grid, calls = counting_grid(2, cfg, static)
     with pytest.raises(ValueError, match="samples 2 of 2 nodes a round: .* accept-small-rounds=true"):
         run_federated(grid, cfg)
     assert calls == [] and not (tmp_path / "t").exists()
     accepted = cfg.replace(accept_small_rounds=True)
-    grid = InProcessGrid(2, accepted.to_flower(), handler=counted)
-    grid.static_nodes = static
+    grid, calls = counting_grid(2, accepted, static)
     rows = metric_rows(run_federated(grid, accepted))
     assert [r["replies-accepted"] for r in rows] == [2] and sorted(set(calls)) == [1, 2]
