@@ -63,7 +63,11 @@ class Buffers:
         self.whole = torch.tensor([0, n], dtype=torch.int64)
 
     def suit(self, sizes: tuple[int, ...]) -> bool:
-        return self.sizes == sizes and self.threads == torch.get_num_threads() and self.lib is not None
+        return self.sizes == sizes and self.current()
+
+    def current(self) -> bool:
+        """Made for torch's threads as they are, with the loops loaded."""
+        return self.threads == torch.get_num_threads() and self.lib is not None
 
     def segments(self, g: torch.Tensor, grads: list[torch.Tensor] | None) -> tuple[int, int, int]:
         """g as the loops read it: the gradients where they lie, else g itself (addresses,
@@ -200,7 +204,7 @@ class Steady:
         group = self.group
         return (len(opt.param_groups) == 1 and opt.param_groups[0] is group and group["lr"] > 0.0
                 and opt.rule(group) is self.rule and opt.rho == self.rho and opt.trust is self.trust
-                and opt.correction == "mix" and self.buffers.suit(self.buffers.sizes))
+                and opt.correction == "mix" and self.buffers.current())
 
     def _same_state(self, opt: LocalUpdate) -> bool:
         """The state's flat slots the very tensors (Δ_G unwritten since), the parameters' memory
