@@ -174,6 +174,7 @@ def _one_round(cfg: RunConfig, tiny_data, tmp_path: Path) -> dict[str, torch.Ten
     return final_model(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
 
 
+@pytest.mark.slow
 def test_a_new_client_term_is_one_file_selected_by_term(anchor_file, tiny_data, tmp_path) -> None:
     cfg = RunConfig.of(algorithm="fedavg", term="anchor", anchor_mu=2.0)
     assert [t.name for t in cfg.algorithm.terms] == ["anchor"] and cfg.algorithm.terms[0].anchor_mu == 2.0
@@ -185,6 +186,7 @@ def test_a_new_client_term_is_one_file_selected_by_term(anchor_file, tiny_data, 
     assert norm(pulled) < norm(plain)  # the term's gradient ran on the clients
 
 
+@pytest.mark.slow
 def test_term_switches_an_algorithms_term_and_composes(tiny_data, tmp_path) -> None:
     """fedavg + term='prox' is FedProx, bit for bit; term='none' removes an algorithm's term."""
     fedprox = _one_round(RunConfig.of(algorithm="fedprox", mu=0.5, run_name="a"), tiny_data, tmp_path)

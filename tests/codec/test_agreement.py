@@ -109,6 +109,7 @@ def _assert_bitwise(client: dict, server: dict) -> None:
     ("fedact", dict(codec="bf16", codec_rounding="stochastic"), (wire.DELTA_G, wire.V_BAR)),
     ("scaffold", dict(codec="int8"), (wire.SCAFFOLD_C,)),
 ])
+@pytest.mark.slow
 def test_clients_decode_exactly_the_servers_state_also_after_a_checkpoint(
         tiny_data, tmp_path, decoded_by_clients, algorithm, codec, records) -> None:
     cfg = _cfg(tiny_data, tmp_path, algorithm=algorithm, **codec)

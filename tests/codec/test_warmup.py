@@ -93,6 +93,7 @@ def decoded_by_clients(monkeypatch) -> list[Decoded]:  # noqa: ANN001
     return record_decoded(monkeypatch, lambda seen, name, record: seen.append({name: record}))
 
 
+@pytest.mark.slow
 def test_clients_decode_the_servers_state_after_rounds_skipped_across_the_warmups_end(
         tiny_data, tmp_path, decoded_by_clients) -> None:  # noqa: ANN001
     """warm-up 2; round 1 runs (its Δ_G, v̄ kept for round 2's fp32), round 2 gets no reply and is

@@ -50,6 +50,7 @@ def test_every_phase_tears_down_with_down_v_after_it_brings_up() -> None:
     assert len(runs) == 2 and all(f"num-server-rounds={compose_check.ROUNDS}" in r for r in runs)
 
 
+@pytest.mark.slow
 def test_the_results_check_reads_a_real_runs_results_dir(tiny_data, tmp_path) -> None:
     """The script the check runs inside the ServerApp's container, run here on the results dir
     of the same run config in-process (the metrics grew a round-0 row once, and the check, run

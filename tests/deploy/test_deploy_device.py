@@ -44,6 +44,7 @@ def test_devices_a_node_cannot_serve_are_refused_by_name(monkeypatch, choice, gp
 
 @needs_fashion_mnist
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a node without CUDA")
+@pytest.mark.slow
 def test_a_node_config_device_overrides_the_run_config(tmp_path) -> None:
     """Run config asks for CUDA on a CPU-only machine: the node that says `device="cpu"` trains,
     the node that does not override fails with the reason, and the round still aggregates."""

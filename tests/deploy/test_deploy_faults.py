@@ -21,6 +21,7 @@ import pytest
 
 from adaptfl.deploy.loopback import Nodes, run_loopback
 from tests.deploy.test_deploy_loopback import BINARIES
+from tests.support.flower_heartbeat import shorten_heartbeat
 
 NODES, ROUNDS = 4, 5
 KILLED, RESTARTED = (3, 4), (3,)  # SuperNode i holds partition i - 1
@@ -43,7 +44,8 @@ def _rounds_done(metrics: Path) -> int:
                default=0)
 
 
-def test_supernodes_killed_and_restarted_mid_run(tmp_path, tiny_data) -> None:
+def test_supernodes_killed_and_restarted_mid_run(tmp_path, tiny_data, monkeypatch) -> None:
+    shorten_heartbeat(monkeypatch)  # the dead nodes are offline after ~20 s, not 36-60 s
     metrics = tmp_path / "results" / "faults" / "metrics.jsonl"
     events: list[str] = []
 

@@ -20,6 +20,7 @@ def _flower_paths(router) -> set[str]:
             if hasattr(ctx.route, "path")} | {r.path for r in router.routes if hasattr(r, "path")}
 
 
+@pytest.mark.slow
 def test_the_allowed_paths_are_exactly_flowers_fleet_routes() -> None:
     from flwr.superlink.routers.fleet.router import router as fleet
 

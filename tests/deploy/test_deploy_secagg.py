@@ -29,6 +29,7 @@ import torch
 
 from adaptfl.deploy.loopback import Nodes, run_loopback
 from tests.deploy.test_deploy_loopback import pytestmark as loopback_marks
+from tests.support.flower_heartbeat import shorten_heartbeat
 
 NODES, VICTIM = 4, 4  # SuperNode i holds partition i - 1
 # its replies before the kill: the round's setup and share-keys
@@ -42,7 +43,9 @@ def _count(log: Path, text: str) -> int:
     return log.read_text(errors="replace").count(text) if log.exists() else 0
 
 
-def test_secagg_round_survives_a_supernode_killed_after_sharing_its_keys(tmp_path, tiny_data) -> None:
+def test_secagg_round_survives_a_supernode_killed_after_sharing_its_keys(tmp_path, tiny_data,
+                                                                        monkeypatch) -> None:
+    shorten_heartbeat(monkeypatch)  # the dead node is offline after ~20 s, not 36-60 s
     results = tmp_path / "results"
     events: list[str] = []
 

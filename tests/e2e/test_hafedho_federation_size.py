@@ -25,6 +25,7 @@ from tests.support.run_outputs import metric_rows
 TRAIN_ROWS = 600  # tiny_data's Fashion-MNIST training rows, all of them in some partition (iid)
 
 
+@pytest.mark.slow
 def test_with_2_of_4_sampled_the_federation_size_is_every_partitions_examples(tiny_data, tmp_path) -> None:
     cfg = _config(tiny_data, tmp_path, "hafedho", rounds=2, local_steps=2, fraction_train=0.5,
                   num_threads=1)
@@ -37,6 +38,7 @@ def test_with_2_of_4_sampled_the_federation_size_is_every_partitions_examples(ti
     # so a client of 150 examples that took part weighs its own g_i by p_i = 150 / 600 in round 3
 
 
+@pytest.mark.slow
 def test_a_partition_id_outside_the_partitioning_is_dropped_with_its_reason(tiny_data, tmp_path) -> None:
     def outside(arrays: dict, metrics: dict) -> None:
         metrics[wire.PARTITION_ID] = 2**62
@@ -65,6 +67,7 @@ def _by_hand(sizes: list[int]) -> float:
     return sum(min(n, 10 * typical) for n in sizes)
 
 
+@pytest.mark.slow
 def test_in_a_deployment_each_clients_examples_count_once_and_survive_a_resume(tiny_data, tmp_path) -> None:
     """2 of 4 sampled a round, Dirichlet α = 0.3 partitions (unequal), the server without the
     partitioning: |D| is the federation's from round 1 (every node answered the census), the

@@ -132,6 +132,7 @@ def test_a_reply_outside_its_domain_is_dropped_every_round(algorithm, attack, re
     assert all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point())
 
 
+@pytest.mark.slow
 def test_a_node_claiming_another_nodes_partition_is_dropped_alone(tiny_data, tmp_path) -> None:
     """Issue 21 §4: on main both claimants were dropped every round (a chosen honest client
     knocked out for the whole run); now the partition stays with node 2, which held it first."""
@@ -148,6 +149,7 @@ def test_a_node_claiming_another_nodes_partition_is_dropped_alone(tiny_data, tmp
 
 
 @pytest.mark.parametrize("algorithm", ["fedact", "fedpac-sophia", "hafedho"])
+@pytest.mark.slow
 def test_an_overflowing_delta_makes_every_round_refused_and_the_run_abort(algorithm, tiny_data,
                                                                          tmp_path) -> None:
     """Δ = 3.4e38 is finite, so validation passes it; under the plain mean the global direction
@@ -163,6 +165,7 @@ def test_an_overflowing_delta_makes_every_round_refused_and_the_run_abort(algori
     assert not (tmp_path / "out" / cfg.output.run_name / "model.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_liars_sample_count_is_capped_end_to_end(tiny_data, tmp_path) -> None:
     def liar(arrays: dict, metrics: dict) -> None:
         zero_the_model(arrays, metrics)
@@ -253,6 +256,7 @@ def one_entry_1e30(arrays: dict, metrics: dict) -> None:
 
 
 @pytest.mark.parametrize("attack", ["flip", "zero-the-model", "one-entry"])
+@pytest.mark.slow
 def test_the_defaults_screen_the_attacks_of_issue_21(attack, tiny_data, tmp_path) -> None:
     model: dict = {}
 
@@ -294,6 +298,7 @@ def test_a_reply_sent_in_another_nodes_name_never_drops_the_victims_own(tiny_dat
 
 
 @pytest.mark.parametrize("partition_map", ["", "1:0,2:1,3:2,4:3,5:4"])
+@pytest.mark.slow
 def test_a_partition_thief_under_partial_participation_never_keeps_the_owners_id(
         partition_map, tiny_data, tmp_path) -> None:
     """issue 32 §4: with fraction-train=0.6 node 1 claims node 2's partition id every round. On

@@ -32,6 +32,7 @@ def _cfg(tmp_path, tiny_data, **extra) -> RunConfig:
                         client_state_dir=str(tmp_path / "state"), **{**SMALL, **extra})
 
 
+@pytest.mark.slow
 def test_the_partition_is_computed_once_for_all_rounds_and_clients(tmp_path, tiny_data,
                                                                    monkeypatch) -> None:
     cfg = _cfg(tmp_path, tiny_data, seed=1234, fraction_train=0.2)  # a seed no other test uses
@@ -52,6 +53,7 @@ def test_the_partition_is_computed_once_for_all_rounds_and_clients(tmp_path, tin
     assert partitioning._cached_partitioner.cache_info().misses - before == 1
 
 
+@pytest.mark.slow
 def test_the_server_keeps_no_reply_past_its_round(tmp_path, tiny_data) -> None:
     cfg = _cfg(tmp_path, tiny_data)
     grid = InProcessGrid(NODES, cfg.to_flower())
@@ -80,6 +82,7 @@ def test_the_server_keeps_no_reply_past_its_round(tmp_path, tiny_data) -> None:
 
 
 @pytest.mark.parametrize("in_memory", [True, False])
+@pytest.mark.slow
 def test_scaffold_state_in_the_server_process_only_with_client_state_memory(tmp_path, tiny_data,
                                                                             in_memory) -> None:
     cfg = _cfg(tmp_path, tiny_data, algorithm="scaffold", fraction_train=0.1, local_steps=2,
@@ -110,6 +113,7 @@ def test_scaffold_state_in_the_server_process_only_with_client_state_memory(tmp_
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "diloco"])  # c_i; AdamW's m and v
+@pytest.mark.slow
 def test_by_default_a_nodes_context_holds_nothing_model_sized(tmp_path, tiny_data, algorithm) -> None:
     """Flower's simulation keeps every node's context in the server's process and sends it to
     the actor and back with each message: model-sized durable state stays on disk by default
@@ -158,6 +162,7 @@ print(sorted(m for m in ("torch._dynamo", "sympy", "triton", "datasets", "pyarro
 """
 
 
+@pytest.mark.slow
 def test_a_fresh_clientapp_process_trains_without_dynamo_or_arrow(tmp_path, tiny_data, monkeypatch) -> None:
     """A deployed ClientApp is a fresh process per message, so what a round imports it pays on
     every message: torch.optim's dynamo wrapper (torch._dynamo, sympy, triton: ~80 MB and ~1 s

@@ -76,6 +76,7 @@ def _clean(tiny_data, tmp_path, algorithm: str) -> float:
 
 @pytest.mark.parametrize("when", ["round-1", "every-round"])
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
+@pytest.mark.slow
 def test_one_hostile_upload_is_dropped_and_the_run_ends_near_the_clean_one(attack, when, tiny_data,
                                                                           tmp_path) -> None:
     algorithm, rewrite, reason = ATTACKS[attack]
@@ -96,6 +97,7 @@ def test_one_hostile_upload_is_dropped_and_the_run_ends_near_the_clean_one(attac
     assert abs(rows[-1]["test-accuracy"] - clean) <= MARGIN, (rows[-1]["test-accuracy"], clean)
 
 
+@pytest.mark.slow
 def test_a_reply_alone_in_its_round_is_screened_against_the_reference(tiny_data, tmp_path) -> None:
     """fraction-train 0.2 of 5 nodes: one reply a round. Round 1's honest one sets the screen
     reference (kept in state.pt); round 2's, with one Δ entry of 1e30 (finite: fedavg's Δ

@@ -36,6 +36,7 @@ def shrink_v_flip_delta(arrays: dict, metrics: dict) -> None:
     arrays[wire.DELTA] = {n: -9.0 * t if t.is_floating_point() else t for n, t in arrays[wire.DELTA].items()}
 
 
+@pytest.mark.slow
 def test_a_hostile_lone_reply_of_round_1_never_screens_the_honest_rounds_after_it(tiny_data, tmp_path,
                                                                                   caplog) -> None:
     """On main the round-1 liar became the screen reference: every honest fedact reply after it
@@ -57,6 +58,7 @@ def test_a_hostile_lone_reply_of_round_1_never_screens_the_honest_rounds_after_i
 
 
 @pytest.mark.parametrize("fraction", [0.2, 0.4])
+@pytest.mark.slow
 def test_a_reply_of_a_small_round_is_bounded_by_the_history(fraction, tiny_data, tmp_path) -> None:
     """Node 2 (partition 1; seed 1 samples it in round 4 at both fractions) sends Δ × -9 with 9×
     the examples in round 4, when the history holds three kept replies or more: its weighted
@@ -93,6 +95,7 @@ def test_two_replies_a_round_hold_the_9x_claim_within_the_margin_under_the_defau
     assert attacked >= clean - 0.05, (attacked, clean)
 
 
+@pytest.mark.slow
 def test_lone_flips_under_the_defaults_are_held_in_size_only_and_the_run_says_so_before_round_1(
         tiny_data, tmp_path, caplog) -> None:
     """One reply a round, node 1 sends flip × 9 (its own claim, Δ × -9) whenever sampled (seed 1:

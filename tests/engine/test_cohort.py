@@ -131,6 +131,7 @@ def test_every_algorithm_ends_on_the_one_at_a_time_model(algorithm: str, tmp_pat
 @pytest.mark.parametrize("algorithm,form,ran", [  # FedProx adds a loss term: the loop
     ("fedact", "vmap", "vmap"), ("fedact", "loop", "loop"), ("fedact", "grouped", "grouped"),
     ("scaffold", "auto", "grouped"), ("fedprox", "auto", "loop")])
+@pytest.mark.slow
 def test_the_forms_end_on_the_one_at_a_time_model(algorithm: str, form: str, ran: str, tmp_path) -> None:
     alone, alone_rows = _run(_config(algorithm, tmp_path, "alone"), None)
     together, rows = _run(_config(algorithm, tmp_path, "cohort"), 3, form)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_secagg_flower.py"
 
@@ -43,6 +44,7 @@ def test_secagg_round_matches_plain_fedavg_within_quantization() -> None:
     assert plain["seconds"] > 0 and secagg["seconds"] > 0
 
 
+@pytest.mark.slow
 def test_adaptfls_side_sums_what_plain_fedavg_averages_at_fp32_bytes(tmp_path: Path) -> None:
     """benchmarks/bench_secagg.py's adaptfl side: both runs complete over the wire grid (a
     skipped round raises) and SecAgg+'s bytes stay within the goal's 1.3x (uint32 on the wire,

@@ -79,6 +79,7 @@ def _audit(tmp_path, tiny_data, name: str, z: float, **extra):  # noqa: ANN001, 
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_with_noise_the_audit_stays_below_the_accountant_and_without_it_exceeds_2(
         tmp_path, tiny_data) -> None:
     noised = _audit(tmp_path, tiny_data, "noised", z=2.0)
@@ -96,6 +97,7 @@ def test_with_noise_the_audit_stays_below_the_accountant_and_without_it_exceeds_
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_a_mechanism_that_adds_less_noise_than_it_accounts_for_fails_the_audit(
         tmp_path, tiny_data, monkeypatch) -> None:
     """The bug the audit is for: z = 10 accounted (ε ≈ 1.45 over 3 rounds), 1/1000 of its noise
@@ -255,6 +257,7 @@ def _secure_audit(tmp_path, tiny_data, name: str, canaries: int, guesses: int): 
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_secure_canaries_pass_honest_nodes_and_fail_noiseless_ones(tmp_path, tiny_data, monkeypatch,
                                                                    seeded_integers) -> None:
     """Canary nodes through SecAgg+'s encoding and integer noise: honest passes (the canary
@@ -287,6 +290,7 @@ def test_secure_canaries_fail_nodes_with_half_their_integer_noise(tmp_path, tiny
 
 @needs_fashion_mnist
 @pytest.mark.parametrize("dp", ["central", "client"])
+@pytest.mark.slow
 def test_an_audit_books_apart_so_a_later_default_run_on_the_data_is_not_refused(dp: str, tmp_path,
                                                                                 tiny_data) -> None:
     """The audit's runs (here at δ = 1e-6, no-amplification) book in <ledger dir>/audits/: the

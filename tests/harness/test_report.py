@@ -108,6 +108,7 @@ def test_a_largest_gap_within_one_seed_sd_of_the_next_is_not_resolved() -> None:
     assert "largest where the paper says" not in check.verdict
 
 
+@pytest.mark.slow
 def test_page_has_the_table_claim_and_plot(tmp_path: Path) -> None:
     write_fixed_table(tmp_path)
     (tmp_path / "fixed.toml").write_text(GRID)

@@ -196,6 +196,7 @@ def test_without_a_compiler_the_eager_passes_run(fresh_native, monkeypatch: pyte
     assert path.form == "fused" and "not built here" in path.reason, path
 
 
+@pytest.mark.slow
 def test_the_loops_build_from_the_python_source_alone(fresh_native,  # noqa: ANN001
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # a Flower App Bundle carries .py files, not .c: the source is the string in native_source.py
@@ -239,6 +240,7 @@ sys.exit(subprocess.call([cc, *args]))
 """
 
 
+@pytest.mark.slow
 def test_a_build_that_does_not_load_is_not_kept(fresh_native, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The flags are tried in turn until one's library loads: without OpenMP's runtime the loops
     build again without -fopenmp (single-threaded) and pass the same checks."""
@@ -254,6 +256,7 @@ def test_a_build_that_does_not_load_is_not_kept(fresh_native, monkeypatch: pytes
     assert not hasattr(lib.dll, "adaptfl_omp")  # the build that loads: no -fopenmp
 
 
+@pytest.mark.slow
 def test_a_build_is_cached_and_a_failed_check_is_not_used(fresh_native,  # noqa: ANN001
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     _lib()
@@ -336,6 +339,7 @@ def test_the_kernels_form_is_checked_and_without_one_the_kernel_runs(monkeypatch
 @pytest.mark.parametrize("flags", [("-march=native", "-mno-avx512f", "-fopenmp"),  # AVX2 loops
                                    ("-march=native", "-mno-avx512f", "-mno-avx2", "-mno-fma"),
                                    ("-fopenmp",)], ids=["avx2", "no-avx-no-fma", "plain"])
+@pytest.mark.slow
 def test_other_instruction_sets_build_and_pass_the_checks(fresh_native, flags: tuple[str, ...]) -> None:  # noqa: ANN001
     # CI's CPU builds one set of loops (-march=native); a CPU without AVX-512 (or without AVX)
     # compiles the others, which must pass the same start-up checks against torch bit for bit

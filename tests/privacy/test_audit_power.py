@@ -26,6 +26,7 @@ def test_an_honest_mechanism_is_never_caught_and_a_noiseless_one_always() -> Non
     (20_000, 200, True),  # dp='central''s documented setting
     (15_000, 150, True),  # dp='client''s (canary nodes)
 ])
+@pytest.mark.slow
 def test_the_share_of_noise_each_setting_catches(canaries: int, guesses: int, half: bool) -> None:
     share = detected_share(canaries, guesses, 1, Z, REFERENCE, DELTA, 0.95)
     assert 0.0 < share < 1.0

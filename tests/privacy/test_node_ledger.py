@@ -123,6 +123,7 @@ def test_a_replayed_training_instruction_is_refused(restarted: bool, tiny_data, 
                for why in _reasons(replies))
 
 
+@pytest.mark.slow
 def test_the_ledger_books_every_reply_and_refuses_past_its_budget(tiny_data, tmp_path) -> None:
     """z=1, n=3: each reply at 1/√3 is ε 21.5; a budget of 30 takes round 1, refuses round 2."""
     _, seen = _run(_cfg(tiny_data, tmp_path, num_server_rounds=2, run_name="budget"),
@@ -199,6 +200,7 @@ def test_a_layout_other_than_the_contract_is_refused(lie: str, tiny_data, tmp_pa
     assert all(says in w and "secagg: the layout" in w and "\n" not in w for w in why), why
 
 
+@pytest.mark.slow
 def test_the_nodes_layout_is_the_servers_for_every_algorithm(tiny_data, tmp_path) -> None:
     """The honest layout is answered (fedact shares Δ and v; hafedho a metric too)."""
     for algorithm in ("fedact", "hafedho"):

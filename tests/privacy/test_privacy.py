@@ -130,6 +130,7 @@ def test_client_noise_shares_sum_to_the_central_std() -> None:
     assert big[1][wire.F_HAT] == pytest.approx(1.0, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_epsilon_of_fixed_size_sampling_equals_dp_accounting_and_flowers_accountant() -> None:
     """(z, n, N, rounds, δ) = (1, 10, 100, 20, 1e-5): sampling 10% without replacement; the
     library's own composition and Flower's wrapper of it (the same event: z/2 under replace-one)."""
@@ -222,6 +223,7 @@ def test_a_target_holds_when_a_dp_client_round_loses_a_reply(tmp_path, tiny_data
 
 @needs_fashion_mnist
 @pytest.mark.parametrize("algorithm", ["fedact", "fedpac-soap"])
+@pytest.mark.slow
 def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_domains(
         tmp_path, tiny_data, algorithm: str) -> None:
     """Clients clip and noise v / Θ_i (which then leave v >= 0 / PSD): the replies are accepted,

@@ -46,6 +46,7 @@ def _confidential(run_dir) -> list[dict]:  # noqa: ANN001
 @needs_fashion_mnist
 @pytest.mark.parametrize("dp", ["central", "client"])
 @pytest.mark.parametrize("algorithm", FAMILIES)
+@pytest.mark.slow
 def test_a_dp_run_releases_only_the_whitelist_and_keeps_the_rest_confidential(
         tmp_path, tiny_data, caplog, algorithm: str, dp: str) -> None:
     cfg = _config(tmp_path, tiny_data, algorithm, dp, run_name="r")
@@ -146,6 +147,7 @@ PUBLIC_FILES = {"metrics.jsonl", "metrics.csv", "config.json", "model.pt", "plot
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_the_release_does_not_change_with_which_node_was_slow_or_failed(tmp_path, tiny_data,
                                                                          monkeypatch) -> None:
     """dp='client', 4 nodes, min-replies=3, 2 rounds: node 4 fails every round, or node 2

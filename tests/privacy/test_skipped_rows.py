@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 
@@ -40,6 +41,7 @@ def _rows(tiny_data, tmp_path: Path, failing: int | None) -> list[dict]:  # noqa
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_a_skipped_rows_release_does_not_depend_on_which_node_failed(tiny_data, tmp_path) -> None:
     honest = _rows(tiny_data, tmp_path / "honest", None)
     first, second = _rows(tiny_data, tmp_path / "one", 1), _rows(tiny_data, tmp_path / "two", 2)

@@ -7,6 +7,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "adaptfl"
 
 
@@ -48,6 +50,7 @@ def cycles(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
     return {(a, b) for a in edges for b in reach(a) if a < b and a in reach(b)}
 
 
+@pytest.mark.slow
 def test_no_cycles_between_subpackages() -> None:
     assert cycles(subpackage_graph()) == set()
 

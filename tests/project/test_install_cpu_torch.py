@@ -14,6 +14,8 @@ import tomllib
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 from tests.support.flower_processes import PROJECT
 
 SCRIPT = PROJECT / "scripts" / "install_cpu_torch.sh"
@@ -43,6 +45,7 @@ def test_an_unreachable_index_is_named_and_nothing_runs() -> None:
     assert "Looking in indexes" not in done.stdout + done.stderr  # pip never ran
 
 
+@pytest.mark.slow
 def test_an_index_without_the_wheels_is_explained(tmp_path: Path) -> None:
     (tmp_path / "whl" / "cpu" / "torch").mkdir(parents=True)  # answers, lists no file
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))

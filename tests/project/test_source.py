@@ -32,6 +32,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
 
 
 @pytest.mark.parametrize("place", ["parent", "elsewhere"])
+@pytest.mark.slow
 def test_readme_commands_run_from_any_folder(tmp_path: Path, place: str) -> None:
     cwd, env = where_to_stand(tmp_path, place)
     found = run([sys.executable, "-c", "from adaptfl.source import source_checkout; "
@@ -51,6 +52,7 @@ def test_readme_commands_run_from_any_folder(tmp_path: Path, place: str) -> None
         helped.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_main_job_runs_from_the_parent_folder(tmp_path: Path) -> None:
     cwd, env = where_to_stand(tmp_path, "parent")
     env.update(ADAPTFL_SKIP_SETUP="1", ADAPTFL_FLOWER_HOMES=str(tmp_path / "homes"))

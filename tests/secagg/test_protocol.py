@@ -221,6 +221,7 @@ def _bins(values: np.ndarray, bins: int = 16) -> np.ndarray:
     return np.bincount((values >> np.uint64(BITS - 4)).astype(np.int64), minlength=bins)
 
 
+@pytest.mark.slow
 def test_what_the_server_gets_from_a_node_does_not_depend_on_its_input() -> None:
     """Node 1's masked vector, over 12 rounds of fresh keys, once with its input and once with
     the input replaced by its negation: both are uniform on [0, 2^32) (χ² over 16 bins of the

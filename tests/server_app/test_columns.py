@@ -30,6 +30,7 @@ def test_the_docs_table_is_current() -> None:
 
 
 @pytest.mark.parametrize("algorithm", sorted(RUNS))
+@pytest.mark.slow
 def test_every_column_a_run_writes_is_declared(tiny_data, tmp_path, algorithm: str) -> None:
     cfg = RunConfig.of(algorithm=algorithm, model="mlp", num_server_rounds=2, local_steps=2,
                        data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",

@@ -42,6 +42,7 @@ def test_under_dp_only_the_task_is_summarized(tiny_data) -> None:
 
 
 @pytest.mark.parametrize("partitioning", ["dirichlet"])
+@pytest.mark.slow
 def test_a_run_writes_the_summary_and_its_plot(tiny_data, tmp_path, partitioning: str) -> None:
     cfg = RunConfig.of(model="mlp", data_dir=tiny_data["fashion-mnist"], num_server_rounds=1,
                        local_steps=1, partitioning=partitioning, results_dir=str(tmp_path), run_name="r")

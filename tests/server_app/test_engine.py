@@ -22,6 +22,7 @@ SMALL = dict(num_server_rounds=2, local_steps=3, batch_size=32, run_name="t",
              accept_small_rounds=True)  # two nodes a round
 
 
+@pytest.mark.slow
 def test_fedact_run_writes_metrics_plot_and_model(tmp_path, tiny_data) -> None:
     cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)

@@ -64,6 +64,7 @@ def test_the_rows_aggregate_is_the_clients_values_weighted_by_hand(tmp_path, tin
 
 @needs_fashion_mnist
 @pytest.mark.parametrize("algorithm", ["fedact", "scaffold"])  # scaffold: durable client state c_i
+@pytest.mark.slow
 def test_evaluation_changes_no_training_and_is_absent_by_default(tmp_path, tiny_data, algorithm) -> None:
     """The same run with fraction-evaluate=1 and without, half the nodes training a round: the
     same models and central scores (no training sample, client state or RNG is touched), and no
@@ -77,6 +78,7 @@ def test_evaluation_changes_no_training_and_is_absent_by_default(tmp_path, tiny_
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_evaluate_local_steps_sets_the_personalised_models_steps(tmp_path, tiny_data) -> None:
     """The global model's scores do not depend on it; the personalised ones do (1 step, not K=3)."""
     k = _run(tmp_path, tiny_data, "k", nodes=2, fraction_evaluate=1.0, num_server_rounds=1)[0]

@@ -44,6 +44,7 @@ def _assert_holds_the_rows(client, run, rows: list[dict]) -> None:  # noqa: ANN0
     assert logged == {(key, r["round"], value) for r in rows for key, value in numeric(r).items()}
 
 
+@pytest.mark.slow
 def test_the_store_holds_the_config_and_the_rows_of_metrics_jsonl(tiny_data, tmp_path) -> None:
     out = _run(_cfg(tiny_data, tmp_path, mlflow=True))
     client, run = _the_run(out)
@@ -62,6 +63,7 @@ def test_the_store_holds_the_config_and_the_rows_of_metrics_jsonl(tiny_data, tmp
     assert "clients" not in run.data.metrics and "rejected" not in run.data.metrics  # nested: JSONL only
 
 
+@pytest.mark.slow
 def test_under_dp_the_store_holds_what_metrics_jsonl_holds(tiny_data, tmp_path) -> None:
     cfg = _cfg(tiny_data, tmp_path, mlflow=True, weighting="uniform", dp="central", dp_seed=1,
                dp_testing_reproducible_noise=True, fraction_train=0.5, accept_small_rounds=True,
@@ -73,6 +75,7 @@ def test_under_dp_the_store_holds_what_metrics_jsonl_holds(tiny_data, tmp_path) 
     _assert_holds_the_rows(client, run, rows)
 
 
+@pytest.mark.slow
 def test_off_by_default_writes_no_store(tiny_data, tmp_path) -> None:
     out = _run(_cfg(tiny_data, tmp_path, num_server_rounds=1))
     assert not (out / STORE).exists()
@@ -93,6 +96,7 @@ def test_without_the_extra_it_is_refused_in_one_line_before_anything_is_written(
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_an_aborted_run_is_failed_and_its_resume_rebuilds_one_finished_run(tiny_data, tmp_path,
                                                                            monkeypatch) -> None:
     cfg = _cfg(tiny_data, tmp_path, mlflow=True)
@@ -114,6 +118,7 @@ def test_an_aborted_run_is_failed_and_its_resume_rebuilds_one_finished_run(tiny_
         (r["round"], pytest.approx(r["test-accuracy"])) for r in metric_rows(out, initial=True)]
 
 
+@pytest.mark.slow
 def test_turned_on_by_a_resume_the_store_gets_the_earlier_rounds_too(tiny_data, tmp_path) -> None:
     _run(_cfg(tiny_data, tmp_path, num_server_rounds=1))
     out = _run(_cfg(tiny_data, tmp_path, resume=True, mlflow=True))  # and one more round

@@ -51,6 +51,7 @@ def adaptfl_log(caplog: pytest.LogCaptureFixture,
     logger.removeHandler(caplog.handler)
 
 
+@pytest.mark.slow
 def test_a_completed_run_ends_with_its_accuracy_and_folder(tiny_data, tmp_path, adaptfl_log) -> None:
     run_config = _run_config(tiny_data, tmp_path, num_server_rounds=1, local_steps=1)
     _main(run_config, FlowerLikeGrid(2, run_config))

@@ -114,6 +114,7 @@ def test_resume_of_a_misspelt_run_name_is_refused_naming_it(tmp_path) -> None:
         resume_source(typo, tmp_path / "fedact-rnu1")
 
 
+@pytest.mark.slow
 def test_a_finished_run_continues_for_more_rounds_and_says_what_the_schedule_does(
         tmp_path, tiny_data, caplog) -> None:
     """issue 33: num-server-rounds raised on resume=true continues a finished run (rows 1-2 kept,

@@ -34,6 +34,7 @@ def _run(cfg: RunConfig) -> Path:
     return run_federated(InProcessGrid(2, cfg.to_flower()), cfg)
 
 
+@pytest.mark.slow
 def test_a_run_name_in_use_is_refused_before_round_1(tiny_data, tmp_path) -> None:
     out = _run(_cfg(tiny_data, tmp_path))
     before = (out / "metrics.jsonl").read_bytes(), (out / "model.pt").read_bytes()
@@ -55,6 +56,7 @@ def test_unnamed_runs_started_in_the_same_second_get_their_own_dirs(tmp_path) ->
     assert first.dir != second.dir and second.dir.name.startswith(first.dir.name)
 
 
+@pytest.mark.slow
 def test_a_crash_in_the_round_1_checkpoint_leaves_no_duplicate_row(tiny_data, tmp_path,
                                                                    monkeypatch) -> None:
     cfg = _cfg(tiny_data, tmp_path)
@@ -73,6 +75,7 @@ def test_a_crash_in_the_round_1_checkpoint_leaves_no_duplicate_row(tiny_data, tm
     assert [r["round"] for r in metric_rows(out, initial=True)] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_kill_while_resume_rewrites_the_rows_loses_none(tiny_data, tmp_path, monkeypatch) -> None:
     """Resume trims metrics.jsonl to the checkpoint's rounds; a kill meanwhile must leave the old
     rows (the next resume trims them again), not an emptied file."""
@@ -96,6 +99,7 @@ def test_a_kill_while_resume_rewrites_the_rows_loses_none(tiny_data, tmp_path, m
     assert (out / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_model_and_checkpoint_are_replaced_atomically_and_fsynced(tiny_data, tmp_path,
                                                                   monkeypatch) -> None:
     synced: list[str] = []
@@ -123,6 +127,7 @@ def test_model_and_checkpoint_are_replaced_atomically_and_fsynced(tiny_data, tmp
     assert (out / "model.pt").read_bytes() == old
 
 
+@pytest.mark.slow
 def test_resume_from_another_dir_is_a_new_job_for_the_clients(tiny_data, tmp_path) -> None:
     source = _run(_cfg(tiny_data, tmp_path, num_server_rounds=1))
     key = ServerState.load(source / STATE_FILE).run_key
@@ -148,6 +153,7 @@ def test_resume_from_another_dir_is_a_new_job_for_the_clients(tiny_data, tmp_pat
                   run_name="other", resume=True))
 
 
+@pytest.mark.slow
 def test_resuming_with_another_config_is_refused_and_leaves_the_dir_as_it_was(tiny_data,
                                                                             tmp_path) -> None:
     """seed 1 -> 2 changes what the run computes: another job, not a continuation (raising
@@ -163,6 +169,7 @@ class _FlowerLikeGrid(InProcessGrid):
     static_nodes = False  # as under Flower: the nodes are known at round 1 only
 
 
+@pytest.mark.slow
 def test_a_run_refused_at_round_1_leaves_nothing_and_the_retry_runs(tiny_data, tmp_path) -> None:
     """Under Flower the nodes (and so dp's plan) are known at round 1, after the results folder is
     opened: the refused run removes its folder, so the same run-name starts afresh."""

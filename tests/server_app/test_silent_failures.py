@@ -147,6 +147,7 @@ def test_a_wedged_client_is_cut_at_round_timeout_and_recorded(kind: str, tiny_da
         assert row["missing"] == [1] and row["replies-accepted"] == 2 and not row["skipped"]
 
 
+@pytest.mark.slow
 def test_a_clients_sys_exit_is_contained_and_recorded(tiny_data, tmp_path) -> None:
     cfg = _cfg(tiny_data, tmp_path)
     out = run_federated(InProcessGrid(3, cfg.to_flower(), handler=_wedged("exit")), cfg)

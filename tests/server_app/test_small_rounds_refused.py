@@ -28,6 +28,7 @@ def test_the_refusal_names_both_ways_out_in_one_line() -> None:
 
 
 @pytest.mark.parametrize("static", [True, False])
+@pytest.mark.slow
 def test_a_run_of_two_nodes_is_refused_before_anything_is_sent(tmp_path, tiny_data, static: bool) -> None:  # noqa: ANN001
     """With the nodes known (the engine), or at round 1 under Flower, before any message."""
     cfg = RunConfig.of(model="mlp", num_server_rounds=1, local_steps=1, batch_size=8,

@@ -141,6 +141,7 @@ def test_the_kept_state_never_crosses_the_wire(tmp_path) -> None:
     assert list(tmp_path.glob("run-*/partition-*/local-state.r3.pt"))  # kept on the client
 
 
+@pytest.mark.slow
 def test_bytes_per_round_equal_fedavgs(tiny_data, tmp_path) -> None:
     from adaptfl.server_app.loop import run_federated
     from tests.support.run_outputs import metric_rows

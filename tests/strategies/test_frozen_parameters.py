@@ -98,6 +98,7 @@ def test_the_spec_leaves_the_frozen_part_out(user_package) -> None:
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.slow
 def test_every_algorithm_trains_the_trainable_part_only(algorithm, user_package, tmp_path) -> None:
     base = {n: t.clone() for n, t in user_package.BASE.state_dict().items()}
     cfg = _cfg(tmp_path, algorithm)

@@ -112,6 +112,7 @@ def _mutate(data: st.DataObject, reply: dict) -> RecordDict:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @FUZZ
 @given(data=st.data())
+@pytest.mark.slow
 def test_any_one_reply_is_accepted_or_dropped_with_a_reason(algorithm: str, data) -> None:
     strategy = _strategy(algorithm)
     sent = {m.metadata.dst_node_id: m for m in strategy.configure_train(

@@ -318,6 +318,7 @@ def test_krum_refuses_a_round_with_more_replies_set_aside_than_it_supports() -> 
     assert strategy.report.skipped and "Krum" in strategy.report.skip_reason
 
 
+@pytest.mark.slow
 def test_the_engine_ends_a_run_below_its_initial_model_with_the_warning_line(
         tiny_data, tmp_path, monkeypatch, capsys) -> None:
     """`python -m adaptfl.engine` end to end, screens off: round 1 honest, then one client's reply

@@ -157,6 +157,7 @@ def test_a_v_sent_in_a_round_without_v_is_refused_and_changes_nothing(tiny_data,
     assert strategy.state.server_round == 2  # the round ran on the other reply
 
 
+@pytest.mark.slow
 def test_the_rows_bytes_up_are_deltas_alone_in_rounds_without_v(tiny_data, tmp_path) -> None:
     every_cfg, plain_cfg = _cfg(tiny_data, tmp_path / "a", v_sync_every=3), _cfg(tiny_data, tmp_path / "b")
     every = metric_rows(run_federated(InProcessGrid(2, every_cfg.to_flower()), every_cfg))
@@ -197,6 +198,7 @@ def _arrays(msg: Message) -> dict[str, dict[str, bytes]]:
     return {name: {k: a.data for k, a in rec.items()} for name, rec in msg.content.array_records.items()}
 
 
+@pytest.mark.slow
 def test_error_feedback_keeps_each_records_residual_across_rounds_without_v(tiny_data, tmp_path,
                                                                             caplog) -> None:  # noqa: ANN001
     """Δ and v at int8+ef, v every 2 rounds: no round finds its kept residual unusable (one entry

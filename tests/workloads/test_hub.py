@@ -177,6 +177,7 @@ def test_a_relative_path_says_where_it_was_resolved(tmp_path: Path, monkeypatch:
     assert f"resolved against data-dir '' in the working directory {tmp_path} of this process" in why, why
 
 
+@pytest.mark.slow
 def test_nodes_with_their_own_data_dir_train_on_all_of_it(tmp_path: Path) -> None:
     """Two organisations, each a SuperNode whose node config sets `data-dir` (no partition id):
     the same task string reads each one's own file, and each trains on all of its rows."""

@@ -71,6 +71,7 @@ def fedact_run(tiny_llama, tmp_path_factory) -> tuple[RunConfig, Recording, obje
 
 # the resume test shares fedact_run: one xdist group, so `-n 2 --dist loadgroup` runs it once
 @pytest.mark.xdist_group("llm-lora-fedact-run")
+@pytest.mark.slow
 def test_two_rounds_on_two_clients_train_the_adapters_only(tiny_llama, fedact_run) -> None:
     cfg, recording, run_dir = fedact_run
     rows = metric_rows(run_dir, initial=True)
@@ -255,6 +256,7 @@ def test_the_llm_lora_example_runs_under_flwr_run(tiny_llama, tmp_path) -> None:
     assert all(math.isfinite(r["test-response-nll"]) for r in rows)
 
 
+@pytest.mark.slow
 def test_adapters_are_drawn_from_the_seed_and_the_base_is_shared(tiny_llama) -> None:
     """Like every model, the adapters' init follows torch's seed (warm cache or cold), B = 0 so
     the initial model is the base's; the frozen base tensors are one set per process."""
