@@ -4,9 +4,9 @@ each client keeps its AdamW moments, in `context.state` and on disk) on the smal
 that shows each fault: 4 SuperNodes, of which 3 and 4 die when round 1 ends (so in round 2) and 3
 comes back when round 2 ends (in round 3, 4 or 5); 4 stays away, 1 and 2 never fail. The run goes on
 within min-replies, each round's row says who answered and who did not, and the restarted node
-continues from its state on disk. Flower takes a dead node for offline 36-60 s after its last
-heartbeat (30 s × 0.8, patience 2: fixed in Flower 1.42's SuperNode), so round 2 lasts about a
-minute; round 3 is sampled the moment round 2 ends, before the restarted SuperNode has
+continues from its state on disk. Flower takes a dead node for offline 2 heartbeat intervals
+after its last beat: 36-60 s at Flower 1.42's fixed 30 s, ~20 s here, where the test's processes
+beat at the 10 s least the SuperLink accepts (tests/support/flower_heartbeat.py); round 3 is sampled the moment round 2 ends, before the restarted SuperNode has
 reconnected, and on 4 nodes a round is short: 5 rounds leave it time to come back. (16
 SuperNodes, their memory and time: docs/scale.md.)"""
 

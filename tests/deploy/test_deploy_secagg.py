@@ -8,7 +8,8 @@ round: the server rebuilds the dead node's mask key from their shares, removes t
 masks they added for it, and has their sum.
 
 The dead node costs one wait: the masked-input exchange ends at round-timeout (or earlier, when
-Flower's SuperLink takes the node for offline, 36-60 s after its last heartbeat). One round, the
+Flower's SuperLink takes the node for offline: 2 heartbeat intervals after its last beat, ~20 s
+at the 10 s interval the test's processes use, tests/support/flower_heartbeat.py). One round, the
 last: a node killed earlier would still be listed and sampled next round, and stall that round's
 setup too. min-replies=3: the round starts once 3 nodes are connected (the 4 are started before
 `flwr run`, and all are there by then) and may aggregate 3 replies. Own xdist group: it runs
