@@ -127,9 +127,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "secagg-narrowed": ("both", "secagg+: true on a skipped round whose sum out of reach ruled out an "
                         "explanation or named a node (max-skipped-rounds does not count it); absent "
                         "otherwise"),
-    "secagg-search-stopped": (JSONL, "secagg+: why the search names nobody more (no secagg-liars "
-                              "nodes explain the sums out of reach: more liars than declared); absent "
-                              "while it runs"),
+    "secagg-search-stopped": (JSONL, "secagg+: why the search names nobody more: no secagg-liars "
+                              "nodes explain the sums out of reach (more liars than declared), or "
+                              "finding the sets that do takes more than its cap; absent otherwise"),
     "rejected": (JSONL, "node -> the reason its reply was dropped"),
     "bytes": (JSONL, "{down, up}: record -> its bytes on the wire this round, all messages together "
               "(the model is `arrays`)"),

@@ -17,14 +17,15 @@ from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.secagg import protocol as p
 from adaptfl.server_app.loop import run_federated
+from adaptfl.strategies.skips import RunAborted
 from tests.secagg.test_sum_check import _add
 from tests.support.run_outputs import assert_same_model, final_model, metric_rows
 
 NODES, LIAR, ROUNDS = 5, 3, 7
 
 
-def lying_grid(cfg: RunConfig) -> InProcessGrid:
-    """Node LIAR adds 1e9 to its masked vector in every round."""
+def lying_grid(cfg: RunConfig, liars: tuple[int, ...] = (LIAR,)) -> InProcessGrid:
+    """Each of `liars` adds 1e9 to its masked vector in every round."""
     grid = InProcessGrid(NODES, cfg.to_flower())
     honest = grid.handler
 
@@ -32,7 +33,9 @@ def lying_grid(cfg: RunConfig) -> InProcessGrid:
         rec = msg.content.config_records.get(wire.SECAGG)
         stage = str(rec[p.STAGE]) if rec is not None else ""
         reply = honest(msg, context)
-        return _add(LIAR, lambda n: np.full(n, 10 ** 9, dtype=np.int64))(stage, context.node_id, reply)
+        for liar in liars:
+            reply = _add(liar, lambda n: np.full(n, 10 ** 9, dtype=np.int64))(stage, context.node_id, reply)
+        return reply
 
     grid.handler = lying
     return grid
@@ -48,7 +51,7 @@ class WithoutLiar(InProcessGrid):
 @pytest.mark.slow
 def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path) -> None:
     base = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
-                        secagg="secagg+", algorithm="fedavg", run_name="run",
+                        secagg="secagg+", secagg_liars=1, algorithm="fedavg", run_name="run",
                         lr_schedule="constant")  # a cut run resumes on the same lr
     whole = base.replace(results_dir=str(tmp_path / "whole"), num_server_rounds=ROUNDS,
                          client_state_dir=str(tmp_path / "whole" / "state"))
@@ -63,11 +66,12 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     for row in rows[named:]:  # after it: every round is the four others', none skipped
         assert not row["skipped"] and row["replies-sampled"] == NODES - 1
         assert row["secagg-excluded"] == rows[named - 1]["secagg-excluded"]
-    assert named < ROUNDS
+    assert named + 1 < ROUNDS
 
-    # the same run cut at the exclusion, resumed as it was, and resumed without the liar at all
-    # the nodes keep their state (the records they hold) inside the run's folder, copied with it
-    cut = base.replace(results_dir=str(tmp_path / "cut"), num_server_rounds=named,
+    # the same run cut one round after the exclusion (a run of skipped rounds only is aborted),
+    # resumed as it was, and resumed without the liar at all; the nodes keep their state (the
+    # records they hold) inside the run's folder, copied with it
+    cut = base.replace(results_dir=str(tmp_path / "cut"), num_server_rounds=named + 1,
                        client_state_dir=str(tmp_path / "cut" / "state"))
     run_federated(lying_grid(cut), cut)
     shutil.copytree(tmp_path / "cut", tmp_path / "absent")
@@ -81,3 +85,19 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     absent = resumed.replace(results_dir=str(tmp_path / "absent"))
     alone = run_federated(WithoutLiar(NODES, absent.to_flower()), absent)
     assert_same_model(final_model(alone), expected)
+
+
+@pytest.mark.slow
+def test_more_liars_than_declared_end_the_run_saying_so(tiny_data, tmp_path) -> None:
+    """Nodes 3 and 5 lie every round under secagg-liars=1: once no one node was in every failed
+    cohort, the row says so, the failures count again, and max-skipped-rounds ends the run."""
+    cfg = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
+                       secagg="secagg+", secagg_liars=1, algorithm="fedavg", run_name="run",
+                       results_dir=str(tmp_path), num_server_rounds=12)
+    with pytest.raises(RunAborted, match="consecutive rounds skipped"):
+        run_federated(lying_grid(cfg, liars=(3, 5)), cfg)
+    rows = metric_rows(tmp_path / "run")
+    stopped = [r for r in rows if "secagg-search-stopped" in r]
+    assert stopped and all(r["skipped"] and not r.get("secagg-narrowed") for r in stopped[-3:]), rows
+    assert "more than secagg-liars=1 liars" in stopped[0]["secagg-search-stopped"]
+    assert set(rows[-1].get("secagg-excluded", {})) <= {"3", "5"}
