@@ -104,6 +104,29 @@ def test_two_liars_of_five_cannot_frame_an_honest_node_nor_end_the_run(liars: tu
     assert play(Search(), set(liars), depth=10) <= 1
 
 
+def framed(search: Search, liars: set[int], bound: int, depth: int, server_round: int = 1) -> list[int]:
+    """The failed rounds of a schedule of `liars` that gets an honest node excluded, [] if none
+    within `depth` rounds."""
+    if set(search.excluded) - liars:
+        return list(search.failed)
+    if depth == 0:
+        return []
+    cohort = search.cohort([n for n in range(1, 6) if n not in search.excluded], bound)
+    outcomes = [search.clone() for _ in range(1 + bool(liars & set(cohort)))]
+    outcomes[0].after_pass()
+    if len(outcomes) > 1:
+        outcomes[1].after_failure(server_round, cohort, bound)
+    paths = (framed(o, liars, bound, depth - 1, server_round + 1) for o in outcomes)
+    return next((path for path in paths if path), [])
+
+
+def test_under_the_intersection_rule_two_liars_taking_turns_frame_an_honest_node() -> None:
+    """secagg-liars=1 is the one-liar rule: liars 1 and 2 of 5 find a schedule that excludes
+    an honest node within 8 rounds; under the default, none does (above)."""
+    assert framed(Search(), {1, 2}, 1, depth=8)
+    assert not framed(Search(), {1, 2}, DEFAULT, depth=8)
+
+
 @pytest.mark.parametrize("liars", [(1, 2), (3, 7), (2, 4), (6, 7), (1, 5)])
 def test_two_persistent_liars_of_seven_are_both_named(liars: tuple[int, int]) -> None:
     search, failed = hunt(list(range(1, 8)), persistent(set(liars)), DEFAULT)
