@@ -25,7 +25,7 @@ resumed run continues the search where it was.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from adaptfl.strategies.hitting_sets import Explanations, TooMuchWork, explanations, forced
 
@@ -39,7 +39,8 @@ STOPPED = "secagg-search-stopped"
 class SearchRecord(TypedDict):
     """The search as the checkpoint holds it (plain lists and dicts: torch.load's weights_only)."""
 
-    cohorts: list[list[int]]
+    cohorts: NotRequired[list[list[int]]]
+    suspects: NotRequired[list[int]]  # a checkpoint of the one-liar search: the cohorts' intersection
     failed: list[int]
     attempt: int
     excluded: dict[int, str]
@@ -60,9 +61,8 @@ class Search:
 
     @classmethod
     def from_dict(cls, raw: SearchRecord) -> Search:
-        old: dict[str, list[int]] = dict(raw)  # type: ignore[arg-type]
         # a checkpoint of the one-liar search kept the failed cohorts' intersection: as one cohort
-        cohorts = raw["cohorts"] if "cohorts" in raw else [old["suspects"]] if old.get("suspects") else []
+        cohorts = raw.get("cohorts", [raw["suspects"]] if raw.get("suspects") else [])
         return cls(cohorts=[[int(n) for n in c] for c in cohorts], failed=[int(r) for r in raw["failed"]],
                    attempt=int(raw["attempt"]), excluded={int(n): str(w) for n, w in raw["excluded"].items()})
 
@@ -78,8 +78,9 @@ class Search:
             return (f"secagg+: the search for the inputs out of reach stopped ({why}, "
                     f"secagg-liars={bound}); nobody more is excluded")
         if not sets:
-            return (f"secagg+: no {bound} nodes were in every cohort whose sum was out of reach "
-                    f"(rounds {self.failed}): more than secagg-liars={bound} liars; nobody more is excluded")
+            return (f"secagg+: no set of at most {bound} nodes meets every cohort whose sum was out of "
+                    f"reach (rounds {self.failed}): more than secagg-liars={bound} liars; nobody more "
+                    "is excluded")
         return sets
 
     def open_sets(self, bound: int) -> list[frozenset[int]]:

@@ -166,8 +166,7 @@ def test_the_search_survives_the_checkpoint_and_goes_on_exactly() -> None:
 
 
 def test_a_checkpoint_of_the_one_liar_search_resumes_as_its_intersection() -> None:
-    raw = {"suspects": [1, 4, 5], "failed": [2, 3], "attempt": 1, "excluded": {9: "why"}}
-    back = Search.from_dict(raw)  # type: ignore[arg-type]
+    back = Search.from_dict({"suspects": [1, 4, 5], "failed": [2, 3], "attempt": 1, "excluded": {9: "why"}})
     assert back.cohorts == [[1, 4, 5]] and back.failed == [2, 3] and back.excluded == {9: "why"}
 
 
