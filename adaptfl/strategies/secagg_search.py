@@ -10,10 +10,9 @@ behave when it likes).
                              most f liars, no honest node is in every explanation
     none exists              more than f liars: nobody is excluded, the row says so, the search
                              stops (its failures count toward max-skipped-rounds)
-    while any is open        each round leaves out explanations, rotating: about half the
-                             suspects, and at least one whole explanation, so a round can pass
-                             (training goes on while they are out), and a failure rules out
-                             every explanation it left out
+    while any is open        each round leaves out the next explanation in turn (so a round
+                             can pass, training while they are out) and suspects drawn at random
+                             up to half of them: a failure rules out every explanation left out
 
 With f = 1 the explanations are the single nodes of the failed cohorts' intersection: binary
 splitting, one liar among n in about 1 + log₂ n failures. With f ≥ 2 an exclusion needs, for
@@ -24,6 +23,7 @@ resumed run continues the search where it was.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
@@ -102,19 +102,17 @@ class Search:
         return sorted(n for n in sample if n not in out)
 
     def _left_out(self, sample: list[int], bound: int, room: int) -> frozenset[int]:
-        """The first explanation from the rotation's place on that fits in `room`, and the next
-        ones while all fit in half the sampled suspects; none if none fits (nothing to learn)."""
-        sets = [s & frozenset(sample) for s in self.open_sets(bound)]
-        # 0, the middle, 1, the middle + 1, ...: the other half after a pass, and every start in turn
-        start = (self.attempt // 2 + self.attempt % 2 * ((len(sets) + 1) // 2)) % max(1, len(sets))
-        turn = [s for s in sets[start:] + sets[:start] if len(s) <= room]
-        if not turn:
+        """One explanation, the next in turn among those that fit in `room` (so the round passes
+        if the liars are those), and more suspects drawn at random up to half of them (so a
+        failure rules out every explanation among them: about a quarter of the pairs a round,
+        where the next explanations in order would share one node); none if none fits."""
+        sets = [s for s in (s & frozenset(sample) for s in self.open_sets(bound)) if len(s) <= room]
+        if not sets:
             return frozenset()
-        out, budget = turn[0], min(room, max(len(turn[0]), len(frozenset().union(*sets)) // 2))
-        for s in turn[1:]:
-            if len(out | s) <= budget:
-                out |= s
-        return out
+        first, suspects = sets[self.attempt % len(sets)], sorted(frozenset().union(*sets))
+        budget = min(room, max(len(first), len(suspects) // 2))
+        draw = random.Random(len(self.cohorts) * 1_000_003 + self.attempt)  # the checkpoint's: resumes alike
+        return first | frozenset(draw.sample([n for n in suspects if n not in first], budget - len(first)))
 
     def after_pass(self) -> None:
         """A sum in reach: clears nobody; other explanations are left out next."""
