@@ -29,7 +29,10 @@ class TooMuchWork(Exception):
 def explanations(cohorts: Iterable[Iterable[int]], most: int) -> Explanations:
     """Every minimal set of at most `most` nodes meeting each cohort, ordered by size, then by
     its nodes; () when none exists (more than `most` liars). Raises TooMuchWork."""
-    return _minimal(_reduced(cohorts), most)
+    found = _minimal(_reduced(cohorts), most)
+    if found is None:
+        raise TooMuchWork(f"more than {WORK_CAP} branches")
+    return found
 
 
 def _reduced(cohorts: Iterable[Iterable[int]]) -> tuple[frozenset[int], ...]:
@@ -38,8 +41,8 @@ def _reduced(cohorts: Iterable[Iterable[int]]) -> tuple[frozenset[int], ...]:
     return tuple(c for i, c in enumerate(unique) if not any(o < c for o in unique[:i]))
 
 
-@lru_cache(maxsize=64)
-def _minimal(cohorts: tuple[frozenset[int], ...], most: int) -> Explanations:
+@lru_cache(maxsize=64)  # a round asks several times of the same cohorts; None (capped) is kept too
+def _minimal(cohorts: tuple[frozenset[int], ...], most: int) -> Explanations | None:
     found: set[frozenset[int]] = set()
     visited: set[frozenset[int]] = set()
 
@@ -48,7 +51,7 @@ def _minimal(cohorts: tuple[frozenset[int], ...], most: int) -> Explanations:
             return
         visited.add(chosen)
         if len(visited) > WORK_CAP:
-            raise TooMuchWork(f"more than {WORK_CAP} branches")
+            raise TooMuchWork
         missed = [c for c in cohorts if not c & chosen]
         if not missed:
             found.add(chosen)
@@ -57,7 +60,10 @@ def _minimal(cohorts: tuple[frozenset[int], ...], most: int) -> Explanations:
             for node in sorted(smallest):
                 grow(chosen | {node})
 
-    grow(frozenset())
+    try:
+        grow(frozenset())
+    except TooMuchWork:
+        return None
     minimal = [s for s in found if all(_misses(cohorts, s - {n}) for n in s)]
     return tuple(sorted(minimal, key=lambda s: (len(s), sorted(s))))
 

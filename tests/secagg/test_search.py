@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from adaptfl.core.secagg_settings import SecAgg
+from adaptfl.strategies import hitting_sets
 from adaptfl.strategies.secagg_search import Search
 from adaptfl.strategies.skips import RunAborted, SkipGuard
 from adaptfl.strategies.state import ServerState
@@ -180,3 +181,17 @@ def test_a_skip_that_narrowed_the_search_does_not_count_toward_max_skipped_round
     guard.after_round(5, True, "out of reach", {}, [])  # the second that counts
     with pytest.raises(RunAborted, match="3 consecutive"):
         guard.after_round(6, True, "out of reach", {}, [])
+
+
+def test_a_search_beyond_its_work_cap_excludes_nobody_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three disjoint failed cohorts of 4 under f = 3: 1 + 4 + 16 + 64 branches, over a cap of 50."""
+    monkeypatch.setattr(hitting_sets, "WORK_CAP", 50)
+    hitting_sets._minimal.cache_clear()
+    search = Search(cohorts=[[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], failed=[1, 2, 3])
+    why = search.explained(3)
+    assert isinstance(why, str) and "stopped (more than 50 branches" in why, why
+    assert search.after_failure(4, [1, 5, 9], 3) == (False, []) and not search.excluded
+    assert search.cohort(list(range(1, 13)), 3) == list(range(1, 13))  # no design: nothing to learn
+    monkeypatch.setattr(hitting_sets, "WORK_CAP", 100)  # within it, the same search decides
+    hitting_sets._minimal.cache_clear()
+    assert len(search.explained(3)) == 4 ** 3 - 3 ** 3  # one node of each, one of them in [1, 5, 9]
