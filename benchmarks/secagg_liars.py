@@ -11,7 +11,8 @@ and its defaults; node 5 hostile in every round, one attack a run:
 - "bit-flipped unmask shares": one bit of every share it returns at unmask;
 - "copied public keys": signs up with node 1's keys and proofs.
 
-`--in-reach`: "+1eK on y" for K = 3..7 (inside the sum check's reach at 5 nodes, 5·B ≈ 5.4e8)
+`--rounds R` (8), `--secagg-liars f` (2, the default) set the run. `--in-reach`: "+1eK on y" for
+K = 3..7 (inside the sum check's reach at 5 nodes, 5·B ≈ 5.4e8)
 against clean and +1e9 (beyond it: skipped until the search names node 5).
 
 Per attack: final test accuracy (0 for a run that aborted), rounds skipped, and who the rows'
@@ -136,10 +137,10 @@ def flip_inside(train):  # noqa: ANN001, ANN201 - app.handle_train, Δ × −20 
     return flipped
 
 
-def run(name: str, data: str, out: pathlib.Path) -> dict:
-    cfg = RunConfig.of(algorithm="fedavg", model="mlp", num_server_rounds=8, local_steps=10, batch_size=16,
-                       data_dir=data, partitioning="iid", seed=1, results_dir=str(out), run_name="r",
-                       secagg="secagg+", overwrite=True)
+def run(name: str, data: str, out: pathlib.Path, rounds: int = 8, liars: int = 2) -> dict:
+    cfg = RunConfig.of(algorithm="fedavg", model="mlp", num_server_rounds=rounds, local_steps=10,
+                       batch_size=16, data_dir=data, partitioning="iid", seed=1, results_dir=str(out),
+                       run_name="r", secagg="secagg+", secagg_liars=liars, overwrite=True)
     original = app.handle_train
     if name == "in-range flip × 20":
         app.handle_train = flip_inside(original)
@@ -164,6 +165,8 @@ def main() -> None:
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS))
     parser.add_argument("--in-reach", action="store_true",
                         help="the sizes of a lie on y: " + ", ".join(IN_REACH))
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--secagg-liars", type=int, default=2, help="f of the search (the default: 2)")
     args = parser.parse_args()
     args.attacks = IN_REACH if args.in_reach else args.attacks
     logging.basicConfig(level=logging.ERROR)
@@ -174,7 +177,7 @@ def main() -> None:
         print("| attack (node 5 of 5, every round) | accuracy | rounds skipped | nodes named | run |")
         print("|---|---|---|---|---|")
         for name in args.attacks:
-            r = run(name, data, pathlib.Path(tmp) / name.replace(" ", "-"))
+            r = run(name, data, pathlib.Path(tmp) / name.replace(" ", "-"), args.rounds, args.secagg_liars)
             print(f"| {name} | {r['accuracy']:.3f} | {r['skipped']} of {r['rounds']} | {r['named']} | "
                   f"{r['aborted'] or 'completed'} ({r['seconds']:.0f} s) |", flush=True)
             if r["why"]:

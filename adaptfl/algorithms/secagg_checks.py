@@ -62,9 +62,11 @@ def _refuse_lossy_replies(cfg: RunConfig) -> None:
 
 def check_secagg(cfg: RunConfig) -> None:
     secagg, fed = cfg.secagg, cfg.federation
-    if not secagg.on:
-        if secagg.set_keys():
-            raise ValueError(f"{secagg.set_keys()[0]} with secagg='none': nothing is masked; set "
+    if not secagg.on:  # a key only secagg reads, moved from its default, would do nothing
+        liars = secagg.secagg_liars != type(secagg)().secagg_liars
+        unread = secagg.set_keys() + [f"secagg-liars={secagg.secagg_liars}"] * liars
+        if unread:
+            raise ValueError(f"{unread[0]} with secagg='none': nothing is masked; set "
                              "secagg='secagg+' or drop it")
         return
     needs_one_reply = [

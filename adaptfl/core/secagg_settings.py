@@ -10,6 +10,10 @@
     secagg-clip            the range [-c, c] of every shared value (clipped into it by construction)
     secagg-clip-<record>   one record's own range (0: secagg-clip); under dp each record's range
                            is its clipping norm C_j instead (a clipped vector has no larger entry)
+    secagg-liars           f: the most nodes the search for inputs out of range assumes may lie
+                           (strategies/secagg_search.py); a node is excluded only if it is in every
+                           set of f nodes that explains the failed sums, so f liars cannot frame
+                           an honest one
 
 Fixed point: each round the server sizes the integer step so that the sampled nodes' sum,
 with dp's noise to ten standard deviations, stays inside the modulus (protocol.py).
@@ -46,6 +50,10 @@ class SecAggBase(Component):
                                     open_low=True)
     secagg_modulus_bits: int = param(32, "the sum's modulus 2^m (m <= 32: uint32 on the wire)",
                                      within=(16, 64))
+    secagg_liars: int = param(2, "the most nodes that may send inputs out of range: a node is "
+                              "excluded only when every set of this many nodes explaining the sums "
+                              "out of reach includes it (docs/secagg.md, 'An input out of range')",
+                              within=(1, 8))
     secagg_clip: float = param(8.0, "every shared value is clipped into [-c, c] before fixed point",
                                within=(0.0, None), open_low=True)
 

@@ -27,7 +27,7 @@ from adaptfl.privacy.mechanism import metric_domains, shared_records, start_boun
 from adaptfl.privacy.release import detail_level
 from adaptfl.secagg import fixedpoint
 from adaptfl.secagg.server import Admit, OutOfReach, SecAggServer, SecureRefused, SecureRound, ring_seed
-from adaptfl.strategies.secagg_search import EXCLUDED, NARROWED, SUSPECTS
+from adaptfl.strategies.secagg_search import EXCLUDED, NARROWED, STOPPED, SUSPECTS
 from adaptfl.strategies.validation import DecodedReply, ReplyRejected, _check_metrics
 
 if TYPE_CHECKING:
@@ -81,11 +81,13 @@ def secure_round(strategy: AdaptiveStrategy, grid: Grid, server_round: int, mess
     except SecureRefused as why:
         _note(strategy, server.out)
         if isinstance(why, OutOfReach):  # whose input it was: group testing over the next rounds
-            _searched(strategy, strategy.state.secagg_search.after_failure(server_round, why.live))
+            search = strategy.state.secagg_search
+            _searched(strategy, server_round,
+                      search.after_failure(server_round, why.live, cfg.secagg.secagg_liars))
         return (*strategy._skip(server_round, str(why)), _missing(server.out.dropped))
     _note(strategy, server.out)
     strategy.state.secagg_search.after_pass()
-    _searched(strategy, (False, None))
+    _searched(strategy, server_round, (False, []))
     assert out.total is not None
     records, averaged = fixedpoint.decode_mean(out.total, slots, bound, len(out.live))
     for name in contract.up:  # a record of no arrays (Muon routing nothing) has no slot
@@ -137,20 +139,26 @@ def _note(strategy: AdaptiveStrategy, out: SecureRound) -> None:
     report.down_bytes, report.up_bytes = {"secagg+": out.bytes_down}, {"secagg+": out.bytes_up}
 
 
-def _searched(strategy: AdaptiveStrategy, outcome: tuple[bool, int | None]) -> None:
-    """The search's columns of the row (strategies/secagg_search.py): the suspects left, whether this round's
-    failure narrowed them (then max-skipped-rounds does not count it), every node left out."""
+def _searched(strategy: AdaptiveStrategy, server_round: int, outcome: tuple[bool, list[int]]) -> None:
+    """The search's columns of the row (strategies/secagg_search.py): the suspects left, whether this
+    round's failure ruled an explanation out (then max-skipped-rounds does not count it), every node
+    left out, and why the search stopped if it did (logged on each round it fails since)."""
     assert strategy.state is not None
-    search, (narrowed, named) = strategy.state.secagg_search, outcome
-    row = strategy.report.secagg
-    if search.suspects:
-        row[SUSPECTS] = list(search.suspects)
-    if narrowed or named is not None:
+    search, (narrowed, named), bound = strategy.state.secagg_search, outcome, strategy.cfg.secagg.secagg_liars
+    row, level = strategy.report.secagg, detail_level(strategy.cfg.privacy.on)
+    suspects, explained = search.suspects(bound), search.explained(bound)
+    if suspects:
+        row[SUSPECTS] = suspects
+    if narrowed:
         row[NARROWED] = True
     if search.excluded:
         row[EXCLUDED] = {str(n): why for n, why in search.excluded.items()}
-    if named is not None:
-        log.log(detail_level(strategy.cfg.privacy.on), "%s", search.excluded[named])
+    if isinstance(explained, str):
+        row[STOPPED] = explained
+        if search.failed and search.failed[-1] == server_round:
+            log.warning("%s", explained)
+    for node in named:
+        log.log(level, "%s", search.excluded[node])
 
 
 def _missing(dropped: dict[int, str]) -> list[int]:

@@ -118,13 +118,18 @@ COLUMNS: dict[str, tuple[str, str]] = {
                      "only: it tells m)"),
     "dp-clip-norm": ("both", "dp: Δ's clipping norm this round (moves with adaptive clipping)"),
     "dp-unclipped-share": ("both", "dp, adaptive clipping: the noised share of replies within their norm"),
-    "secagg-suspects": (JSONL, "secagg+: the nodes one of which sent an input that put a sum out of "
-                        "reach, while the search for it runs (docs/secagg.md, 'An input out of range'); "
-                        "absent otherwise"),
+    "secagg-suspects": (JSONL, "secagg+: the nodes in some set of at most secagg-liars nodes that "
+                        "explains every sum out of reach, while the search runs (docs/secagg.md, 'An "
+                        "input out of range'); absent otherwise"),
     "secagg-excluded": (JSONL, "secagg+: node -> why it is left out of every later round (the search "
-                        "named it: it was in every cohort whose sum was out of reach); absent while none"),
-    "secagg-narrowed": ("both", "secagg+: true on a skipped round whose sum out of reach narrowed the "
-                        "suspects or named one (max-skipped-rounds does not count it); absent otherwise"),
+                        "named it: it is in every set of at most secagg-liars nodes meeting each "
+                        "cohort whose sum was out of reach); absent while none"),
+    "secagg-narrowed": ("both", "secagg+: true on a skipped round whose sum out of reach ruled out an "
+                        "explanation or named a node (max-skipped-rounds does not count it); absent "
+                        "otherwise"),
+    "secagg-search-stopped": (JSONL, "secagg+: why the search names nobody more: no secagg-liars "
+                              "nodes explain the sums out of reach (more liars than declared), or "
+                              "finding the sets that do takes more than its cap; absent otherwise"),
     "rejected": (JSONL, "node -> the reason its reply was dropped"),
     "bytes": (JSONL, "{down, up}: record -> its bytes on the wire this round, all messages together "
               "(the model is `arrays`)"),

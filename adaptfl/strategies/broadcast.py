@@ -69,8 +69,9 @@ class RoundBroadcast(ReplyIntake):
             order = torch.randperm(len(nodes), generator=gen)[:count].tolist()
             self.state.sampling_rng = gen.get_state()
             sample = [nodes[i] for i in sorted(order)]
-        # while a liar is searched for, half its suspects sit the round out (strategies/secagg_search.py)
-        return search.cohort(sample, max(MIN_COHORT, fed.min_replies)) if self.cfg.secagg.on else sample
+        # while liars are searched for, explanations of the failed sums sit out (strategies/secagg_search.py)
+        least = max(MIN_COHORT, fed.min_replies)
+        return search.cohort(sample, self.cfg.secagg.secagg_liars, least) if self.cfg.secagg.on else sample
 
     def payload(self) -> dict[str, Tensors]:
         """The records the algorithm's components send this round (all in its contract)."""

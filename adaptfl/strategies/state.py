@@ -120,8 +120,8 @@ class RoundReport:
     # them, and its "node-id"
     clients: dict[str, dict[str, int | float | str]] = field(default_factory=dict)
     # SecAgg+'s search for a node whose input put the sum out of reach (strategies/secagg_search.py):
-    # secagg-suspects, secagg-excluded and secagg-narrowed, as the row has them
-    secagg: dict[str, list[int] | dict[str, str] | bool] = field(default_factory=dict)
+    # secagg-suspects, secagg-excluded, secagg-narrowed and secagg-search-stopped, as the row has them
+    secagg: dict[str, list[int] | dict[str, str] | bool | str] = field(default_factory=dict)
 
     def step_path(self) -> str | None:
         """The local-step paths the accepted replies took ("native", or e.g. "eager+native" where

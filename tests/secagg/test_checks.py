@@ -73,6 +73,8 @@ def test_what_composes_is_accepted() -> None:
 
 @pytest.mark.parametrize(("values", "says"), [
     ({"secagg_clip_v": 0.1}, "secagg-clip-v with secagg='none'"),
+    ({"secagg_liars": 1}, "secagg-liars=1 with secagg='none'"),
+    ({**OK, "secagg_liars": 0}, "secagg-liars"),
     ({**OK, "algorithm": "fedavg", "secagg_clip_v": 0.1},
      "secagg-clip-v: algorithm 'fedavg' shares no such record"),
     ({**OK, "dp": "client", "algorithm": "fedact", "secagg_clip_v": 0.1}, "under dp each record's range"),

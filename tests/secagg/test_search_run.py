@@ -1,12 +1,15 @@
-"""A whole SecAgg+ run with one node whose input is out of range every round (+1e9 on its masked
-vector): the rounds whose sum fails are skipped, the search names that node in the row and
-leaves it out, the run completes, and from the exclusion on the model is bit for bit the one of
-the same run with that node disconnected (strategies/secagg_search.py, docs/secagg.md)."""
+"""Whole SecAgg+ runs with nodes whose inputs are out of range (+1e9 on the masked vector). One
+liar every round under secagg-liars=1: the rounds whose sum fails are skipped, the search names
+it in the row and leaves it out, the run completes, and from the exclusion on the model is bit
+for bit the one of the same run with that node disconnected. Two liars under secagg-liars=1
+end the run saying the bound was exceeded; two colluders of five that frame an honest node
+under the one-liar rule frame nobody under the default (strategies/secagg_search.py,
+docs/secagg.md)."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
@@ -17,22 +20,28 @@ from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.secagg import protocol as p
 from adaptfl.server_app.loop import run_federated
+from adaptfl.strategies.secagg_search import Search
+from adaptfl.strategies.skips import RunAborted
+from tests.secagg.test_search import framed
 from tests.secagg.test_sum_check import _add
 from tests.support.run_outputs import assert_same_model, final_model, metric_rows
 
 NODES, LIAR, ROUNDS = 5, 3, 7
 
 
-def lying_grid(cfg: RunConfig) -> InProcessGrid:
-    """Node LIAR adds 1e9 to its masked vector in every round."""
+def lying_grid(cfg: RunConfig, liars: tuple[int, ...] = (LIAR,),
+               when: Callable[[int, int], bool] = lambda node, server_round: True) -> InProcessGrid:
+    """Each of `liars` adds 1e9 to its masked vector in the rounds `when(node, round)` says."""
     grid = InProcessGrid(NODES, cfg.to_flower())
     honest = grid.handler
 
     def lying(msg: Message, context) -> Message:  # noqa: ANN001
         rec = msg.content.config_records.get(wire.SECAGG)
-        stage = str(rec[p.STAGE]) if rec is not None else ""
+        stage, server_round = (str(rec[p.STAGE]), int(rec[p.ROUND])) if rec is not None else ("", 0)
         reply = honest(msg, context)
-        return _add(LIAR, lambda n: np.full(n, 10 ** 9, dtype=np.int64))(stage, context.node_id, reply)
+        for liar in (n for n in liars if when(n, server_round)):
+            reply = _add(liar, lambda n: np.full(n, 10 ** 9, dtype=np.int64))(stage, context.node_id, reply)
+        return reply
 
     grid.handler = lying
     return grid
@@ -48,7 +57,7 @@ class WithoutLiar(InProcessGrid):
 @pytest.mark.slow
 def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path) -> None:
     base = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
-                        secagg="secagg+", algorithm="fedavg", run_name="run",
+                        secagg="secagg+", secagg_liars=1, algorithm="fedavg", run_name="run",
                         lr_schedule="constant")  # a cut run resumes on the same lr
     whole = base.replace(results_dir=str(tmp_path / "whole"), num_server_rounds=ROUNDS,
                          client_state_dir=str(tmp_path / "whole" / "state"))
@@ -63,11 +72,12 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     for row in rows[named:]:  # after it: every round is the four others', none skipped
         assert not row["skipped"] and row["replies-sampled"] == NODES - 1
         assert row["secagg-excluded"] == rows[named - 1]["secagg-excluded"]
-    assert named < ROUNDS
+    assert named + 1 < ROUNDS
 
-    # the same run cut at the exclusion, resumed as it was, and resumed without the liar at all
-    # the nodes keep their state (the records they hold) inside the run's folder, copied with it
-    cut = base.replace(results_dir=str(tmp_path / "cut"), num_server_rounds=named,
+    # the same run cut one round after the exclusion (a run of skipped rounds only is aborted),
+    # resumed as it was, and resumed without the liar at all; the nodes keep their state (the
+    # records they hold) inside the run's folder, copied with it
+    cut = base.replace(results_dir=str(tmp_path / "cut"), num_server_rounds=named + 1,
                        client_state_dir=str(tmp_path / "cut" / "state"))
     run_federated(lying_grid(cut), cut)
     shutil.copytree(tmp_path / "cut", tmp_path / "absent")
@@ -81,3 +91,36 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     absent = resumed.replace(results_dir=str(tmp_path / "absent"))
     alone = run_federated(WithoutLiar(NODES, absent.to_flower()), absent)
     assert_same_model(final_model(alone), expected)
+
+
+@pytest.mark.slow
+def test_more_liars_than_declared_end_the_run_saying_so(tiny_data, tmp_path) -> None:
+    """Nodes 3 and 5 lie every round under secagg-liars=1: once no one node was in every failed
+    cohort, the row says so, the failures count again, and max-skipped-rounds ends the run."""
+    cfg = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
+                       secagg="secagg+", secagg_liars=1, algorithm="fedavg", run_name="run",
+                       results_dir=str(tmp_path), num_server_rounds=12)
+    with pytest.raises(RunAborted, match="consecutive rounds skipped"):
+        run_federated(lying_grid(cfg, liars=(3, 5)), cfg)
+    rows = metric_rows(tmp_path / "run")
+    stopped = [r for r in rows if "secagg-search-stopped" in r]
+    assert stopped and all(r["skipped"] and not r.get("secagg-narrowed") for r in stopped[-3:]), rows
+    assert "more than secagg-liars=1 liars" in stopped[0]["secagg-search-stopped"]
+    # (beyond the bound nothing holds: here honest node 4 was excluded before the search stopped)
+
+
+@pytest.mark.slow
+def test_two_colluders_of_five_taking_turns_get_no_honest_node_removed(tiny_data, tmp_path) -> None:
+    """Nodes 3 and 5 lie in the rounds that, played against the one-liar rule (secagg-liars=1),
+    get an honest node excluded (the search alone finds them: test_search.py's `framed`); under
+    the default the same schedule frames nobody and the run completes, training in the rounds
+    that pass."""
+    schedule = framed(Search(), {3, 5}, 1, depth=8)
+    base = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
+                        secagg="secagg+", algorithm="fedavg", results_dir=str(tmp_path))
+    for name, liars, rounds in (("one", 1, schedule[-1]), ("default", base.secagg.secagg_liars, 10)):
+        cfg = base.replace(run_name=name, secagg_liars=liars, num_server_rounds=rounds)
+        rows = metric_rows(run_federated(lying_grid(cfg, (3, 5), lambda _, r: r in schedule), cfg))
+        framed_nodes = {n for r in rows for n in r.get("secagg-excluded", {})} - {"3", "5"}
+        assert bool(framed_nodes) == (liars == 1), (name, rows[-1])  # one honest node: the old rule
+    assert [r["round"] for r in rows if r["skipped"]] == schedule and len(rows) == 10  # completed
