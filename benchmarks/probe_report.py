@@ -12,7 +12,10 @@ ClientApp call in the Ray actor, and returns medians in milliseconds:
 - `message-kb`, `context-kb`: pickled sizes (the first messages);
 - `round-s`: a round on the probe's clock, a round's first submit to the next one's, the same for
   both apps; `clients-s`: a round's first submit to its last reply; `server-s`: the rest of it
-  (the ServerApp alone: aggregation, evaluation, bookkeeping, Flower's polls).
+  (the ServerApp alone: aggregation, evaluation, bookkeeping, Flower's polls);
+- `configure-s`, `aggregate-s`, `evaluate-s`: the ServerApp's steps of a round, each app's own
+  strategy and the central evaluation both call (medians; the evaluation of round 0 included);
+  `other-s`: `server-s` less the three (the round's row, checkpoint and logs; Flower's polls).
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ def breakdown(found: list[dict[str, Any]], sampled: int) -> dict[str, float]:
     context = {name: [e["t1"] - e["t0"] for e in found if e["at"] == name]
                for name in ("context-get", "context-put")}
     sized = [e for e in sim if "message-bytes" in e]
+    steps = {name: [e["t1"] - e["t0"] for e in found if e["at"] == name][1:]
+             for name in ("configure", "aggregate", "evaluate")}  # [1:]: round 1's, or round 0's
+    step_s = {f"{name}-s": statistics.median(d) if d else float("nan") for name, d in steps.items()}
+    server = statistics.median(n - c for n, c in zip(lengths, clients, strict=True)) if lengths \
+        else float("nan")
     return {
         "message-ms": _median_ms([m["t1"] - m["t0"] for m in later]),
         "app-ms": _median_ms([a["t1"] - a["t0"] for _, a in joined]),
@@ -73,8 +81,9 @@ def breakdown(found: list[dict[str, Any]], sampled: int) -> dict[str, float]:
         "context-kb": statistics.median(e["context-bytes"] for e in sized) / 1000 if sized else float("nan"),
         "round-s": statistics.median(lengths) if lengths else float("nan"),
         "clients-s": statistics.median(clients) if clients else float("nan"),
-        "server-s": statistics.median(n - c for n, c in zip(lengths, clients, strict=True)) if lengths
-        else float("nan"),
+        "server-s": server,
+        **step_s,
+        "other-s": server - sum(step_s.values()),
     }
 
 

@@ -8,6 +8,9 @@ computes; it only writes one line per event, as JSON, to ADAPTFL_PROBE_DIR/<pid>
   `RayBackend.process_message` (submit to Ray, the actor's work, the reply and context back),
   with the message's and the node's context's pickled sizes for the first messages, and the
   node context's retrieval and update around it;
+- in `flwr-simulation` too, the ServerApp's own steps of a round, the same in both apps: the
+  strategy's `configure_train` and `aggregate_train` (adaptfl's, and Flower's `FedAvg`) and the
+  central evaluation (`adaptfl.server_app.evaluate.evaluate_all`, which both apps call);
 - in a Ray actor (`default_worker.py`): each `ClientApp.__call__`, i.e. the app's own work. With
   ADAPTFL_PROBE_CPROFILE=1 the actor also keeps a cProfile of its calls (actor-<pid>.prof).
 
@@ -67,10 +70,36 @@ def _probe_simulation() -> None:
         return call
 
     RayBackend.process_message = process_message  # type: ignore[method-assign]
+    _probe_server_steps(timed)
     DeprecatedRunInfoStore.retrieve_context = timed(  # type: ignore[method-assign]
         "context-get", DeprecatedRunInfoStore.retrieve_context)
     DeprecatedRunInfoStore.update_context = timed(  # type: ignore[method-assign]
         "context-put", DeprecatedRunInfoStore.update_context)
+
+
+def _probe_server_steps(timed: Any) -> None:
+    """configure, aggregate and evaluate, wrapped before either app imports them by name."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from adaptfl.server_app import evaluate
+    from adaptfl.strategies.aggregation import RoundAggregation
+    from adaptfl.strategies.broadcast import RoundBroadcast
+
+    for cls in (FedAvg, RoundAggregation):
+        cls.aggregate_train = timed("aggregate", cls.aggregate_train)  # type: ignore[method-assign]
+    for cls in (FedAvg, RoundBroadcast):
+        configure = cls.configure_train
+        cls.configure_train = timed(  # type: ignore[method-assign]
+            "configure", lambda self, *a, _c=configure, **k: list(_c(self, *a, **k)))
+    scores = evaluate.evaluate_all
+    evaluate.evaluate_all = lambda *a, **k: _timed_call("evaluate", scores, *a, **k)  # type: ignore
+
+
+def _timed_call(name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+    started = time.time()
+    out = function(*args, **kwargs)
+    _write({"at": name, "t0": started, "t1": time.time()})
+    return out
 
 
 def _probe_actor() -> None:

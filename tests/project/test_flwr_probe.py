@@ -65,7 +65,9 @@ def _round(start: float, nodes: list[int]) -> list[dict]:
 
 def test_the_report_splits_a_message_into_dispatch_app_and_return_and_rounds_on_one_clock() -> None:
     events = [*_round(0.0, [1, 2]), *_round(3.0, [1, 2]), *_round(5.0, [2, 1]), *_round(8.0, [1, 2]),
-              {"at": "context-get", "t0": 0.0, "t1": 0.004}]
+              {"at": "context-get", "t0": 0.0, "t1": 0.004},
+              *({"at": "evaluate", "t0": t, "t1": t + 1.0} for t in (-1.0, 1.0, 3.9, 6.0)),
+              *({"at": "aggregate", "t0": t, "t1": t + 0.25} for t in (0.8, 3.8, 5.8))]
     found = probe_report.breakdown(events, sampled=2)
     assert found["message-ms"] == pytest.approx(800)
     assert found["app-ms"] == pytest.approx(500)
@@ -76,6 +78,8 @@ def test_the_report_splits_a_message_into_dispatch_app_and_return_and_rounds_on_
     assert found["round-s"] == pytest.approx(2.5)  # rounds 2 and 3: 3 -> 5, 5 -> 8
     assert found["clients-s"] == pytest.approx(0.8)
     assert found["server-s"] == pytest.approx(2.5 - 0.8)
+    assert found["evaluate-s"] == pytest.approx(1.0) and found["aggregate-s"] == pytest.approx(0.25)
+    assert found["other-s"] != found["other-s"]  # no configure event: not known (NaN)
 
 
 def test_the_report_refuses_too_few_rounds() -> None:
