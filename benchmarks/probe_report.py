@@ -13,8 +13,8 @@ ClientApp call in the Ray actor, and returns medians in milliseconds:
 - `round-s`: a round on the probe's clock, a round's first submit to the next one's, the same for
   both apps; `clients-s`: a round's first submit to its last reply; `server-s`: the rest of it
   (the ServerApp alone: aggregation, evaluation, bookkeeping, Flower's polls);
-- `configure-s`, `aggregate-s`, `evaluate-s`: the ServerApp's steps of a round, each app's own
-  strategy and the central evaluation both call (medians; the evaluation of round 0 included);
+- `configure-s`, `aggregate-s`, `evaluate-s`: the ServerApp's steps within a round (the same
+  rounds as `round-s`): each app's own strategy, and the central evaluation both call;
   `other-s`: `server-s` less the three (the round's row, checkpoint and logs; Flower's polls).
 """
 
@@ -65,9 +65,11 @@ def breakdown(found: list[dict[str, Any]], sampled: int) -> dict[str, float]:
     context = {name: [e["t1"] - e["t0"] for e in found if e["at"] == name]
                for name in ("context-get", "context-put")}
     sized = [e for e in sim if "message-bytes" in e]
-    steps = {name: [e["t1"] - e["t0"] for e in found if e["at"] == name][1:]
-             for name in ("configure", "aggregate", "evaluate")}  # [1:]: round 1's, or round 0's
-    step_s = {f"{name}-s": statistics.median(d) if d else float("nan") for name, d in steps.items()}
+    # each step's time within each measured round (its first submit to the next round's)
+    steps = {name: [sum(e["t1"] - e["t0"] for e in found if e["at"] == name and a <= e["t0"] < b)
+                    for a, b in zip(starts[1:-1], starts[2:], strict=True)]
+             for name in ("configure", "aggregate", "evaluate")}
+    step_s = {f"{name}-s": statistics.median(d) if any(d) else float("nan") for name, d in steps.items()}
     server = statistics.median(n - c for n, c in zip(lengths, clients, strict=True)) if lengths \
         else float("nan")
     return {

@@ -67,7 +67,7 @@ def test_the_report_splits_a_message_into_dispatch_app_and_return_and_rounds_on_
     events = [*_round(0.0, [1, 2]), *_round(3.0, [1, 2]), *_round(5.0, [2, 1]), *_round(8.0, [1, 2]),
               {"at": "context-get", "t0": 0.0, "t1": 0.004},
               *({"at": "evaluate", "t0": t, "t1": t + 1.0} for t in (-1.0, 1.0, 3.9, 6.0)),
-              *({"at": "aggregate", "t0": t, "t1": t + 0.25} for t in (0.8, 3.8, 5.8))]
+              *({"at": "aggregate", "t0": t, "t1": t + d} for t, d in ((0.8, 9.0), (3.8, 0.25), (5.8, 0.25)))]
     found = probe_report.breakdown(events, sampled=2)
     assert found["message-ms"] == pytest.approx(800)
     assert found["app-ms"] == pytest.approx(500)
