@@ -181,7 +181,7 @@ def print_probe(runs: dict[tuple[str, int], list[dict]], sizes: list[int]) -> No
     """The probe's per-message medians, each app, each size, each repeat (probe_report.py)."""
     keys = ("round-s", "clients-s", "server-s", "configure-s", "aggregate-s", "evaluate-s", "other-s",
             "message-ms", "app-ms", "dispatch-ms", "return-ms",
-            "context-get-ms", "context-put-ms", "message-kb", "context-kb")
+            "context-get-ms", "context-put-ms", "message-kb", "context-kb", "eval-threads")
     print("\nprobe (one clock for both apps; ms a training message, medians of rounds 2..):")
     print("| clients | app | repeat | " + " | ".join(keys) + " |")
     print("|---:|---|---:|" + "---:|" * len(keys))

@@ -15,7 +15,8 @@ ClientApp call in the Ray actor, and returns medians in milliseconds:
   (the ServerApp alone: aggregation, evaluation, bookkeeping, Flower's polls);
 - `configure-s`, `aggregate-s`, `evaluate-s`: the ServerApp's steps within a round (the same
   rounds as `round-s`): each app's own strategy, and the central evaluation both call;
-  `other-s`: `server-s` less the three (the round's row, checkpoint and logs; Flower's polls).
+  `other-s`: `server-s` less the three (the round's row, checkpoint and logs; Flower's polls);
+  `eval-threads`: the torch threads the central evaluation ran on.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def breakdown(found: list[dict[str, Any]], sampled: int) -> dict[str, float]:
                     for a, b in zip(starts[1:-1], starts[2:], strict=True)]
              for name in ("configure", "aggregate", "evaluate")}
     step_s = {f"{name}-s": statistics.median(d) if any(d) else float("nan") for name, d in steps.items()}
+    threads = [e["threads"] for e in found if e["at"] == "evaluate" and "threads" in e]
     server = statistics.median(n - c for n, c in zip(lengths, clients, strict=True)) if lengths \
         else float("nan")
     return {
@@ -86,6 +88,7 @@ def breakdown(found: list[dict[str, Any]], sampled: int) -> dict[str, float]:
         "server-s": server,
         **step_s,
         "other-s": server - sum(step_s.values()),
+        "eval-threads": statistics.median(threads) if threads else float("nan"),
     }
 
 

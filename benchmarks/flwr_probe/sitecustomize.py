@@ -79,6 +79,7 @@ def _probe_simulation() -> None:
 
 def _probe_server_steps(timed: Any) -> None:
     """configure, aggregate and evaluate, wrapped before either app imports them by name."""
+    import torch
     from flwr.serverapp.strategy import FedAvg
 
     from adaptfl.server_app import evaluate
@@ -92,14 +93,14 @@ def _probe_server_steps(timed: Any) -> None:
         cls.configure_train = timed(  # type: ignore[method-assign]
             "configure", lambda self, *a, _c=configure, **k: list(_c(self, *a, **k)))
     scores = evaluate.evaluate_all
-    evaluate.evaluate_all = lambda *a, **k: _timed_call("evaluate", scores, *a, **k)  # type: ignore
 
+    def evaluate_all(*args: Any, **kwargs: Any) -> Any:  # with the torch threads it ran on
+        started = time.time()
+        out = scores(*args, **kwargs)
+        _write({"at": "evaluate", "t0": started, "t1": time.time(), "threads": torch.get_num_threads()})
+        return out
 
-def _timed_call(name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
-    started = time.time()
-    out = function(*args, **kwargs)
-    _write({"at": name, "t0": started, "t1": time.time()})
-    return out
+    evaluate.evaluate_all = evaluate_all
 
 
 def _probe_actor() -> None:
