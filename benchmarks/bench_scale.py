@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -27,10 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import probe_report  # noqa: E402
 from tests.support.flower_processes import flower_env, stop_local_superlink  # noqa: E402
 
 BASELINE = ROOT / "benchmarks" / "flower_fedavg"
-GOAL = 1.15
+GOAL = 1.1
+PROBE = ROOT / "benchmarks" / "flwr_probe"
 
 
 def du_mb(*paths: Path) -> float:
@@ -38,11 +41,17 @@ def du_mb(*paths: Path) -> float:
     return total / 2**20
 
 
-def flwr_run(app: Path, home: Path, clients: int, run_config: str, timeout: float) -> str:
+def flwr_run(app: Path, home: Path, clients: int, run_config: str, timeout: float,
+             probe: Path | None = None) -> str:
     federation = f"num-supernodes={clients} client-resources-num-cpus=1"
+    env = flower_env(home)
+    if probe is not None:  # sitecustomize.py of flwr_probe/ in every process the run starts
+        probe.mkdir(parents=True, exist_ok=True)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE), env.get("PYTHONPATH", "")) if p)
+        env["ADAPTFL_PROBE_DIR"] = str(probe)
     try:
         done = subprocess.run(["flwr", "run", str(app), "--stream", "--federation-config", federation,
-                               "--run-config", run_config], env=flower_env(home), capture_output=True,
+                               "--run-config", run_config], env=env, capture_output=True,
                               text=True, timeout=timeout, check=False)
     finally:
         stop_local_superlink(home)
@@ -67,17 +76,30 @@ def run_adaptfl(work: Path, args: argparse.Namespace, clients: int) -> dict:
               f"dirichlet-alpha=0.3 results-dir='{results}' run-name='run' "
               f"client-state-dir='{state}' client-state-memory={str(args.state_memory).lower()}"
               + (" max-contribution-ratio=0.0 screen-ratio=0.0" if args.no_bounds else ""))
-    log = flwr_run(ROOT, work / "home", clients, config, args.timeout)
+    log = flwr_run(ROOT, work / "home", clients, config, args.timeout, probe_dir(work, args))
     rows = rows_of(results / "run" / "metrics.jsonl", args.rounds, log)
-    return {"rows": rows, "disk-mb": du_mb(results, state), "state-mb": du_mb(state)}
+    return {"rows": rows, "disk-mb": du_mb(results, state), "state-mb": du_mb(state),
+            **probed(work, args)}
 
 
 def run_flower(work: Path, args: argparse.Namespace, clients: int) -> dict:
     out = work / "out"
     config = (f"num-server-rounds={args.rounds} fraction-train={args.sampled / clients} "
               f"local-steps={args.steps} batch-size=32 lr=0.1 model='cnn' out-dir='{out}'")
-    log = flwr_run(BASELINE, work / "home", clients, config, args.timeout)
-    return {"rows": rows_of(out / "metrics.jsonl", args.rounds, log), "disk-mb": du_mb(out), "state-mb": 0.0}
+    log = flwr_run(BASELINE, work / "home", clients, config, args.timeout, probe_dir(work, args))
+    return {"rows": rows_of(out / "metrics.jsonl", args.rounds, log), "disk-mb": du_mb(out), "state-mb": 0.0,
+            **probed(work, args)}
+
+
+def probe_dir(work: Path, args: argparse.Namespace) -> Path | None:
+    return work / "probe" if args.probe else None
+
+
+def probed(work: Path, args: argparse.Namespace) -> dict:
+    """{"probe": per-message breakdown} of a run made with --probe (probe_report.py), else {}."""
+    if not args.probe:
+        return {}
+    return {"probe": probe_report.breakdown(probe_report.events(work / "probe"), args.sampled)}
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -104,6 +126,9 @@ def main() -> None:
     parser.add_argument("--no-bounds", action="store_true",
                         help="adaptfl's reply bounds off (max-contribution-ratio=0 screen-ratio=0): "
                              "Flower's FedAvg has neither, so like for like; default: adaptfl's defaults")
+    parser.add_argument("--probe", action="store_true",
+                        help="time every message's path from outside both apps (flwr_probe/): the "
+                             "round on one clock for both, and where a message's milliseconds go")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     if shutil.which("flwr") is None:
@@ -148,6 +173,26 @@ def main() -> None:
         print(f"| {clients} | {a['round-s']:.2f} | {f['round-s']:.2f} | {ratio:.2f} | {a['rss-mb']:.0f} | "
               f"{f['rss-mb']:.0f} | {a['disk-mb']:.1f} ({a['state-mb']:.1f}) | {f['disk-mb']:.2f} |")
     print(f"worst ratio {worst:.2f} (goal <= {GOAL}: {'met' if worst <= GOAL else 'NOT MET'})")
+    if args.probe:
+        print_probe(runs, sizes)
+
+
+def print_probe(runs: dict[tuple[str, int], list[dict]], sizes: list[int]) -> None:
+    """The probe's per-message medians, each app, each size, each repeat (probe_report.py)."""
+    keys = ("round-s", "clients-s", "server-s", "configure-s", "aggregate-s", "evaluate-s", "other-s",
+            "message-ms", "app-ms", "dispatch-ms", "return-ms",
+            "context-get-ms", "context-put-ms", "message-kb", "context-kb", "eval-threads")
+    print("\nprobe (one clock for both apps; ms a training message, medians of rounds 2..):")
+    print("| clients | app | repeat | " + " | ".join(keys) + " |")
+    print("|---:|---|---:|" + "---:|" * len(keys))
+    for clients in sizes:
+        for name in ("adaptfl", "flower"):
+            for i, run in enumerate(runs[(name, clients)]):
+                cells = " | ".join(f"{run['probe'][k]:.3g}" for k in keys)
+                print(f"| {clients} | {name} | {i + 1} | {cells} |")
+        a = statistics.median(r["probe"]["round-s"] for r in runs[("adaptfl", clients)])
+        f = statistics.median(r["probe"]["round-s"] for r in runs[("flower", clients)])
+        print(f"| {clients} | ratio (probe's round) | | {a / f:.2f} |" + " |" * (len(keys) - 1))
 
 
 if __name__ == "__main__":

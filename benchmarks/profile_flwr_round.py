@@ -54,7 +54,8 @@ def app_and_config(name: str, work: Path, args: argparse.Namespace) -> tuple[Pat
         return ROOT, work / "r" / "run" / "metrics.jsonl", (
             f"{common} algorithm='fedavg' lr-schedule='constant' num-threads=1 diagnostics-every=0 "
             f"dirichlet-alpha=0.3 results-dir='{work / 'r'}' run-name='run' "
-            f"client-state-dir='{work / 's'}'")
+            f"client-state-dir='{work / 's'}'"
+            + (" max-contribution-ratio=0.0 screen-ratio=0.0" if args.no_bounds else ""))
     return ROOT / "benchmarks" / "flower_fedavg", work / "out" / "metrics.jsonl", (
         f"{common} out-dir='{work / 'out'}'")
 
@@ -74,6 +75,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=25)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--no-bounds", action="store_true",
+                        help="adaptfl's reply bounds off: like for like with Flower's FedAvg")
     args = parser.parse_args()
     if shutil.which("py-spy") is None:
         raise SystemExit("py-spy is not on PATH (pip install py-spy)")

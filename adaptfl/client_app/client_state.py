@@ -2,7 +2,8 @@
 
 `context.state` lives as long as the SuperNode process; a restarted SuperNode starts with an
 empty one. So every save also goes to `<client-state-dir>/run-<run key>/<client>/<name>.r<round>.pt`
-(written atomically, fsynced, folders 0700 and files 0600: MOON's file is a whole model). The
+(written atomically, fsynced, folders 0700 and files 0600: MOON's file is a whole model; a held
+broadcast record, which its digest checks, is written atomically without the fsync). The
 partition id names the client on disk (a SuperNode without a registered key comes back from a
 restart with a new node id but the same `--node-config "partition-id=…"`); a node on its own
 data is named by its node id.
@@ -43,6 +44,7 @@ import torch
 from flwr.app import ArrayRecord, Context, RecordDict
 
 from adaptfl.client_app.state_owner import Owner, bind, unbind
+from adaptfl.codec.versions import HELD
 from adaptfl.core import wire
 
 log = logging.getLogger(__name__)
@@ -173,16 +175,22 @@ class ClientStateStore:
         path = self.dir / f"{name}.r{self.server_round}.pt"
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A held broadcast record is not synced to disk: a copy lost or torn by a power cut fails
+        # its version's digest, the node says so and is sent the record whole (codec/versions.py);
+        # two fsyncs cost ~10 ms of every message's ~100 (docs/scale.md).
+        sync = not name.startswith(HELD)
         with os.fdopen(fd, "wb") as fh:
             torch.save(bind(cpu, self._owner(self.server_round)), fh)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)  # a crash mid-write leaves the previous versions intact
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a power cut
-        finally:
-            os.close(dir_fd)
+        if sync:
+            dir_fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the rename itself survives a power cut
+            finally:
+                os.close(dir_fd)
         for old in sorted(self._disk(name))[:-KEEP]:
             self._disk(name)[old].unlink(missing_ok=True)
 

@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
 from adaptfl.client_app.client_state import ClientStateStore, StateSource
+from adaptfl.codec.versions import HELD
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run
@@ -160,3 +161,18 @@ def after_round_1(algorithm: str, tiny_data, tmp_path) -> tuple[InProcessGrid, M
     strategy.aggregate_train(1, list(grid.send_and_receive(first)))
     (msg, *_) = strategy.configure_train(2, ArrayRecord(strategy.state.model), ConfigRecord(), grid)
     return grid, msg
+
+
+def test_durable_state_is_fsynced_and_a_held_broadcast_copy_is_not(tmp_path, monkeypatch) -> None:
+    """A held copy's digest catches a torn one (codec/versions.py): its two fsyncs (~10 ms of
+    every message) buy nothing; SCAFFOLD's c_i and the like are synced as before."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    _store(tmp_path, 1).save("c", {"w": torch.ones(2, 3)})
+    assert len(synced) == 2  # the file, then the folder's rename
+    synced.clear()
+    _store(tmp_path, 1).save(HELD + wire.ARRAYS, {"w": torch.ones(2, 3)})
+    assert synced == []
+    tensors, source = _store(tmp_path, 2).load(HELD + wire.ARRAYS)
+    assert source is StateSource.DISK and torch.equal(tensors["w"], torch.ones(2, 3))

@@ -380,3 +380,22 @@ def test_keyword_errors_are_in_the_callers_words(keywords: dict, said: str) -> N
     with pytest.raises(ValueError) as refused:
         FedACT(**keywords)
     assert str(refused.value).startswith(said), str(refused.value)
+
+
+def test_the_reply_intake_and_aggregation_run_on_one_torch_thread_and_restore_the_count() -> None:
+    """Flower's simulation leaves the ServerApp torch's thread per core, whose threads wait for
+    each other at every short op on a shared CPU (docs/scale.md): the intake takes one."""
+    strategy = _strategy()
+    sent = _configure(strategy, 1)
+    seen: list[int] = []
+    accept, combine = strategy._accept, strategy._next_state
+    strategy._accept = lambda *a: (seen.append(torch.get_num_threads()), accept(*a))[1]
+    strategy._next_state = lambda *a: (seen.append(torch.get_num_threads()), combine(*a))[1]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        strategy.aggregate_train(1, [_reply(sent[2], **GOOD_B), _reply(sent[1], **GOOD_A)])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1] and strategy.report.accepted == 2
