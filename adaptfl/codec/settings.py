@@ -13,8 +13,9 @@
     codec-warmup     rounds 1..R send every shared record at codec-warmup-codec (fp32: dense),
                      then the codecs above: top-k cells lose most in round 1 and never recover
                      it (docs/compression.md), the rounds where the model moves most
-    model-delta      xor: the model to a node holding an earlier one as its lossless XOR
-                     against it, compressed (model_delta.py); none: whole
+    model-delta      xor / diff: the model to a node holding an earlier one as its lossless
+                     XOR / ordered-bit difference against it, compressed (model_delta.py);
+                     none: whole
 
 The model broadcast is always exact: a sampled client may hold an older model than the last
 one. Every broadcast record, the model included, goes only to a node that does not hold its
@@ -64,8 +65,10 @@ class CompressionBase(Component):
     codec_warmup_codec: str = param("fp32", "the codec of every shared record in the codec-warmup "
                                     "rounds (any codec above; fp32: dense)")
     model_delta: str = param("none", "the model to a node that holds one of the server's last "
-                             f"{KEPT_MODELS} models: none (whole), or xor (lossless: its bitwise XOR "
-                             "against that one, compressed)", choices=("none", "xor"))
+                             f"{KEPT_MODELS} models: none (whole), xor (lossless: its bitwise XOR "
+                             "against that one, compressed), or diff (lossless: the difference of "
+                             "its float32 values' ordered bit patterns, as bit planes, compressed)",
+                             choices=("none", "xor", "diff"))
 
     def check(self) -> None:
         Codec.parse(self.codec)
