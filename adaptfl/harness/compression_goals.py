@@ -167,7 +167,11 @@ def _verdict(rows: list[dict[str, str]], label: str, rounds: int) -> str:
         return (f"- {name}: not evaluated (fedavg fp32 at {rounds} rounds, or {goal.algorithm} fp32 "
                 "at its seeds, is missing).")
     checks = _checks(goal, done, avg, base)
-    met = "**met**" if all(ok for ok, _ in checks) else "**not met**"
+    held = all(ok for ok, _ in checks)
+    asked = len(goal.runs[rounds])
+    # a goal is judged on every seed it asks for: fewer is said, and never called met
+    met = ("**not met**" if not held else "**met**" if len(seeds) >= asked else
+           f"**not judged** ({len(seeds)} of its {asked} seeds ran; on those it holds)")
     said = "; ".join(f"{text}: {'yes' if ok else 'no'}" for ok, text in checks)
     return f"- {name}: {met} (mean of {len(seeds)} seed{'s' if len(seeds) > 1 else ''}). {said}."
 

@@ -87,6 +87,10 @@ def test_the_lean_goal_is_judged_on_the_means_over_its_seeds_and_on_both_ways_by
     # FedAvg's bytes are any seed's: one seed of it judges the bytes; FedACT's accuracy needs its seeds
     one_avg = [r for r in rows if r["seed"] == "42" or r["algorithm"] != "fedavg"]
     assert goals_module.verdicts(one_avg) == goals_module.verdicts(rows)
+    two = [r for r in rows if r["seed"] != "44" or r["cell"] not in lean]  # lean's third seed not run
+    verdict = next(v for v in goals_module.verdicts(two) if "lean**, 8" in v)
+    assert "**not judged** (2 of its 3 seeds ran; on those it holds) (mean of 2 seeds)" in verdict
+    assert "**met**" not in verdict
     missing = [r for r in rows if r["seed"] != "44" or r["cell"] != goals_module.goal_cell(
         "fedact fp32", 44, 8).cell_id]
     assert "not evaluated" in next(v for v in goals_module.verdicts(missing) if "lean**, 8" in v)
