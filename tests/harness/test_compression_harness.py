@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.harness import compression as harness
 from adaptfl.harness import compression_goals as goals_module
@@ -122,3 +124,22 @@ def test_the_lora_verdict_reads_int8_and_lean_against_fp32() -> None:
     assert "at lean within 2 % of fp32's response NLL**: not measured" in harness.lora_verdict(
         [row("fp32", 0.50), row("int8", 0.52)])
     assert "not measured (the fp32 run is missing)" in harness.lora_verdict([row("int8", 0.50)])
+
+
+def test_render_writes_the_page_from_the_rows_so_far_and_runs_nothing(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import csv
+
+    monkeypatch.setattr(harness, "run_sweep", lambda *a, **k: pytest.fail("--render ran a cell"))
+    monkeypatch.setattr(harness, "pareto_plot", lambda rows, out: out.write_bytes(b"png"))
+    monkeypatch.setattr(harness, "machine", lambda: "a test machine")
+    rows = [_goal("fedact fp32", 0.85, 21e6, 14e6), _goal("fedavg fp32", 0.80, 7e6, 7e6)]
+    with (tmp_path / "compression.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text("# Results\n\n## Systems\n")
+    harness.main(["--render", "--no-lora", "--results-dir", str(tmp_path), "--out", str(page)])
+    text = page.read_text()
+    assert "| fedact fp32 | `codec=fp32` | 8 | 1 | 0.8500 ± 0.0000 |" in text and "## Systems" in text
