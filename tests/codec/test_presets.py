@@ -25,7 +25,7 @@ def test_lean_on_fedact_is_the_v_once_run_with_int2_delta_g_and_the_model_as_a_d
     """The results page's goal runs codec='lean' alone; it is the written-out v-once try with
     Δ_G at int2 and model-delta='xor', every other key the same."""
     assert GOALS["fedact lean"].keys == {"codec": "lean"} and GOALS["fedact lean"].algorithm == "fedact"
-    keys = {**GOALS[V_ONCE_RUN].keys, "codec-delta-g": "int2", "model-delta": "xor"}
+    keys = {**GOALS[V_ONCE_RUN].keys, "codec-delta-g": "int2", "model-delta": "diff"}
     written = RunConfig.of(algorithm="fedact", **{k.replace("-", "_"): v for k, v in keys.items()})
     lean = RunConfig.of(algorithm="fedact", codec="lean")
     assert lean.to_flower() == written.to_flower()  # every key, effective values
@@ -36,7 +36,7 @@ def test_lean_under_dp_keeps_v_local_since_dp_fixes_the_records_each_round_carri
     """v-sync-until is refused with dp (its noised records are fixed per run): lean there keeps
     v local, and the run is accepted."""
     keys = _keys(RunConfig.of(algorithm="fedact", codec="lean", dp="central", weighting="uniform"))
-    assert keys["v-sync"] == "none" and keys["model-delta"] == "xor" and keys["codec-delta-g"] == "int2"
+    assert keys["v-sync"] == "none" and keys["model-delta"] == "diff" and keys["codec-delta-g"] == "int2"
     assert "codec-v" not in keys or keys["codec-v"] == ""
 
 
