@@ -89,15 +89,16 @@ def encode(new: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor], ho
     return {BLOBS[how]: torch.frombuffer(bytearray(blob), dtype=torch.uint8)}
 
 
-def decode(record: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor]) -> Tensors:
-    """The new model from its delta and the held `base`; ValueError on a blob that is not the
-    delta of a model of `base`'s arrays (it decompresses to another size)."""
+def _blob(record: Mapping[str, torch.Tensor]) -> tuple[str, torch.Tensor]:
+    """(the transform, its one uint8 array) of a delta record, or ValueError."""
     how = next((h for h, key in BLOBS.items() if set(record) == {key}), None)
-    blob = record[BLOBS[how]] if how else None
-    if blob is None or blob.dtype != torch.uint8 or blob.dim() != 1:
+    if how is None or record[BLOBS[how]].dtype != torch.uint8 or record[BLOBS[how]].dim() != 1:
         raise ValueError(f"the model delta must be one uint8 array, one of {sorted(BLOBS.values())}")
-    assert how is not None
-    size = sum(_size(t, how) for t in base.values())
+    return how, record[BLOBS[how]]
+
+
+def _inflate(blob: torch.Tensor, how: str, size: int) -> bytes:
+    """The blob decompressed, exactly `size` bytes, or ValueError."""
     inflate = zlib.decompressobj() if how == "xor" else lzma.LZMADecompressor()
     try:
         flat = inflate.decompress(blob.numpy().tobytes(), size + 1)
@@ -105,17 +106,31 @@ def decode(record: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor])
         raise ValueError(f"the model delta does not decompress ({err})") from None
     if len(flat) != size or not inflate.eof:
         raise ValueError(f"the model delta is not {size} bytes: not a delta of the held model")
+    return flat
+
+
+def _apply(part: bytes, held: torch.Tensor, how: str) -> torch.Tensor:
+    """One array: its part of the blob applied to the held one."""
+    if not held.numel():
+        return held.detach().clone()
+    if _uses_diff(held, how):
+        raw = torch.from_numpy(_undiff_planes(part, held).copy())
+    else:
+        x = np.frombuffer(part, dtype=np.uint8).reshape(held.element_size(), -1).T
+        raw = torch.from_numpy(np.bitwise_xor(x.reshape(-1), _bytes(held)).copy())
+    return raw.view(held.dtype).reshape(held.shape)
+
+
+def decode(record: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor]) -> Tensors:
+    """The new model from its delta and the held `base`; ValueError on a blob that is not the
+    delta of a model of `base`'s arrays (it decompresses to another size)."""
+    how, blob = _blob(record)
+    flat = _inflate(blob, how, sum(_size(t, how) for t in base.values()))
     decoded: Tensors = {}
     start = 0
     for name in sorted(base):
-        held, n = base[name], _size(base[name], how)
-        part = flat[start:start + n]
-        if _uses_diff(held, how):
-            raw = torch.from_numpy(_undiff_planes(part, held).copy())
-        else:
-            x = np.frombuffer(part, dtype=np.uint8).reshape(held.element_size(), -1).T
-            raw = torch.from_numpy(np.bitwise_xor(x.reshape(-1), _bytes(held)).copy())
-        decoded[name] = raw.view(held.dtype).reshape(held.shape) if n else held.detach().clone()
+        n = _size(base[name], how)
+        decoded[name] = _apply(flat[start:start + n], base[name], how)
         start += n
     # in the held model's order, the server's: a record's order decides, e.g., which array dp's
     # noise draws come first for in the reply that Δ is taken against
