@@ -21,8 +21,8 @@ PLAIN_MEAN = {"max-contribution-ratio": 0.0}  # codecs compared, not the contrib
 FIRST_SEED, SHORT, LONG = 42, 8, 20  # the main job's seed and rounds; 8 is what the cores allow for most
 # the lean goal's runs: 3 seeds at 8 and at 20 rounds (a 20-round FedACT run of the CNN is
 # 6-25 minutes of one core, by load)
-SEEDS = (42, 43, 44)
-REPEATED = {SHORT: SEEDS, LONG: SEEDS}
+SEEDS: tuple[int, ...] = (42, 43, 44)
+REPEATED: dict[int, tuple[int, ...]] = {SHORT: SEEDS, LONG: SEEDS}
 
 
 @dataclass(frozen=True)
