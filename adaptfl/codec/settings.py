@@ -53,7 +53,8 @@ class CompressionBase(Component):
                        "fp32 (lossless), bf16, fp16, int8, nf4, fp4, int2, or top<P>%[:<values>] "
                        "(top-k per array), rtop<P>%[:<values>] (per record), rand<P>%[:<values>] "
                        "(seeded random-k, replies only); +ef: error feedback on the replies' "
-                       "records; or the preset lean (replies int2+ef, broadcasts nf4, v kept local). "
+                       "records; or the preset lean (replies int2+ef, broadcasts nf4, Δ_G int2, v once and "
+                       "frozen, model-delta=diff). "
                        "docs/compression.md")
     codec_rounding: str = param("nearest", "rounding of the lossy codecs: nearest, or stochastic "
                                 "(unbiased, seeded: a run replays)", choices=("nearest", "stochastic"))
