@@ -7,7 +7,9 @@ XOR of the float32 bit patterns is exact both ways (the node XORs it onto its co
 the two models are close their signs, exponents and high mantissa bits agree, so the XOR is
 mostly zero bits. Printed per compressor: zlib and LZMA on the XOR as it lies, and on its bytes
 regrouped by position within the value (byte shuffle, as blosc does: the zero high bytes
-together). docs/compression.md has the figures of the main job's CNN.
+together); then what the wire's two model-delta transforms send (adaptfl/codec/model_delta.py:
+xor, and diff, the ordered-bit difference as bit planes with LZMA). docs/compression.md has the
+figures of the main job's CNN.
 """
 
 from __future__ import annotations
@@ -56,8 +58,13 @@ def main() -> None:
     old, new = load_model(args.old), load_model(args.new)
     if {n: (t.shape, t.dtype) for n, t in old.items()} != {n: (t.shape, t.dtype) for n, t in new.items()}:
         raise SystemExit("the two models differ in their arrays: no delta between them")
-    for name, ratio in ratios(old, new).items():
-        print(f"{name:>14}: {ratio:.3f} of the model's bytes ({1 - ratio:.1%} saved)")
+    from adaptfl.codec import model_delta
+
+    raw = sum(t.numel() * t.element_size() for t in new.values())
+    wire = {f"model-delta={how}": model_delta.encode(new, old, how)[blob].numel() / raw
+            for how, blob in model_delta.BLOBS.items()}
+    for name, ratio in {**ratios(old, new), **wire}.items():
+        print(f"{name:>17}: {ratio:.3f} of the model's bytes ({1 - ratio:.1%} saved)")
 
 
 if __name__ == "__main__":

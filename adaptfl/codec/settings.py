@@ -13,8 +13,9 @@
     codec-warmup     rounds 1..R send every shared record at codec-warmup-codec (fp32: dense),
                      then the codecs above: top-k cells lose most in round 1 and never recover
                      it (docs/compression.md), the rounds where the model moves most
-    model-delta      xor: the model to a node holding an earlier one as its lossless XOR
-                     against it, compressed (model_delta.py); none: whole
+    model-delta      xor / diff: the model to a node holding an earlier one as its lossless
+                     XOR / ordered-bit difference against it, compressed (model_delta.py);
+                     none: whole
 
 The model broadcast is always exact: a sampled client may hold an older model than the last
 one. Every broadcast record, the model included, goes only to a node that does not hold its
@@ -52,7 +53,8 @@ class CompressionBase(Component):
                        "fp32 (lossless), bf16, fp16, int8, nf4, fp4, int2, or top<P>%[:<values>] "
                        "(top-k per array), rtop<P>%[:<values>] (per record), rand<P>%[:<values>] "
                        "(seeded random-k, replies only); +ef: error feedback on the replies' "
-                       "records; or the preset lean (replies int2+ef, broadcasts nf4, v kept local). "
+                       "records; or the preset lean (replies int2+ef, broadcasts nf4, Δ_G int2, v once and "
+                       "frozen, model-delta=diff). "
                        "docs/compression.md")
     codec_rounding: str = param("nearest", "rounding of the lossy codecs: nearest, or stochastic "
                                 "(unbiased, seeded: a run replays)", choices=("nearest", "stochastic"))
@@ -64,8 +66,10 @@ class CompressionBase(Component):
     codec_warmup_codec: str = param("fp32", "the codec of every shared record in the codec-warmup "
                                     "rounds (any codec above; fp32: dense)")
     model_delta: str = param("none", "the model to a node that holds one of the server's last "
-                             f"{KEPT_MODELS} models: none (whole), or xor (lossless: its bitwise XOR "
-                             "against that one, compressed)", choices=("none", "xor"))
+                             f"{KEPT_MODELS} models: none (whole), xor (lossless: its bitwise XOR "
+                             "against that one, compressed), or diff (lossless: the difference of "
+                             "its float32 values' ordered bit patterns, as bit planes, compressed)",
+                             choices=("none", "xor", "diff"))
 
     def check(self) -> None:
         Codec.parse(self.codec)

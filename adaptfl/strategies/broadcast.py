@@ -133,7 +133,7 @@ class RoundBroadcast(ReplyIntake):
         return messages
 
     def _for_node(self, content: RecordDict, node: int, deltas: dict[int, ArrayRecord]) -> RecordDict:
-        """One node's instruction: less what it holds (codec/versions.py); under model-delta='xor'
+        """One node's instruction: less what it holds (codec/versions.py); under model-delta
         the model as its delta against the one the node holds, where the server kept that one
         (codec/model_delta.py; one delta a round per model held)."""
         assert self.state is not None
@@ -144,7 +144,8 @@ class RoundBroadcast(ReplyIntake):
                 wire.ARRAYS not in out.array_records or base not in self.state.kept_models:
             return out
         if base not in deltas:
-            deltas[base] = ArrayRecord(model_delta.encode(self.state.model, self.state.kept_models[base]))
+            deltas[base] = ArrayRecord(model_delta.encode(self.state.model, self.state.kept_models[base],
+                                                          self.cfg.compression.model_delta))
         del out[wire.ARRAYS]
         out[wire.ARRAYS_DELTA] = deltas[base]
         out.config_records[wire.VERSIONS][wire.ARRAYS_DELTA] = base

@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.client_app.app import train_or_refuse
+from adaptfl.codec import model_delta
 from adaptfl.core import wire
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.server_app.loop import build_run, run_federated
@@ -242,11 +243,12 @@ def test_under_secagg_and_dp_a_static_record_goes_once_and_the_state_is_the_whol
         assert torch.equal(held.model[name], t), name
 
 
-def test_the_model_goes_as_a_lossless_delta_and_the_run_is_the_whole_runs(tiny_data, tmp_path) -> None:
-    """model-delta='xor': from round 2 each node gets the model as its delta against the one it
-    holds, fewer bytes; the run ends on the model of the run without it, bit for bit; the rows
-    count what went; a resumed server keeps the models it deltas against."""
-    cfg = _cfg(tiny_data, tmp_path / "delta", model_delta="xor")
+@pytest.mark.parametrize("how", ["xor", "diff"])
+def test_the_model_goes_as_a_lossless_delta_and_the_run_is_the_whole_runs(tiny_data, tmp_path, how) -> None:
+    """model-delta='xor' / 'diff': from round 2 each node gets the model as its delta against the
+    one it holds, fewer bytes; the run ends on the model of the run without it, bit for bit; the
+    rows count what went; a resumed server keeps the models it deltas against."""
+    cfg = _cfg(tiny_data, tmp_path / "delta", model_delta=how)
     delta, _, _ = build_run(cfg)
     grid = InProcessGrid(2, cfg.to_flower())
     plain_cfg = _cfg(tiny_data, tmp_path / "plain")
@@ -266,6 +268,8 @@ def test_the_model_goes_as_a_lossless_delta_and_the_run_is_the_whole_runs(tiny_d
         assert delta.report.metrics["bytes-down"] == _bytes(sent)
         if r > 1:
             assert delta.report.down_bytes[wire.ARRAYS_DELTA] < 0.95 * plain.report.down_bytes[wire.ARRAYS]
+            assert all(set(m.content.array_records[wire.ARRAYS_DELTA]) == {model_delta.BLOBS[how]}
+                       for m in sent)
         for name, t in plain.state.model.items():
             assert torch.equal(delta.state.model[name], t), (r, name)
     assert plain.state.kept_models == {}

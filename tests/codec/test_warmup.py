@@ -36,12 +36,12 @@ def test_each_rounds_codecs() -> None:
     assert str(c.for_round(3).of(wire.V_BAR)) == "int8"
     light = RunConfig.of(algorithm="fedact", codec="lean", codec_warmup=1,
                          codec_warmup_codec="int8+ef").compression
-    # lean for fedact: Δ int2+ef, Δ_G nf4 (v kept local); the warm-up: int8 on every record, the
-    # broadcast's without error feedback
+    # lean for fedact: Δ int2+ef, Δ_G int2, v nf4 (round 1 only); the warm-up: int8 on every
+    # record, the broadcast's without error feedback
     assert {str(light.for_round(1).of(r)) for r in (wire.DELTA, wire.V_LOCAL)} == {"int8+ef"}
     assert str(light.for_round(1).of(wire.DELTA_G)) == "int8"
     after = light.for_round(2)
-    assert (str(after.of(wire.DELTA)), str(after.of(wire.DELTA_G))) == ("int2+ef", "nf4")
+    assert (str(after.of(wire.DELTA)), str(after.of(wire.DELTA_G))) == ("int2+ef", "int2")
     plain = RunConfig.of(algorithm="fedact", codec="nf4").compression
     assert all(plain.for_round(r) is plain for r in (1, 2))  # no warm-up: the run's codecs from round 1
 
