@@ -6,8 +6,9 @@ comes back when round 2 ends (in round 3, 4 or 5); 4 stays away, 1 and 2 never f
 within min-replies, each round's row says who answered and who did not, and the restarted node
 continues from its state on disk. Flower takes a dead node for offline 2 heartbeat intervals
 after its last beat: 36-60 s at Flower 1.42's fixed 30 s, ~20 s here, where the test's processes
-beat at the 10 s least the SuperLink accepts (tests/support/flower_heartbeat.py); round 3 is sampled the moment round 2 ends, before the restarted SuperNode has
-reconnected, and on 4 nodes a round is short: 5 rounds leave it time to come back. (16
+beat at the 10 s least the SuperLink accepts (tests/support/flower_heartbeat.py); round 3 is
+sampled the moment round 2 ends, before the restarted SuperNode has reconnected, and on 4 nodes
+a round is short: 5 rounds leave it time to come back. (16
 SuperNodes, their memory and time: docs/scale.md.)"""
 
 from __future__ import annotations
