@@ -144,7 +144,7 @@ def _expected_length(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest tests first (a stable sort: each kind keeps its collection order). Under
-    `-n 2 --dist loadgroup` each worker takes the next test as it finishes one, so the long
+    `-n 3 --dist loadgroup` each worker takes the next test as it finishes one, so the long
     Flower runs are spread over both workers from the start and the short tests fill in at the
     end, instead of one 2-minute deployment starting last while the other worker idles."""
     items.sort(key=_expected_length)

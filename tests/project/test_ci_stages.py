@@ -40,5 +40,5 @@ def test_a_failing_stage_stops_ci_and_is_named_in_the_summary() -> None:
 def test_ci_runs_the_readmes_test_command_as_a_timed_stage_with_the_slowest_tests() -> None:
     text = CI_RUN.read_text()
     assert "source .ci/stages.sh" in text
-    assert re.search(r"^stage tests python -m pytest -q -n 2 --dist loadgroup --durations=10$", text, re.M)
+    assert re.search(r"^stage tests python -m pytest -q -n 3 --dist loadgroup --durations=10$", text, re.M)
     assert "stage compose-check bash deploy/compose-check.sh --if-possible" in text

@@ -19,7 +19,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 def test_the_readme_is_short_and_holds_the_commands() -> None:
     text = README.read_text()
     assert len(text.splitlines()) <= 230, "README.md is over 230 lines: move a section to docs/"
-    for command in ("scripts/main_job.sh", "python -m pytest -q -n 2 --dist loadgroup",
+    for command in ("scripts/main_job.sh", "python -m pytest -q -n 3 --dist loadgroup",
                     'python -m pytest -q -n 2 -m "not slow and not flower"'):
         assert command in text, command
 
