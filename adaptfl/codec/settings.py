@@ -18,8 +18,8 @@
                      none: whole
 
 The model broadcast is always exact: a sampled client may hold an older model than the last
-one. Every broadcast record, the model included, goes only to a node that does not hold its
-current version (versions.py).
+one. A broadcast record the run may send unchanged later (the model under model-delta, a frozen
+v̄) goes only to a node that does not hold its current version (versions.py).
 """
 
 from __future__ import annotations

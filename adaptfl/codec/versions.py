@@ -8,9 +8,12 @@ node uses a copy it holds, it checks the copy against the version the instructio
 node that holds another copy or none refuses the round with that reason rather than train on
 values the server did not send. The protocol, both ends:
 
-    server   every instruction carries `versions` {record: version} (core/wire.py VERSIONS) for
-             the model and each broadcast record; the arrays of a record go only where the
-             node's last reply echoed that very version (ServerState.held)
+    server   an instruction carries `versions` {record: version} (core/wire.py VERSIONS) for
+             each record it may send unchanged in a later round (the model under model-delta,
+             whose held copy a delta needs; a frozen v̄; |D|); the arrays of such a record go
+             only where the node's last reply echoed that very version (ServerState.held).
+             A record that changes every round (FedAvg's model, Δ_G) goes whole and unversioned:
+             a copy kept of it would never be used, yet cost every message its digest and write
     node     a record that came with its bytes is checked against its version and kept (durable
              client state, `held-<record>`); one that came without is taken from what the node
              keeps, checked first; the reply echoes the versions the node now holds
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 import torch
@@ -71,15 +74,17 @@ def record_version(record: ArrayRecord) -> int:
 
 # --- the server's side ------------------------------------------------------------------------
 
-def versions_of(content: RecordDict) -> Versions:
-    """The version of each versioned array record of a (whole) instruction."""
+def versions_of(content: RecordDict, repeated: Collection[str]) -> Versions:
+    """The version of each record of a (whole) instruction that may be sent unchanged later."""
     return {name: record_version(rec) for name, rec in content.array_records.items()
-            if name in wire.VERSIONED}
+            if name in wire.VERSIONED and name in repeated}
 
 
 def addressed(content: RecordDict, versions: Mapping[str, int], held: Mapping[str, int]) -> RecordDict:
     """One node's instruction: `content` with `versions`, less the arrays of each record the
-    node holds at the announced version."""
+    node holds at the announced version (no versions announced: all of `content`)."""
+    if not versions:
+        return RecordDict(dict(content.items()))
     out = RecordDict({name: record for name, record in content.items()
                       if name not in versions or held.get(name) != versions[name]})
     out[wire.VERSIONS] = ConfigRecord(dict(versions))

@@ -182,6 +182,12 @@ class Stage(Component):
         """Those of `records_up` this round's replies carry (FedACT's v may skip rounds)."""
         return self.records_up()
 
+    def records_down_repeated(self) -> tuple[str, ...]:
+        """Those of `records_down` the server may send unchanged in a later round (a frozen v̄,
+        |D|): the only ones a node keeps a copy of and is sent only when it lacks it
+        (codec/versions.py). A record that changes every round is sent whole, never kept."""
+        return ()
+
     def skips_uploads(self) -> bool:
         """Whether some round's replies carry fewer of its records than `records_up`."""
         return False

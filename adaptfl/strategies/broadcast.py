@@ -124,13 +124,20 @@ class RoundBroadcast(ReplyIntake):
         self.report = RoundReport(sampled=len(nodes), lr=self.round_info(server_round).lr)
         if self.cfg.compression.codec_warmup:  # the row says which codecs ran
             self.report.codec_warmup = server_round <= self.cfg.compression.codec_warmup
-        self.announced = versions_of(content)  # each record's bytes only where a node lacks them
+        self.announced = versions_of(content, self.repeated_records())  # bytes only where a node lacks them
         deltas: dict[int, ArrayRecord] = {}  # held model version -> the model's delta against it
         messages = [Message(content=self._for_node(content, node, deltas), dst_node_id=node,
                             message_type=MessageType.TRAIN) for node in nodes]
         self._count_down(content, messages)
         self._messages = messages
         return messages
+
+    def repeated_records(self) -> set[str]:
+        """The records this run may send unchanged in a later round, so worth a node's copy
+        (codec/versions.py): the model where model-delta encodes it against the node's copy,
+        and what the algorithm's components declare (a frozen v̄, HaFedHo's |D|)."""
+        out = {name for stage in self.cfg.algorithm.stages() for name in stage.records_down_repeated()}
+        return out | {wire.ARRAYS} if self.cfg.compression.model_delta != "none" else out
 
     def _for_node(self, content: RecordDict, node: int, deltas: dict[int, ArrayRecord]) -> RecordDict:
         """One node's instruction: less what it holds (codec/versions.py); under model-delta

@@ -14,6 +14,7 @@ from adaptfl.core import wire
 
 MODEL = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "n": torch.tensor([3], dtype=torch.int64)}
 V_BAR = {"w@q": torch.arange(4, dtype=torch.uint8), "w@s": torch.tensor([0.5])}
+BOTH = (wire.ARRAYS, wire.V_BAR)  # records that may be sent unchanged later (model-delta, a frozen v̄)
 
 
 class Store:
@@ -48,7 +49,7 @@ def test_a_version_is_the_records_bytes(change) -> None:  # noqa: ANN001
 
 def test_the_server_leaves_out_only_what_the_node_holds_at_that_version() -> None:
     content = _instruction()
-    versions = versions_of(content)
+    versions = versions_of(content, {wire.ARRAYS, wire.V_BAR, wire.RECIPE})
     assert versions == {wire.ARRAYS: digest(MODEL), wire.V_BAR: digest(V_BAR)}  # not the recipe
     whole = addressed(content, versions, {})
     assert set(whole.array_records) == {wire.ARRAYS, wire.V_BAR}
@@ -56,6 +57,21 @@ def test_the_server_leaves_out_only_what_the_node_holds_at_that_version() -> Non
     some = addressed(content, versions, {wire.V_BAR: versions[wire.V_BAR], wire.ARRAYS: 1})
     assert set(some.array_records) == {wire.ARRAYS}  # an old model version: the model goes
     assert set(content.array_records) == {wire.ARRAYS, wire.V_BAR}  # the whole one is untouched
+
+
+def test_only_records_that_may_repeat_are_versioned_and_none_leaves_the_instruction_whole() -> None:
+    """A record that changes every round is never left out, so it is not versioned (a node's copy
+    of it would cost a digest and a write per message for nothing); with nothing versioned the
+    instruction carries no `versions` at all, and the node keeps and echoes nothing."""
+    content = _instruction()
+    assert versions_of(content, {wire.V_BAR}) == {wire.V_BAR: digest(V_BAR)}
+    assert versions_of(content, set()) == {}
+    whole = addressed(content, {}, {wire.ARRAYS: digest(MODEL)})
+    assert set(whole.array_records) == {wire.ARRAYS, wire.V_BAR} and wire.VERSIONS not in whole.config_records
+    assert whole is not content
+    store = Store()
+    _, held = take_held(whole, store)
+    assert held is None and store.kept == {}
 
 
 def test_the_server_keeps_only_echoes_of_what_it_announced() -> None:
@@ -68,10 +84,10 @@ def test_the_server_keeps_only_echoes_of_what_it_announced() -> None:
 
 def test_a_node_keeps_what_came_and_fills_in_what_it_holds() -> None:
     store = Store()
-    first, held = take_held(addressed(_instruction(), versions_of(_instruction()), {}), store)
-    assert held == versions_of(_instruction()) and wire.VERSIONS not in first.config_records
+    first, held = take_held(addressed(_instruction(), versions_of(_instruction(), BOTH), {}), store)
+    assert held == versions_of(_instruction(), BOTH) and wire.VERSIONS not in first.config_records
     assert set(store.kept) == {HELD + wire.ARRAYS, HELD + wire.V_BAR}
-    later = addressed(_instruction(), versions_of(_instruction()), held)
+    later = addressed(_instruction(), versions_of(_instruction(), BOTH), held)
     assert not later.array_records  # all held
     filled, again = take_held(later, store)
     assert again == held and set(filled.array_records) == {wire.ARRAYS, wire.V_BAR}
@@ -87,7 +103,7 @@ def test_an_instruction_without_versions_is_whole_and_echoes_nothing() -> None:
 
 def test_a_node_without_durable_state_keeps_nothing_and_says_so() -> None:
     store = Store(durable=False)
-    _, held = take_held(addressed(_instruction(), versions_of(_instruction()), {}), store)
+    _, held = take_held(addressed(_instruction(), versions_of(_instruction(), BOTH), {}), store)
     assert held == {} and not store.kept
 
 
@@ -98,13 +114,13 @@ def test_a_node_that_cannot_keep_a_record_trains_and_holds_nothing(caplog) -> No
         raise ValueError("client state folder belongs to another user")
 
     store.save = refuse  # type: ignore[method-assign]
-    content, held = take_held(addressed(_instruction(), versions_of(_instruction()), {}), store)
+    content, held = take_held(addressed(_instruction(), versions_of(_instruction(), BOTH), {}), store)
     assert held == {} and set(content.array_records) == {wire.ARRAYS, wire.V_BAR}
     assert "sent whole again" in caplog.text
 
 
 def _left_out(store: Store) -> str:
-    versions = versions_of(_instruction())
+    versions = versions_of(_instruction(), BOTH)
     with pytest.raises(NotHeld) as err:
         take_held(addressed(_instruction(), versions, versions), store)
     assert "\n" not in str(err.value) and (wire.ARRAYS in str(err.value) or wire.V_BAR in str(err.value))
@@ -125,7 +141,7 @@ def test_a_node_whose_copy_is_another_version_refuses() -> None:
 
 
 def test_a_record_that_arrives_as_another_version_is_refused() -> None:
-    versions = {**versions_of(_instruction()), wire.V_BAR: 1}
+    versions = {**versions_of(_instruction(), BOTH), wire.V_BAR: 1}
     with pytest.raises(NotHeld, match="arrived as another version"):
         take_held(addressed(_instruction(), versions, {}), Store())
 

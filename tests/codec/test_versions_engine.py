@@ -71,7 +71,8 @@ def _v_bar_to(sent: list[Message]) -> list[int]:
 def test_a_frozen_v_bar_goes_down_once_per_node_and_the_rows_count_what_went(tiny_data, tmp_path) -> None:
     """Four nodes, two sampled a round: v̄ (frozen after round 1) goes to each node the first
     time it is sampled after round 1, never again, also to a node that missed rounds; each
-    message names every record's version; the row's bytes down are the messages' bytes."""
+    message names v̄'s version and nothing else's (the model and Δ_G change every round: no
+    node keeps a copy of them); the row's bytes down are the messages' bytes."""
     cfg = _cfg(tiny_data, tmp_path, fraction_train=0.5, min_replies=1)
     strategy, _, _ = build_run(cfg)
     recording = Recording()
@@ -81,8 +82,8 @@ def test_a_frozen_v_bar_goes_down_once_per_node_and_the_rows_count_what_went(tin
         sent = _round(strategy, grid, r)
         assert strategy.report.accepted == 2, strategy.report.rejected
         nodes = {m.metadata.dst_node_id for m in sent}
-        assert all(set(m.content.config_records[wire.VERSIONS]) ==  # nothing to share before round 2
-                   ({wire.ARRAYS, wire.DELTA_G, wire.V_BAR} if r > 1 else {wire.ARRAYS}) for m in sent)
+        assert all(set(m.content.config_records[wire.VERSIONS]) == {wire.V_BAR} if r > 1  # none before
+                   else wire.VERSIONS not in m.content.config_records for m in sent)
         expected = sorted(nodes - got_v_bar) if r > 1 else []
         assert _v_bar_to(sent) == expected, (r, got_v_bar)
         got_v_bar |= nodes if r > 1 else set()
@@ -91,9 +92,29 @@ def test_a_frozen_v_bar_goes_down_once_per_node_and_the_rows_count_what_went(tin
             sum(len(a.data) for m in sent for name, rec in m.content.array_records.items()
                 for a in rec.values() if name == (wire.V_BAR if r > 1 else wire.ARRAYS))
         for msg, reply in recording.of_round(r):  # each node echoes what it now holds
-            assert dict(reply.content.config_records[wire.VERSIONS]) == \
-                dict(msg.content.config_records[wire.VERSIONS])
+            assert dict(reply.content.config_records.get(wire.VERSIONS, {})) == \
+                dict(msg.content.config_records.get(wire.VERSIONS, {}))
+        held = list((tmp_path / "state").rglob("held-*.pt"))
+        assert {f.name.split(".")[0] for f in held} == ({f"held-{wire.V_BAR}"} if r > 1 else set())
     assert len(got_v_bar) >= 3  # some node came back after missing rounds and was not sent v̄ again
+
+
+@pytest.mark.parametrize("keys", [dict(algorithm="fedavg"), dict(v_sync_until=0)], ids=["fedavg", "fedact"])
+def test_records_that_change_every_round_are_neither_versioned_nor_kept(tiny_data, tmp_path, keys) -> None:
+    """FedAvg's model, and FedACT's Δ_G and a v̄ synced every round, change every round: no node
+    could use a copy, so none is versioned or kept (no digest, no write per message), and the
+    server remembers nothing of any node."""
+    cfg = _cfg(tiny_data, tmp_path, **keys)
+    strategy, _, _ = build_run(cfg)
+    recording = Recording()
+    grid = InProcessGrid(2, cfg.to_flower(), handler=recording)
+    for r in (1, 2, 3):
+        sent = _round(strategy, grid, r)
+        assert strategy.report.accepted == 2, strategy.report.rejected
+        assert not [m for m in sent if wire.VERSIONS in m.content.config_records]
+        assert all(wire.ARRAYS in m.content.array_records for m in sent)
+    assert not [reply for _, _, reply in recording.pairs if wire.VERSIONS in reply.content.config_records]
+    assert strategy.state.held == {} and not list((tmp_path / "state").rglob("held-*"))
 
 
 def _whole_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,7 +193,7 @@ def test_a_lying_echo_is_not_kept(tiny_data, tmp_path) -> None:
 
     def liar(msg: Message, context) -> Message:  # noqa: ANN001
         reply = train_or_refuse(msg, context)
-        if context.node_id == 1:
+        if context.node_id == 1 and wire.VERSIONS in reply.content.config_records:
             echo = reply.content.config_records[wire.VERSIONS]
             echo[wire.V_BAR] = 12345
             echo[wire.SCAFFOLD_C] = 7
@@ -181,8 +202,8 @@ def test_a_lying_echo_is_not_kept(tiny_data, tmp_path) -> None:
     grid = InProcessGrid(2, cfg.to_flower(), handler=liar)
     for r in (1, 2):
         _round(strategy, grid, r)
-    assert set(strategy.state.held[1]) == {wire.ARRAYS, wire.DELTA_G}  # not the made-up ones
-    assert set(strategy.state.held[2]) == {wire.ARRAYS, wire.DELTA_G, wire.V_BAR}
+    assert 1 not in strategy.state.held  # not the made-up ones: it holds nothing
+    assert set(strategy.state.held[2]) == {wire.V_BAR}
     assert _v_bar_to(_round(strategy, grid, 3)) == [1]
 
 

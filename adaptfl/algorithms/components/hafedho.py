@@ -102,6 +102,9 @@ class HaFedHo(Stage):
             return (g, n)
         return (g, Record(wire.HAFEDHO_F_HAT, scalar_shape("f-hat"), "f̂^{t-1}, the mean local loss"), n)
 
+    def records_down_repeated(self) -> tuple[str, ...]:
+        return (wire.HAFEDHO_N_TOTAL,)  # |D| is the same every round once every node is counted
+
     def start(self, ctx: ClientRound) -> ClientPart:
         return _HaFedHo(ctx, self)
 

@@ -56,6 +56,10 @@ class Moments(Stage):
         return (Record(wire.V_LOCAL, _shape(self.block), "the client's terminal v", MOMENT),) \
             if self.synced else ()
 
+    def records_down_repeated(self) -> tuple[str, ...]:
+        # v̄ is sent unchanged in the rounds whose replies carry no v
+        return tuple(r.name for r in self.records_down()) if self.skips_uploads() else ()
+
     def uploads_on(self, server_round: int) -> bool:
         """Whether this round's replies carry v."""
         return self.synced
