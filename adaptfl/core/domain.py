@@ -32,6 +32,7 @@ SQUARE_BOUND = math.sqrt(torch.finfo(torch.float32).max)
 # the trace; the slacks leave 500x and 2500x of room for longer contractions.
 SYMMETRY_SLACK = 1e-4
 PSD_SLACK = 1e-5
+NON_FINITE = "non-finite values (NaN or Inf)"
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,14 @@ class Domain:
         """A one-line reason `t` is outside this domain, or None."""
         if not t.is_floating_point():
             return None
-        if not bool(torch.isfinite(t).all()):
-            return "non-finite values (NaN or Inf)"
-        if self.squarable:
+        if self.squarable:  # one pass: the largest |value| is NaN or inf where any value is
             peak = float(t.abs().max()) if t.numel() else 0.0
+            if not math.isfinite(peak):
+                return NON_FINITE
             if peak >= SQUARE_BOUND:
                 return f"|value| {peak:.3g} overflows float32 when squared (bound {SQUARE_BOUND:.3g})"
+        elif not bool(torch.isfinite(t).all()):
+            return NON_FINITE
         if self.nonneg and t.numel() and float(t.min()) < 0.0:
             return f"negative values (min {float(t.min()):.3g}) where only >= 0 is meaningful"
         if self.psd:

@@ -24,7 +24,7 @@ from adaptfl.codec.codec import Codec, wire_bytes
 from adaptfl.codec.values import MalformedEncoding
 from adaptfl.core import wire
 from adaptfl.core.contract import ArraySpec
-from adaptfl.core.domain import Domain
+from adaptfl.core.domain import NON_FINITE, Domain
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,9 @@ def _check_arrays(record_name: str, tensors: Mapping[str, torch.Tensor], spec: A
                                 f"expected {tuple(shape)}")
         if t.dtype != dtype:
             raise ReplyRejected(f"{record_name}[{name}]: dtype {t.dtype}, expected {dtype}")
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise ReplyRejected(f"{record_name}[{name}]: non-finite values (NaN or Inf)")
-        why = domains[name].why_outside(t) if domains and name in domains else None
+        domain = domains.get(name) if domains else None  # its check includes finite values
+        why = domain.why_outside(t) if domain is not None else \
+            NON_FINITE if t.is_floating_point() and not bool(torch.isfinite(t).all()) else None
         if why:
             raise ReplyRejected(f"{record_name}[{name}]: {why}")
 

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from adaptfl.algorithms.config import RunConfig
 from adaptfl.core import wire
 from adaptfl.core.contract import ModelSpec
-from adaptfl.core.domain import PSD
+from adaptfl.core.domain import FINITE, MOMENT, NON_FINITE, NONNEG, PSD, SQUARABLE, SQUARE_BOUND
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies import AdaptiveStrategy
 from adaptfl.strategies.examples import LEDGER
@@ -362,3 +362,16 @@ def test_the_contribution_bound_clips_scaffolds_delta_c_as_well_as_its_delta() -
     for name, t in c_clean.items():
         assert torch.allclose(c_clipped[name], t, rtol=1e-6, atol=0), name
     assert any(not torch.allclose(c_unclipped[n], t) for n, t in c_clean.items())  # what it bounds
+
+
+@pytest.mark.parametrize("domain", [FINITE, SQUARABLE, NONNEG, MOMENT, PSD], ids=lambda d: d.name)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_domain_refuses_a_non_finite_value_and_keeps_finite_ones(domain, bad, dtype) -> None:  # noqa: ANN001
+    """A squarable domain finds NaN and ±inf in its one pass over |values| (no isfinite pass)."""
+    t = torch.eye(3, dtype=dtype)
+    assert domain.why_outside(t) is None
+    t[1, 1] = bad
+    assert domain.why_outside(t) == NON_FINITE
+    if domain.squarable:
+        assert "overflows" in (domain.why_outside(torch.full((2,), 2 * SQUARE_BOUND)) or "")
