@@ -40,7 +40,7 @@ from adaptfl.client_app.session import ClientSession
 from adaptfl.engine.inprocess import InProcessGrid
 from adaptfl.strategies.base import AdaptiveStrategy
 from tests.conftest import FASHION_MNIST_DIR, needs_fashion_mnist
-from tests.support.flower_processes import PROJECT, flower_env, stop_local_superlink
+from tests.support.flower_processes import ONE_ACTOR, PROJECT, flower_env, stop_local_superlink
 from tests.support.run_outputs import final_model, metric_rows
 
 EXAMPLES = PROJECT / "examples"
@@ -63,7 +63,7 @@ def flwr_run_app(app: Path, flwr_home: Path, num_supernodes: int, run_config: st
     """`flwr run <app> --stream` in simulation, as the example's README says (`honest`: through
     `python -m adaptfl.flwr_run`, whose exit status says how the run ended); the SuperLink that
     `flwr run` starts is stopped by its PID afterwards."""
-    federation = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+    federation = f"num-supernodes={num_supernodes} {ONE_ACTOR}"
     command = [sys.executable, "-m", "adaptfl.flwr_run"] if honest else ["flwr", "run"]
     try:
         return subprocess.run(

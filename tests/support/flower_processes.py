@@ -60,12 +60,18 @@ def stop_local_superlink(flwr_home: Path) -> None:
     time.sleep(1.0)
 
 
+# The tests' simulations are a few tiny rounds: one Ray actor runs them all. A second one costs its
+# start-up (a Ray worker importing torch and adaptfl, ~3.5 s of CPU) for no time saved on the two
+# cores the suite shares with its other workers (tests/e2e/test_ray_cluster.py keeps two).
+ONE_ACTOR = "client-resources-num-cpus=2"
+
+
 def flwr_run_simulation(flwr_home: Path, num_supernodes: int, run_config: str,
                         timeout: float = 600) -> subprocess.CompletedProcess[str]:
     flwr = shutil.which("flwr")
     if flwr is None:
         raise FileNotFoundError("the `flwr` CLI is not on PATH")
-    federation = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+    federation = f"num-supernodes={num_supernodes} {ONE_ACTOR}"
     return subprocess.run(
         [flwr, "run", str(PROJECT), "--stream", "--federation-config", federation,
          "--run-config", run_config],
@@ -83,7 +89,7 @@ def flwr_run_app_dir(app: Path, flwr_home: Path, num_supernodes: int, run_config
         raise FileNotFoundError("the `flwr` CLI is not on PATH")
     env = flower_env(flwr_home)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT), env.get("PYTHONPATH", "")) if p)
-    federation = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+    federation = f"num-supernodes={num_supernodes} {ONE_ACTOR}"
     runner = [sys.executable, "-m", "adaptfl.flwr_run"] if with_status else [flwr, "run"]
     command = [*runner, str(app), "--stream", "--federation-config", federation]
     if run_config is not None:
