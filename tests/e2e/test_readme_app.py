@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from flwr.app import Context, MetricRecord, RecordDict
 
 from adaptfl.engine.inprocess import InProcessGrid
@@ -61,9 +62,13 @@ def test_the_readme_flower_app_runs_as_shown(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(app.FedACT, "aggregate_evaluate", lambda self, rnd, replies: scored.append(
         aggregate(self, rnd, replies)) or scored[-1])
     grid = InProcessGrid(2, {}, handler=lambda msg, ctx: _checked(_routed(app, msg, ctx), rejected))
-    app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+    with torch.random.fork_rng():  # the app's initial model and shuffles draw from torch's global RNG
+        torch.manual_seed(0)
+        app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     assert sorted(accuracies) == [0, 1, 2, 3] and not rejected
-    assert accuracies[3] > accuracies[0] + 0.2, accuracies  # 3 classes: chance is 1/3
+    # 3 classes: chance is 1/3. Over seeds 0-11 of the global RNG the initial model scored
+    # 0.22-0.47 and round 3's 0.63-0.72 (a gain of 0.16-0.47): learned, whatever the draw
+    assert accuracies[3] > max(accuracies[0] + 0.1, 1 / 3 + 0.2), accuracies
     assert len(scored) == 3 and scored[-1]["fed-eval-accuracy"] > 1 / 3 + 0.2, scored
     sys.modules.pop("fedact_app", None)
 
