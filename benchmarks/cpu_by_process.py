@@ -68,6 +68,13 @@ def scan(labels: dict[Key, str], skip: int) -> dict[Key, float]:
     return out
 
 
+def machine() -> str:
+    """The CPU's model name and count, as /proc/cpuinfo gives them (the figures are this CPU's)."""
+    with open("/proc/cpuinfo") as fh:
+        names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+    return f"{names[0] if names else 'unknown CPU'} × {os.cpu_count()}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
@@ -92,10 +99,11 @@ def main() -> None:
         last = now
     wall = time.monotonic() - started
     cpu = sum(total.values())
-    print(json.dumps({"command": " ".join(command), "exit": child.returncode, "wall-s": round(wall, 1),
+    print(json.dumps({"command": " ".join(command), "machine": machine(), "exit": child.returncode,
+                      "wall-s": round(wall, 1),
                       "cpu-s": round(cpu, 1), "cores-busy": round(cpu / wall, 2),
                       "by-kind": {k: [round(s, 1), processes[k]] for k, s in total.most_common(25)}},
-                     indent=1))
+                     indent=1, ensure_ascii=False))
     sys.exit(child.returncode)
 
 

@@ -43,3 +43,4 @@ def test_a_commands_cpu_is_counted_under_its_kind_and_its_exit_status_passed_on(
     report = json.loads(done.stdout)
     [(kind, (seconds, count))] = [(k, v) for k, v in report["by-kind"].items() if "process_time" in k]
     assert kind.startswith("other: ") and count == 1 and 1.0 <= seconds <= 2.5, report
+    assert report["machine"] and report["exit"] == 3
