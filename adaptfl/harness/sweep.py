@@ -41,8 +41,9 @@ def run_cell(cell: Cell, results_dir: Path) -> dict[str, Any]:
 
     torch.set_num_threads(1)  # parallel jobs share the cores: one thread each
     run_dir = results_dir / "runs"
-    # resume only a cell that an earlier attempt started: resume=true refuses an unknown name
-    config = {**cell.run_config, "results-dir": str(run_dir), "run-name": cell.cell_id,
+    # resume only a cell that an earlier attempt started: resume=true refuses an unknown name;
+    # a cell draws no figures unless the grid asks (the sweep's table and report are its output)
+    config = {"figures": False, **cell.run_config, "results-dir": str(run_dir), "run-name": cell.cell_id,
               "resume": (run_dir / cell.cell_id).is_dir(), "num-threads": 1,
               "client-state-dir": str(run_dir / cell.cell_id / "client-state")}
     started = time.perf_counter()

@@ -273,7 +273,7 @@ def first_round_notes(cfg: RunConfig, strategy: AdaptiveStrategy, task: Task, ou
     aggregator tolerates and what small rounds leave unbounded."""
     summary = summarize(task, cfg, strategy.num_nodes)
     log.info("%s", summary_line(summary))
-    write_summary(summary, outputs.dir)
+    write_summary(summary, outputs.dir, figure=outputs.figures)
     if cfg.secagg.on:
         check_secure_sample(sampled, strategy.num_nodes)
     check_small_rounds(cfg, sampled, strategy.num_nodes)  # refused unless accept-small-rounds

@@ -92,6 +92,7 @@ class RunOutputs:
         self.rows: list[dict[str, Any]] = []
         self.private = cfg.privacy.on
         self.title = cfg.title()
+        self.figures = cfg.output.figures
         self.tensorboard = open_writer(self.dir) if cfg.output.tensorboard else None
         self.mlflow = MlflowRun(client_class, self.dir, self.dir.name, cfg.to_flower()) \
             if client_class is not None else None
@@ -169,6 +170,7 @@ class RunOutputs:
             log.info("the run was refused before round 1: removed %s", self.dir)
 
     def plot(self) -> None:
-        plot_run([self.public(r) for r in self.rows], self.dir, self.title)
+        if self.figures:
+            plot_run([self.public(r) for r in self.rows], self.dir, self.title)
         if self.tensorboard is not None:
             self.tensorboard.close()

@@ -96,14 +96,15 @@ def test_preset_is_the_components_default_and_steals_no_number() -> None:
 
 def test_unknown_algorithm_stops_the_run_before_round_1(tmp_path) -> None:
     with pytest.raises(ValueError, match="fedmagic"):
-        RunConfig.of(algorithm="fedmagic", results_dir=str(tmp_path))
+        RunConfig.of(algorithm="fedmagic", figures=False, results_dir=str(tmp_path))
     calls = []
 
     def handler(msg, context):  # pragma: no cover - must never run
         calls.append(msg)
         raise AssertionError("a client was contacted")
 
-    cfg = RunConfig.of(algorithm="fedact", results_dir=str(tmp_path), data_dir=FASHION_MNIST_DIR,
+    cfg = RunConfig.of(algorithm="fedact",
+                       figures=False, results_dir=str(tmp_path), data_dir=FASHION_MNIST_DIR,
                        model="llama-tiny")  # a language model on images
     with pytest.raises(ValueError, match="language model"):
         run_federated(InProcessGrid(2, cfg.to_flower(), handler=handler), cfg)

@@ -169,7 +169,7 @@ def _one_round(cfg: RunConfig, tiny_data, tmp_path: Path) -> dict[str, torch.Ten
     from tests.support.run_outputs import final_model
 
     cfg = cfg.replace(num_server_rounds=1, local_steps=3, batch_size=16, model="mlp",
-                      data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path),
+                      data_dir=tiny_data["fashion-mnist"], figures=False, results_dir=str(tmp_path),
                       client_state_dir=str(tmp_path / "state"), accept_small_rounds=True)
     return final_model(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
 

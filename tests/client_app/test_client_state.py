@@ -153,7 +153,8 @@ def after_round_1(algorithm: str, tiny_data, tmp_path) -> tuple[InProcessGrid, M
     """A 2-node run of `algorithm` through round 1 (client state on disk under tmp_path/state);
     round 2's first instruction, not yet delivered."""
     cfg = RunConfig.of(algorithm=algorithm, model="mlp", num_server_rounds=2, local_steps=2,
-                       batch_size=8, data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path),
+                       batch_size=8, data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path),
                        run_name="t", client_state_dir=str(tmp_path / "state"), accept_small_rounds=True)
     grid = InProcessGrid(2, cfg.to_flower())
     strategy = build_run(cfg)[0]

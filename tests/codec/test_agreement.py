@@ -21,7 +21,7 @@ from tests.support.decoded import Decoded, record_decoded
 def _cfg(tiny_data, tmp_path, **kw) -> RunConfig:  # noqa: ANN001
     values = dict(accept_small_rounds=True,  # rounds of one or two nodes
                   model="mlp", algorithm="fedact", num_server_rounds=4, local_steps=2, batch_size=16,
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",
+                  data_dir=tiny_data["fashion-mnist"], figures=False, results_dir=str(tmp_path), run_name="r",
                   fraction_train=1.0)
     return RunConfig.of(**{**values, **kw})
 

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 def _cfg(tiny_data, tmp_path: Path, **kw) -> RunConfig:  # noqa: ANN001
     values = dict(model="mlp", algorithm="fedact", num_server_rounds=2, local_steps=2, batch_size=16,
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",
+                  data_dir=tiny_data["fashion-mnist"], figures=False, results_dir=str(tmp_path), run_name="r",
                   client_state_dir=str(tmp_path / "state"), fraction_train=1.0,
                   accept_small_rounds=True)  # two nodes a round
     return RunConfig.of(**{**values, **kw})

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 def _cfg(tiny_data, tmp_path: Path, **kw) -> RunConfig:  # noqa: ANN001
     values = dict(model="mlp", algorithm="fedact", num_server_rounds=5, local_steps=2, batch_size=16,
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",
+                  data_dir=tiny_data["fashion-mnist"], figures=False, results_dir=str(tmp_path), run_name="r",
                   client_state_dir=str(tmp_path / "state"), fraction_train=1.0,
                   accept_small_rounds=True)  # two nodes: rounds of two, accepted by name
     if kw.get("algorithm", "fedact") == "fedact":  # v̄ sent once and frozen
@@ -256,7 +256,7 @@ def test_under_secagg_and_dp_a_static_record_goes_once_and_the_state_is_the_whol
     assert all((wire.ARRAYS in s) == (r == 1) == (wire.ARRAYS_DELTA not in s) for r in sent for s in sent[r])
     assert set(held.held) == {1, 2, 3} and all(wire.HAFEDHO_N_TOTAL in v for v in held.held.values())
     _whole_every_round(monkeypatch)
-    whole_cfg = cfg.replace(results_dir=str(tmp_path / "whole"),
+    whole_cfg = cfg.replace(figures=False, results_dir=str(tmp_path / "whole"),
                             client_state_dir=str(tmp_path / "whole-state"))
     whole = ServerState.load(run_federated(InProcessGrid(3, whole_cfg.to_flower()), whole_cfg) / "state.pt")
     assert whole.held == {}

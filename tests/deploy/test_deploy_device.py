@@ -48,7 +48,8 @@ def test_devices_a_node_cannot_serve_are_refused_by_name(monkeypatch, choice, gp
 def test_a_node_config_device_overrides_the_run_config(tmp_path) -> None:
     """Run config asks for CUDA on a CPU-only machine: the node that says `device="cpu"` trains,
     the node that does not override fails with the reason, and the round still aggregates."""
-    cfg = RunConfig.of(results_dir=str(tmp_path), run_name="d", model="mlp", num_server_rounds=1,
+    cfg = RunConfig.of(figures=False,
+                       results_dir=str(tmp_path), run_name="d", model="mlp", num_server_rounds=1,
                     local_steps=2, batch_size=16, device="cuda", accept_small_rounds=True)
     grid = InProcessGrid(2, cfg.to_flower())
     grid.contexts[1].node_config["device"] = "cpu"

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow  # the every-algorithm matrix covers the quick ver
 @needs_fashion_mnist
 @pytest.mark.parametrize("algorithm", sorted(WIRE))
 def test_runs_two_rounds_and_accounts_its_bytes(algorithm: str, tmp_path) -> None:
-    cfg = RunConfig.of(algorithm=algorithm, results_dir=str(tmp_path / "out"),
+    cfg = RunConfig.of(algorithm=algorithm, figures=False, results_dir=str(tmp_path / "out"),
                     client_state_dir=str(tmp_path / "state"), **SMALL)
     out = run_federated(InProcessGrid(NODES, cfg.to_flower()), cfg)
     rows = metric_rows(out)

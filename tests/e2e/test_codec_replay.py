@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # three 2-round engine runs (~10 s)
 def _run(tmp_path, name: str, **kw) -> dict[str, torch.Tensor]:  # noqa: ANN001
     cfg = RunConfig.of(algorithm="fedact", num_server_rounds=2, local_steps=2, batch_size=8,
                        model="mlp", partitioning="iid", codec="nf4", codec_delta="top10%:fp4+ef",
-                       run_name=name, results_dir=str(tmp_path / "out"),
+                       run_name=name, figures=False, results_dir=str(tmp_path / "out"),
                        client_state_dir=str(tmp_path / f"state-{name}"), accept_small_rounds=True, **kw)
     return final_model(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
 

@@ -37,7 +37,7 @@ def _config(algorithm: str, task: str, tiny_data: dict[str, str], tmp_path, **kw
     return RunConfig.of(algorithm=algorithm, num_server_rounds=2, local_steps=2, batch_size=8,
                         task=task, model=TASKS[task], data_dir=tiny_data[task], run_name="t",
                         results_dir=str(tmp_path / "out"), client_state_dir=str(tmp_path / "state"),
-                        partitioning="iid", accept_small_rounds=True, **{**extra, **kw})
+                        partitioning="iid", accept_small_rounds=True, figures=False, **{**extra, **kw})
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))

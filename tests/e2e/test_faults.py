@@ -37,7 +37,7 @@ def faulty(msg, context):
 @pytest.mark.slow
 @needs_fashion_mnist
 def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path) -> None:
-    cfg = RunConfig.of(results_dir=str(tmp_path), min_replies=2, **SMALL)
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), min_replies=2, **SMALL)
     initial = build_run(cfg)[0].state.model
     out = run_federated(InProcessGrid(4, cfg.to_flower(), handler=faulty), cfg)
     rows = metric_rows(out)
@@ -58,7 +58,7 @@ def test_raising_and_late_clients_are_recorded_and_the_rest_aggregated(tmp_path)
 @pytest.mark.slow
 @needs_fashion_mnist
 def test_below_min_replies_every_round_is_skipped_and_the_model_unchanged(tmp_path) -> None:
-    cfg = RunConfig.of(results_dir=str(tmp_path), min_replies=3, **SMALL)
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), min_replies=3, **SMALL)
     initial = build_run(cfg)[0].state.model
     # Fewer rounds than max-skipped-rounds, all skipped: the run still ends non-zero, since its
     # model is the initial one, and writes no model.pt.

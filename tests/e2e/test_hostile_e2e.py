@@ -34,7 +34,7 @@ Rewrite = Callable[[dict, dict], None]  # (arrays by record, metrics) -> in plac
 def _config(tiny_data, tmp_path, algorithm: str, rounds: int, **kw) -> RunConfig:
     values = dict(algorithm=algorithm, model="mlp", num_server_rounds=rounds, local_steps=10,
                   batch_size=16, data_dir=tiny_data["fashion-mnist"], partitioning="iid", seed=1,
-                  results_dir=str(tmp_path / "out"), run_name=algorithm,
+                  figures=False, results_dir=str(tmp_path / "out"), run_name=algorithm,
                   client_state_dir=str(tmp_path / "state"), overwrite=True,
                   accept_small_rounds=True)  # some tests sample one or two of five nodes a round
     return RunConfig.of(**{**values, **kw})

@@ -28,7 +28,7 @@ SMALL = dict(model="mlp", num_server_rounds=ROUNDS, local_steps=1, batch_size=8,
 
 
 def _cfg(tmp_path, tiny_data, **extra) -> RunConfig:
-    return RunConfig.of(results_dir=str(tmp_path / "out"), data_dir=tiny_data["fashion-mnist"],
+    return RunConfig.of(figures=False, results_dir=str(tmp_path / "out"), data_dir=tiny_data["fashion-mnist"],
                         client_state_dir=str(tmp_path / "state"), **{**SMALL, **extra})
 
 

@@ -28,7 +28,8 @@ MODEL_BYTES = spec_bytes({"0.w": ((64, 784), torch.float32), "0.b": ((64,), torc
                                                             for a, e in CASES])
 def test_runs_two_rounds_with_drift_and_bytes(algorithm: str, extra: dict, tiny_data, tmp_path) -> None:
     base = dict(algorithm=algorithm, num_server_rounds=2, local_steps=2, batch_size=16, model="mlp",
-                run_name="t", results_dir=str(tmp_path / "out"), client_state_dir=str(tmp_path / "s"),
+                run_name="t",
+                figures=False, results_dir=str(tmp_path / "out"), client_state_dir=str(tmp_path / "s"),
                 data_dir=tiny_data["fashion-mnist"], accept_small_rounds=True)
     if algorithm.endswith("soap"):
         base["max_precond_dim"] = 100  # the MLP's 784-wide mode stays unrotated: a fast test

@@ -30,7 +30,7 @@ ROUNDS = 3
 def _config(tiny_data, tmp_path, algorithm: str, name: str, **kw) -> RunConfig:
     values = dict(algorithm=algorithm, model="mlp", num_server_rounds=ROUNDS, local_steps=5,
                   batch_size=16, data_dir=tiny_data["fashion-mnist"], partitioning="iid", seed=1,
-                  results_dir=str(tmp_path / "out"), run_name=name,
+                  figures=False, results_dir=str(tmp_path / "out"), run_name=name,
                   client_state_dir=str(tmp_path / f"state-{name}"), overwrite=True,
                   accept_small_rounds=True)  # some tests sample one or two of five nodes a round
     return RunConfig.of(**{**values, **kw})

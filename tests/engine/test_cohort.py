@@ -45,7 +45,8 @@ def _config(algorithm: str, tmp_path, name: str, **kw: object) -> RunConfig:
         {"max_precond_dim": 100} if algorithm.endswith("soap") else {}
     settings: dict[str, object] = dict(
         algorithm=algorithm, num_server_rounds=3, local_steps=4, batch_size=16, task=f"{TASK}:load",
-        model=f"{TASK}:build", data_dir=str(tmp_path), run_name=name, results_dir=str(tmp_path / "out"),
+        model=f"{TASK}:build", data_dir=str(tmp_path), run_name=name,
+        figures=False, results_dir=str(tmp_path / "out"),
         client_state_dir=str(tmp_path / f"state-{name}"), fraction_train=0.75)
     return RunConfig.of(**{**settings, **extra, **kw})
 
@@ -225,7 +226,8 @@ def test_auto_leaves_fedact_on_a_cpu_to_the_native_loops(tiny_data, tmp_path, ca
     batches the gradients only and says so; an explicit form takes the reference step."""
     caplog.set_level(logging.INFO, logger="adaptfl.engine.cohort")
     cfg = RunConfig.of(algorithm="fedact", model="mlp", num_server_rounds=1, local_steps=2, batch_size=16,
-                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="auto",
+                       data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), run_name="auto",
                        accept_small_rounds=True)
     steps = count_native_steps(monkeypatch)
     alone = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg.replace(run_name="alone")))

@@ -22,7 +22,7 @@ def test_on_cuda_the_cohort_ends_on_the_one_at_a_time_model(algorithm: str, mode
     def run(name: str, cohort: int | None) -> tuple[dict[str, torch.Tensor], list[dict]]:
         cfg = RunConfig.of(algorithm=algorithm, model=model, num_server_rounds=2, local_steps=3,
                            batch_size=16, device="cuda", data_dir=tiny_data["fashion-mnist"],
-                           results_dir=str(tmp_path), run_name=name, fraction_train=0.75,
+                           figures=False, results_dir=str(tmp_path), run_name=name, fraction_train=0.75,
                            client_state_dir=str(tmp_path / f"state-{name}"))
         grid = InProcessGrid(4, cfg.to_flower()) if cohort is None else CohortGrid(4, cfg.to_flower(), cohort)
         out = run_federated(grid, cfg)

@@ -105,6 +105,17 @@ def test_interrupted_sweep_resumes_without_redoing_cells(tmp_path: Path) -> None
     assert run_sweep(grid, tmp_path, runner=counting, out=io.StringIO()) == 0 and len(reran) == 2
     assert len(series(rows[1], "test-accuracy")) == 2 and float(rows[1]["rounds"]) == 2
     assert rows[1]["model"] == "mlp" and rows[1]["seed"] == "1"
+    # a cell draws no figures unless the grid asks for them
+    run_dir = Path(rows[1]["run-dir"])
+    assert not list(run_dir.glob("*.png")) and (run_dir / "metrics.csv").exists()
+
+
+@pytest.mark.slow
+def test_a_grid_that_asks_for_figures_gets_them(tmp_path: Path) -> None:
+    one_round = TINY_GRID.replace("num-server-rounds = 2", "num-server-rounds = 1\nfigures = true")
+    grid = parse_grid(one_round.replace("[0, 1, 2]", "[0]"), known_algorithms={"fedavg"})
+    assert run_sweep(grid, tmp_path, out=io.StringIO()) == 1
+    assert (Path(read_table(tmp_path / "tiny.csv")[0]["run-dir"]) / "plot.png").exists()
 
 
 @pytest.mark.slow

@@ -73,7 +73,8 @@ CANARIES, GUESSES = 500, 50  # r = 100: at most ε ≈ 3.49 from all right
 
 
 def _audit(tmp_path, tiny_data, name: str, z: float, **extra):  # noqa: ANN001, ANN202
-    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name=name,
+    cfg = RunConfig.of(figures=False,
+                       results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name=name,
                        dp_noise_multiplier=z, **{**TINY, **extra})
     return run_audit(cfg, 4, canaries=CANARIES, guesses=GUESSES, seed=1)
 
@@ -179,7 +180,8 @@ def seeded_noise(monkeypatch):  # noqa: ANN001, ANN201
 
 def _node_audit(tmp_path, tiny_data, name: str, canaries: int = NODE_CANARIES,  # noqa: ANN001, ANN202
                 guesses: int = NODE_GUESSES, node_config=None, **extra):  # noqa: ANN001
-    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name=name,
+    cfg = RunConfig.of(figures=False,
+                       results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name=name,
                        **{**NODE_TINY, "dp_noise_multiplier": NODE_Z, **extra})
     return run_audit(cfg, 4, canaries=canaries, guesses=guesses, seed=1, node_config=node_config)
 
@@ -306,7 +308,8 @@ def test_an_audit_books_apart_so_a_later_default_run_on_the_data_is_not_refused(
     assert list(home.glob("*.jsonl")) == []  # neither the data's ledger nor a node's
     nodes = list((home / "audits").glob("node-*.jsonl"))
     assert len(nodes) == (2 if dp == "client" else 0), nodes  # the 2 sampled real nodes' own
-    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name="after",
+    cfg = RunConfig.of(figures=False,
+                       results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], run_name="after",
                        algorithm="fedavg", model="mlp", num_server_rounds=1, local_steps=1,
                        batch_size=16, dp="central", weighting="uniform", fraction_train=0.5,
                        dp_accept_epsilon=1e3, accept_small_rounds=True)  # the defaults' δ and accounting

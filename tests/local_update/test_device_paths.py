@@ -65,7 +65,7 @@ def _one_round(algorithm: str, data: str, out: str, device: str) -> tuple[dict, 
     extra = {"muon_routing": "all-2d"} if algorithm.endswith("muon") else \
         {"max_precond_dim": 100} if algorithm.endswith("soap") else {}
     cfg = RunConfig.of(algorithm=algorithm, num_server_rounds=1, local_steps=3, batch_size=16,
-                       model="mlp", data_dir=data, results_dir=out, run_name="r",
+                       model="mlp", data_dir=data, figures=False, results_dir=out, run_name="r",
                        client_state_dir=f"{out}/state", partitioning="iid", diagnostics_every=1,
                        device=device, precision="fp32", accept_small_rounds=True, **extra)
     run_dir = run_federated(InProcessGrid(2, cfg.to_flower()), cfg)

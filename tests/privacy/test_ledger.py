@@ -27,7 +27,8 @@ EVENT = (1.0, 2, 4)
 
 
 def _run(tmp_path, tiny_data, name: str, book, **extra):  # noqa: ANN001, ANN202
-    cfg = RunConfig.of(results_dir=str(tmp_path / "results"), data_dir=tiny_data["fashion-mnist"],
+    cfg = RunConfig.of(figures=False,
+                       results_dir=str(tmp_path / "results"), data_dir=tiny_data["fashion-mnist"],
                        run_name=name, dp_ledger=str(book), **{**TINY, **extra})
     return run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
 
@@ -187,7 +188,8 @@ def test_without_dp_ledger_runs_on_the_same_data_compose_across_results_dirs(tmp
     (task + its training labels), and the second row names it and ε over both; a run on other
     data (the test split as training rows would be other data) has its own."""
     def run(results: str, name: str):  # noqa: ANN202
-        cfg = RunConfig.of(results_dir=str(tmp_path / results), data_dir=tiny_data["fashion-mnist"],
+        cfg = RunConfig.of(figures=False,
+                           results_dir=str(tmp_path / results), data_dir=tiny_data["fashion-mnist"],
                            run_name=name, **TINY)
         out = run_federated(InProcessGrid(4, cfg.to_flower()), cfg)
         whole = (out / "server-confidential.jsonl").read_text().splitlines()

@@ -37,7 +37,8 @@ CARRIES = (wire.DELTA, wire.MASKED)
 
 def _cfg(tiny_data, tmp_path: Path, **kw: Any) -> RunConfig:  # noqa: ANN001
     values = dict(model="mlp", num_server_rounds=1, local_steps=1, batch_size=16, dp="client",
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), weighting="uniform",
+                  data_dir=tiny_data["fashion-mnist"],
+                  figures=False, results_dir=str(tmp_path), weighting="uniform",
                   screen_ratio=0, max_contribution_ratio=0, max_skipped_rounds=5, run_name="replay",
                   client_state_dir=str(tmp_path / "state"), dp_accept_epsilon=1e3)
     return RunConfig.of(**{**values, **kw})

@@ -38,7 +38,8 @@ def adaptfl_log(caplog: pytest.LogCaptureFixture,
 
 
 def _run(tmp_path, tiny_data, calls: list[int] | None = None, **kw):  # noqa: ANN001, ANN202
-    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], **{**PLAN, **kw})
+    cfg = RunConfig.of(figures=False,
+                       results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"], **{**PLAN, **kw})
 
     def counted(msg, context):  # noqa: ANN001, ANN202
         if calls is not None:

@@ -193,7 +193,7 @@ def test_a_target_epsilon_stops_before_the_round_that_would_pass_it(tmp_path, ti
     assert [r["round"] for r in rows] == [1, 2]
     assert rows[-1]["dp-epsilon"] == pytest.approx(two, rel=1e-9) and two <= target
     assert (out / "model.pt").exists() and (out / "diagnostics.png").exists()
-    refused = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
+    refused = RunConfig.of(figures=False, results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
                            **{**SMALL, "run_name": "r"}, dp_target_epsilon=target)
     with pytest.raises(ValueError, match=r"dp-target-epsilon=.*4 rounds .* 2 of 4 nodes"):
         run_federated(InProcessGrid(4, refused.to_flower()), refused)  # refuse: before round 1
@@ -209,7 +209,7 @@ def test_a_target_holds_when_a_dp_client_round_loses_a_reply(tmp_path, tiny_data
     one_lost = epsilon([(lost, 4, 4), (1.0, 4, 4)], 1e-5, "no-amplification")
     two_lost = epsilon([(lost, 4, 4)] * 2, 1e-5, "no-amplification")
     target = (one_lost + two_lost) / 2
-    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
                        **{**SMALL, "dp": "client", "dp_seed": -1, "dp_testing_reproducible_noise": False,
                           "fraction_train": 1.0, "num_server_rounds": 3, "local_steps": 1},
                        min_replies=3, dp_target_epsilon=target, dp_on_target="stop")
@@ -228,7 +228,7 @@ def test_dp_client_runs_end_to_end_with_noised_replies_projected_into_their_doma
         tmp_path, tiny_data, algorithm: str) -> None:
     """Clients clip and noise v / Θ_i (which then leave v >= 0 / PSD): the replies are accepted,
     the server's means go back into the domains (the state's invariants hold every round)."""
-    cfg = RunConfig.of(results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), data_dir=tiny_data["fashion-mnist"],
                        **{**SMALL, "dp": "client", "num_server_rounds": 2, "fraction_train": 1.0,
                           "dp_seed": -1},  # a dp='client' node refuses a server's seed
                        algorithm=algorithm, dp_state_clip_norm=1e-3, min_replies=3)

@@ -23,7 +23,8 @@ DP_KEYS = ("dp-epsilon", "dp-noise-multiplier", "dp-epsilon-ledger")
 
 def _rows(tiny_data, tmp_path: Path, failing: int | None) -> list[dict]:  # noqa: ANN001
     cfg = RunConfig.of(model="mlp", num_server_rounds=2, local_steps=1, batch_size=16, dp="client",
-                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), weighting="uniform",
+                       data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), weighting="uniform",
                        min_replies=NODES, max_skipped_rounds=5, run_name=f"fail-{failing}",
                        client_state_dir=str(tmp_path / "state"), dp_accept_epsilon=1e3,
                        dp_ledger=str(tmp_path / "ledger.jsonl"))  # each run its own total

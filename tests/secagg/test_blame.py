@@ -219,7 +219,8 @@ def test_a_whole_run_with_a_disruptive_node_names_it_alone(tiny_data, tmp_path, 
     from tests.support.run_outputs import metric_rows
 
     cfg = RunConfig.of(model="mlp", num_server_rounds=2, local_steps=2, batch_size=16, secagg="secagg+",
-                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r")
+                       data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), run_name="r")
     grid = InProcessGrid(5, cfg.to_flower(), handler=secagg_liars.handler(secagg_liars.ATTACKS[attack]))
     rows = metric_rows(run_federated(grid, cfg))
     assert [r["skipped"] for r in rows] == [False, False]

@@ -56,7 +56,8 @@ def test_fewer_than_three_nodes_are_refused_before_round_1(tmp_path, tiny_data, 
     from adaptfl.server_app.loop import run_federated
 
     cfg = RunConfig.of(secagg="secagg+", model="mlp", num_server_rounds=1, local_steps=1, batch_size=8,
-                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="t")
+                       data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), run_name="t")
     grid, calls = counting_grid(2, cfg, static)
     with pytest.raises(ValueError, match=r"secagg='secagg\+' with 2 of 2 nodes a round: a secure sum "
                                          "needs 3 or more"):

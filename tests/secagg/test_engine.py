@@ -24,7 +24,8 @@ LOCAL_STEPS = 2
 
 def _cfg(tiny_data, tmp_path: Path, **kw) -> RunConfig:  # noqa: ANN001
     values = dict(model="mlp", num_server_rounds=1, local_steps=LOCAL_STEPS, batch_size=16,
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), weighting="uniform",
+                  data_dir=tiny_data["fashion-mnist"],
+                  figures=False, results_dir=str(tmp_path), weighting="uniform",
                   screen_ratio=0, max_contribution_ratio=0,
                   client_state_dir=str(tmp_path / "state"))
     return RunConfig.of(**{**values, **kw})

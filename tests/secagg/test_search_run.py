@@ -59,7 +59,7 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     base = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
                         secagg="secagg+", secagg_liars=1, algorithm="fedavg", run_name="run",
                         lr_schedule="constant")  # a cut run resumes on the same lr
-    whole = base.replace(results_dir=str(tmp_path / "whole"), num_server_rounds=ROUNDS,
+    whole = base.replace(figures=False, results_dir=str(tmp_path / "whole"), num_server_rounds=ROUNDS,
                          client_state_dir=str(tmp_path / "whole" / "state"))
     rows = metric_rows(run_federated(lying_grid(whole), whole))  # completes: no RunAborted
     named = next(r["round"] for r in rows if "secagg-excluded" in r)
@@ -76,7 +76,7 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
 
     # the same run cut one round after the exclusion (a run of skipped rounds only is aborted),
     # resumed as it was, and resumed without the liar at all
-    cut = base.replace(results_dir=str(tmp_path / "cut"), num_server_rounds=named + 1,
+    cut = base.replace(figures=False, results_dir=str(tmp_path / "cut"), num_server_rounds=named + 1,
                        client_state_dir=str(tmp_path / "cut" / "state"))
     run_federated(lying_grid(cut), cut)
     shutil.copytree(tmp_path / "cut", tmp_path / "absent")
@@ -86,7 +86,7 @@ def test_an_out_of_range_input_costs_its_sender_not_the_run(tiny_data, tmp_path)
     # FedAvg's nodes keep nothing between rounds (nothing they receive is sent unchanged later,
     # codec/versions.py): the cut left no state folder and the resume made none
     assert not (tmp_path / "absent" / "state").exists() and not (tmp_path / "cut" / "state").exists()
-    absent = resumed.replace(results_dir=str(tmp_path / "absent"))
+    absent = resumed.replace(figures=False, results_dir=str(tmp_path / "absent"))
     alone = run_federated(WithoutLiar(NODES, absent.to_flower()), absent)
     assert_same_model(final_model(alone), expected)
 
@@ -97,7 +97,7 @@ def test_more_liars_than_declared_end_the_run_saying_so(tiny_data, tmp_path) -> 
     cohort, the row says so, the failures count again, and max-skipped-rounds ends the run."""
     cfg = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
                        secagg="secagg+", secagg_liars=1, algorithm="fedavg", run_name="run",
-                       results_dir=str(tmp_path), num_server_rounds=12)
+                       figures=False, results_dir=str(tmp_path), num_server_rounds=12)
     with pytest.raises(RunAborted, match="consecutive rounds skipped"):
         run_federated(lying_grid(cfg, liars=(3, 5)), cfg)
     rows = metric_rows(tmp_path / "run")
@@ -115,7 +115,7 @@ def test_two_colluders_of_five_taking_turns_get_no_honest_node_removed(tiny_data
     that pass."""
     schedule = framed(Search(), {3, 5}, 1, depth=8)
     base = RunConfig.of(model="mlp", local_steps=2, batch_size=16, data_dir=tiny_data["fashion-mnist"],
-                        secagg="secagg+", algorithm="fedavg", results_dir=str(tmp_path))
+                        secagg="secagg+", algorithm="fedavg", figures=False, results_dir=str(tmp_path))
     for name, liars, rounds in (("one", 1, schedule[-1]), ("default", base.secagg.secagg_liars, 10)):
         cfg = base.replace(run_name=name, secagg_liars=liars, num_server_rounds=rounds)
         rows = metric_rows(run_federated(lying_grid(cfg, (3, 5), lambda _, r: r in schedule), cfg))

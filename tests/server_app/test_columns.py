@@ -33,7 +33,8 @@ def test_the_docs_table_is_current() -> None:
 @pytest.mark.slow
 def test_every_column_a_run_writes_is_declared(tiny_data, tmp_path, algorithm: str) -> None:
     cfg = RunConfig.of(algorithm=algorithm, model="mlp", num_server_rounds=2, local_steps=2,
-                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",
+                       data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), run_name="r",
                        client_state_dir=str(tmp_path / "state"), partitioning="dirichlet",
                        **RUNS[algorithm])
     out = run_federated(InProcessGrid(3, cfg.to_flower()), cfg)

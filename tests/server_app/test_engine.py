@@ -59,12 +59,15 @@ def test_a_raising_client_is_recorded_and_the_round_goes_on(tmp_path) -> None:
             raise RuntimeError("disk full on partition 1")
         return handle_train(msg, context)
 
-    cfg = RunConfig.of(results_dir=str(tmp_path), algorithm="localadamw", **SMALL)
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), algorithm="localadamw", **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower(), handler=flaky), cfg)
     rows = metric_rows(out)
     assert [r["replies-accepted"] for r in rows] == [2, 2]
     assert "disk full on partition 1" in rows[0]["rejected"]["2"]
     assert rows[-1]["test-accuracy"] > 0.2
+    # figures=false: the numbers and the data summary, no matplotlib figure
+    assert (out / "metrics.csv").exists() and (out / "data-summary.json").exists()
+    assert not [p.name for p in out.glob("*.png")]
 
 
 @needs_fashion_mnist
@@ -107,7 +110,8 @@ def test_engine_cli_errors_are_one_line(tmp_path) -> None:
 def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, tiny_data, caplog) -> None:
     import logging
 
-    cfg = RunConfig.of(results_dir=str(tmp_path), model="mlp", data_dir=tiny_data["fashion-mnist"],
+    cfg = RunConfig.of(figures=False,
+                       results_dir=str(tmp_path), model="mlp", data_dir=tiny_data["fashion-mnist"],
                        num_server_rounds=3, local_steps=1, batch_size=1_000_000, run_name="big",
                        accept_small_rounds=True)
     with caplog.at_level(logging.WARNING, logger="adaptfl"):

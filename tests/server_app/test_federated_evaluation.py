@@ -28,7 +28,8 @@ FED_COLUMNS = sorted(k for k in COLUMNS if k.startswith("fed-eval-") and k != "f
 
 
 def _run(tmp_path, tiny_data, name: str, nodes: int = 4, **extra) -> list[dict]:  # noqa: ANN001
-    cfg = RunConfig.of(data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name=name,
+    cfg = RunConfig.of(data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), run_name=name,
                        **{**TINY, **extra})
     return metric_rows(run_inprocess(cfg, nodes))
 
@@ -90,7 +91,8 @@ def test_evaluate_local_steps_sets_the_personalised_models_steps(tmp_path, tiny_
 
 @needs_fashion_mnist
 def test_under_dp_nothing_of_it_is_released(tmp_path, tiny_data, caplog) -> None:
-    cfg = RunConfig.of(data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="dp",
+    cfg = RunConfig.of(data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), run_name="dp",
                        algorithm="fedavg", model="mlp", num_server_rounds=1, local_steps=1, batch_size=16,
                        weighting="uniform", dp="central", dp_accounting="no-amplification",
                        dp_accept_epsilon=1e3, fraction_evaluate=1.0, accept_small_rounds=True)

@@ -26,7 +26,8 @@ class FlowerLikeGrid(InProcessGrid):
 
 def _run_config(tiny_data, tmp_path, **kw) -> dict:
     values = dict(model="mlp", task="fashion-mnist", num_server_rounds=2, local_steps=2, batch_size=8,
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path / "out"), run_name="t",
+                  data_dir=tiny_data["fashion-mnist"],
+                  figures=False, results_dir=str(tmp_path / "out"), run_name="t",
                   client_state_dir=str(tmp_path / "state"), accept_small_rounds=True)  # two nodes
     return RunConfig.of(**{**values, **kw}).to_flower()
 

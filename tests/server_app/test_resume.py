@@ -71,7 +71,7 @@ def _fake_run_dir(tmp_path: Path, cfg: RunConfig, server_round: int, rows: list[
 
 
 def test_resume_drops_rows_newer_than_the_state_and_a_line_cut_short(tmp_path) -> None:
-    cfg = RunConfig.of(results_dir=str(tmp_path), run_name="r", resume=True)
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), run_name="r", resume=True)
     rows = ['{"round": 1}', '{"round": 2}', '{"round": 3}', '{"round": 4, "test-acc']
     run_dir = _fake_run_dir(tmp_path, cfg, server_round=2, rows=rows)
     checkpoint = load_checkpoint(cfg, resume_source(cfg, run_dir))
@@ -83,7 +83,7 @@ def test_resume_drops_rows_newer_than_the_state_and_a_line_cut_short(tmp_path) -
 
 
 def test_resume_refuses_a_checkpoint_of_another_job(tmp_path) -> None:
-    cfg = RunConfig.of(results_dir=str(tmp_path), run_name="r", resume=True)
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), run_name="r", resume=True)
     run_dir = _fake_run_dir(tmp_path, cfg, server_round=1, rows=['{"round": 1}'])
     with pytest.raises(ValueError, match="rho: 0.5 -> 0.3"):
         load_checkpoint(cfg.replace(rho=0.3), run_dir)
@@ -100,7 +100,7 @@ def test_resume_settings_that_cannot_work_are_refused(tmp_path) -> None:
         resume_source(RunConfig.of(resume_from=str(tmp_path)), None)
     with pytest.raises(ValueError, match="expected true or false"):
         RunConfig.from_flower({"resume": 1})
-    fresh = RunConfig.of(results_dir=str(tmp_path), run_name="new", resume=True)
+    fresh = RunConfig.of(figures=False, results_dir=str(tmp_path), run_name="new", resume=True)
     (tmp_path / "new").mkdir()  # a run killed before its first checkpoint
     assert resume_source(fresh, tmp_path / "new") is None  # nothing to resume yet: round 1
 
@@ -109,7 +109,7 @@ def test_resume_of_a_misspelt_run_name_is_refused_naming_it(tmp_path) -> None:
     # Issue 33 §7: resume=true with a run-name that has no folder started a fresh run with only a
     # WARNING; it is refused (exit 2 from the engine and the preflight), naming the close names.
     (tmp_path / "fedact-run1").mkdir()
-    typo = RunConfig.of(results_dir=str(tmp_path), run_name="fedact-rnu1", resume=True)
+    typo = RunConfig.of(figures=False, results_dir=str(tmp_path), run_name="fedact-rnu1", resume=True)
     with pytest.raises(ValueError, match=r"'fedact-rnu1' has no run in .*did you mean 'fedact-run1'"):
         resume_source(typo, tmp_path / "fedact-rnu1")
 
@@ -120,7 +120,7 @@ def test_a_finished_run_continues_for_more_rounds_and_says_what_the_schedule_doe
     """issue 33: num-server-rounds raised on resume=true continues a finished run (rows 1-2 kept,
     round 3 added); with the cosine schedule a warning says it is recomputed; lowering is refused."""
     base = dict(model="mlp", local_steps=2, data_dir=tiny_data["fashion-mnist"], num_threads=1,
-                results_dir=str(tmp_path), run_name="grow", accept_small_rounds=True)
+                figures=False, results_dir=str(tmp_path), run_name="grow", accept_small_rounds=True)
     first = metric_rows(run_inprocess(RunConfig.of(**base, num_server_rounds=2), 2))
     with caplog.at_level("WARNING"):
         out = run_inprocess(RunConfig.of(**base, num_server_rounds=3, resume=True), 2)
@@ -136,7 +136,7 @@ def test_a_checkpoint_written_before_a_key_existed_resumes(tmp_path) -> None:
     default it is the same job; set away from it, another one."""
     from adaptfl.server_app.checkpoint import check_same_job
 
-    cfg = RunConfig.of(results_dir=str(tmp_path), run_name="r", resume=True)
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), run_name="r", resume=True)
     run_dir = _fake_run_dir(tmp_path, cfg, server_round=2, rows=['{"round": 1}', '{"round": 2}'])
     older = {k: v for k, v in json.loads((run_dir / "config.json").read_text()).items()
              if k not in ("lr-gamma", "lr-step-every", "lr-milestones")}

@@ -25,7 +25,7 @@ from tests.support.run_outputs import final_model, metric_rows
 def _cfg(tiny_data, tmp_path: Path, **kw) -> RunConfig:
     values = dict(accept_small_rounds=True,  # rounds of one or two nodes
                   model="mlp", algorithm="fedavg", num_server_rounds=2, local_steps=2, batch_size=16,
-                  data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="r",
+                  data_dir=tiny_data["fashion-mnist"], figures=False, results_dir=str(tmp_path), run_name="r",
                   client_state_dir=str(tmp_path / "state"))
     return RunConfig.of(**{**values, **kw})
 
@@ -51,7 +51,7 @@ def test_a_run_name_in_use_is_refused_before_round_1(tiny_data, tmp_path) -> Non
 
 
 def test_unnamed_runs_started_in_the_same_second_get_their_own_dirs(tmp_path) -> None:
-    cfg = RunConfig.of(results_dir=str(tmp_path))
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path))
     first, second = RunOutputs(cfg), RunOutputs(cfg)
     assert first.dir != second.dir and second.dir.name.startswith(first.dir.name)
 

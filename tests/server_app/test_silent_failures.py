@@ -37,7 +37,7 @@ def _cfg(tiny_data, tmp_path, task: str = "fashion-mnist", **kw) -> RunConfig:
     values = dict(accept_small_rounds=True,  # rounds of one or two nodes
                   model="mlp" if task == "fashion-mnist" else "llama-tiny", task=task,
                   num_server_rounds=2, local_steps=2, batch_size=8, data_dir=tiny_data[task],
-                  results_dir=str(tmp_path / "out"), run_name="t",
+                  figures=False, results_dir=str(tmp_path / "out"), run_name="t",
                   client_state_dir=str(tmp_path / "state"))
     return RunConfig.of(**{**values, **kw})
 

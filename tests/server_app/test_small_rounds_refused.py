@@ -32,7 +32,8 @@ def test_the_refusal_names_both_ways_out_in_one_line() -> None:
 def test_a_run_of_two_nodes_is_refused_before_anything_is_sent(tmp_path, tiny_data, static: bool) -> None:  # noqa: ANN001
     """With the nodes known (the engine), or at round 1 under Flower, before any message."""
     cfg = RunConfig.of(model="mlp", num_server_rounds=1, local_steps=1, batch_size=8,
-                       data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name="t")
+                       data_dir=tiny_data["fashion-mnist"],
+                       figures=False, results_dir=str(tmp_path), run_name="t")
     grid, calls = counting_grid(2, cfg, static)
     with pytest.raises(ValueError, match="samples 2 of 2 nodes a round: .* accept-small-rounds=true"):
         run_federated(grid, cfg)

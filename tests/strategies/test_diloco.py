@@ -149,7 +149,8 @@ def test_bytes_per_round_equal_fedavgs(tiny_data, tmp_path) -> None:
     rows = {}
     for name in ("fedavg", "diloco"):
         cfg = RunConfig.of(algorithm=name, num_server_rounds=2, local_steps=2, batch_size=16, model="mlp",
-                           data_dir=tiny_data["fashion-mnist"], results_dir=str(tmp_path), run_name=name,
+                           data_dir=tiny_data["fashion-mnist"],
+                           figures=False, results_dir=str(tmp_path), run_name=name,
                            client_state_dir=str(tmp_path / "state"), accept_small_rounds=True)
         rows[name] = metric_rows(run_federated(InProcessGrid(2, cfg.to_flower()), cfg))
     for key in ("bytes-down", "bytes-up"):

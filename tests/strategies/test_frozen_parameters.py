@@ -70,7 +70,7 @@ def _cfg(tmp_path, algorithm: str, **kw) -> RunConfig:
         {"max_precond_dim": 100} if algorithm.endswith("soap") else {}
     return RunConfig.of(algorithm=algorithm, num_server_rounds=2, local_steps=3, batch_size=16,
                         partitioning="iid", task="frozen_pkg.mod:load", model="frozen_pkg.mod:build",
-                        results_dir=str(tmp_path / "out"), run_name="frozen",
+                        figures=False, results_dir=str(tmp_path / "out"), run_name="frozen",
                         client_state_dir=str(tmp_path / "state"), accept_small_rounds=True,
                         **{**extra, **kw})
 

@@ -193,7 +193,8 @@ def test_nodes_with_their_own_data_dir_train_on_all_of_it(tmp_path: Path) -> Non
 
     cfg = RunConfig.of(algorithm="fedact", task="csv:clinic.csv?label=outcome&features=age,dose",
                        model="mlp", data_dir=str(server_dir), num_server_rounds=2, local_steps=10,
-                       batch_size=16, lr=0.01, results_dir=str(tmp_path / "results"), run_name="own",
+                       batch_size=16, lr=0.01,
+                       figures=False, results_dir=str(tmp_path / "results"), run_name="own",
                        accept_small_rounds=True)
     seen: dict[int, int] = {}
 
@@ -218,6 +219,8 @@ def test_a_node_with_neither_data_dir_nor_partition_is_refused_in_one_line(tmp_p
     clinic_frame(30, seed=0).to_csv(tmp_path / "clinic.csv", index=False)
     cfg = RunConfig.of(task="csv:clinic.csv?label=outcome&features=age,dose", model="mlp",
                        data_dir=str(tmp_path), num_server_rounds=1, local_steps=1,
+
+                       figures=False,
                        results_dir=str(tmp_path / "results"), run_name="none", accept_small_rounds=True)
     grid = InProcessGrid(1, cfg.to_flower())
     grid.contexts[1].node_config = {}

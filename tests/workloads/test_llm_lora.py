@@ -43,7 +43,7 @@ def _cfg(tmp_path, folder: str, algorithm: str = "fedact", **kw) -> RunConfig:
                   algorithm=algorithm, task=TASK, model=f"hf:{folder}", max_length=128, lora_rank=4,
                   lora_alpha=8.0, lora_dropout=0.0, num_server_rounds=2, local_steps=4,
                   batch_size=4, lr=3e-3, partitioning="natural-id", num_threads=1,
-                  results_dir=str(tmp_path / "out"), run_name="lora",
+                  figures=False, results_dir=str(tmp_path / "out"), run_name="lora",
                   client_state_dir=str(tmp_path / "state"))
     return RunConfig.of(**{**values, **kw})
 

@@ -45,7 +45,7 @@ def user_package(tmp_path, monkeypatch) -> str:
 
 def _cfg(tmp_path, **kw) -> RunConfig:
     values = dict(algorithm="fedact", num_server_rounds=2, local_steps=10, batch_size=16, lr=0.01,
-                  partitioning="iid", results_dir=str(tmp_path / "out"), run_name="own")
+                  partitioning="iid", figures=False, results_dir=str(tmp_path / "out"), run_name="own")
     return RunConfig.of(**{**values, **kw})
 
 

@@ -184,7 +184,7 @@ def test_language_model_runs_through_client_and_server(tmp_path: Path) -> None:
 
     cfg = RunConfig.of(task="fortunes", model="llama-tiny", partitioning="natural-id",
                     num_server_rounds=1, local_steps=3, batch_size=8, num_threads=1,
-                    results_dir=str(tmp_path), run_name="lm", algorithm="fedadamw")
+                    figures=False, results_dir=str(tmp_path), run_name="lm", algorithm="fedadamw")
     out = run_inprocess(cfg, num_nodes=4)
     row = [line.split(",") for line in (out / "metrics.csv").read_text().splitlines()]
     metrics = dict(zip(row[0], row[2], strict=False))  # row[1] is round 0, the initial model
