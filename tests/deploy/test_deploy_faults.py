@@ -68,7 +68,8 @@ def test_supernodes_killed_and_restarted_mid_run(tmp_path, tiny_data, monkeypatc
     run_config = (f"algorithm='fedact' local-state='persist' bias-correction='local' model='mlp' "
                   f"client-state-memory=true "
                   f"partitioning='iid' num-server-rounds={ROUNDS} local-steps=2 batch-size=16 "
-                  f"num-threads=1 diagnostics-every=0 min-replies={MIN_REPLIES} round-timeout=300 "
+                  f"num-threads=1 figures=false diagnostics-every=0 min-replies={MIN_REPLIES} "
+                  f"round-timeout=300 "
                   f"data-dir='{tiny_data['fashion-mnist']}' results-dir='{tmp_path / 'results'}' "
                   f"run-name='faults' client-state-dir='{tmp_path / 'state'}'")
     result = run_loopback(tmp_path, NODES, run_config, timeout=1200, during=faults,

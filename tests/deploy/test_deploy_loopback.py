@@ -50,7 +50,8 @@ ON_ATTACKED = pytest.mark.xdist_group("loopback-attacked")
 def deployment(tmp_path_factory) -> LoopbackResult:
     workdir = tmp_path_factory.mktemp("loopback")
     pairs = " ".join(f"{k}={json.dumps(v)}" for k, v in SETTINGS.items())
-    run_config = f"{pairs} algorithm='fedact' results-dir='{workdir / 'results'}' run-name='deploy'"
+    run_config = (f"{pairs} algorithm='fedact' figures=false results-dir='{workdir / 'results'}' "
+                  "run-name='deploy'")
     return run_loopback(workdir, num_nodes=2, run_config=run_config, intruder=True, timeout=400)
 
 
@@ -74,7 +75,7 @@ def test_two_rounds_of_fedact_over_tls_with_node_auth(deployment, tmp_path) -> N
     # compiler builds them (the compose image brings zig's: deploy/Dockerfile)
     assert {r["step-path"] for r in rows} == {"native" if native._compiler() else "eager"}
     # The deployed run computes exactly what the in-process engine computes.
-    cfg = RunConfig.from_flower({**SETTINGS,
+    cfg = RunConfig.from_flower({**SETTINGS, "figures": False,
                                  "results-dir": str(tmp_path), "run-name": "inproc"})
     expected = torch.load(run_inprocess(cfg, num_nodes=2) / "model.pt", weights_only=True)
     deployed = torch.load(deployment.log_dir.parent / "results" / "deploy" / "model.pt",

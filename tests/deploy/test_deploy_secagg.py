@@ -64,7 +64,7 @@ def test_secagg_round_survives_a_supernode_killed_after_sharing_its_keys(tmp_pat
 
     run_config = (f"algorithm='fedavg' model='mlp' secagg='secagg+' weighting='uniform' "
                   f"screen-ratio=0 max-contribution-ratio=0 num-server-rounds=1 local-steps=2 "
-                  f"batch-size=16 num-threads=1 "
+                  f"batch-size=16 num-threads=1 figures=false "
                   f"diagnostics-every=0 fraction-train=1.0 min-replies={NODES - 1} "
                   f"round-timeout={ROUND_TIMEOUT} data-dir='{tiny_data['fashion-mnist']}' "
                   f"results-dir='{results}' run-name='secagg'")

@@ -129,7 +129,8 @@ def test_under_flwr_simulation_every_node_answers_the_census_before_round_1(tiny
     overrides = " ".join(f"{k}={v}" for k, v in settings.items())
     try:
         done = flwr_run_simulation(tmp_path / "flwr-home", 3,
-                                   f"{overrides} results-dir='{results}' run-name='sim' algorithm='hafedho'")
+                                   f"{overrides} figures=false results-dir='{results}' run-name='sim' "
+                                   "algorithm='hafedho'")
     finally:
         stop_local_superlink(tmp_path / "flwr-home")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -24,7 +24,7 @@ def test_a_simulated_nodes_floor_comes_from_its_environment(tmp_path, monkeypatc
     results = tmp_path / "results"
     try:
         done = flwr_run_simulation(tmp_path / "flwr-home", 2,
-                                   f"{SETTINGS} results-dir='{results}' run-name='env'")
+                                   f"{SETTINGS} figures=false results-dir='{results}' run-name='env'")
     finally:
         stop_local_superlink(tmp_path / "flwr-home")
     said = done.stdout[-3000:] + done.stderr[-3000:]

@@ -53,12 +53,14 @@ def _run_pair(tmp: Path, data_dir: str, extra: dict[str, object]) -> Pair:
     results = tmp / "results"
     try:
         done = flwr_run_simulation(tmp / "flwr-home", 3,
-                                   f"{overrides} results-dir='{results}' run-name='sim' algorithm='fedact'")
+                                   f"{overrides} figures=false results-dir='{results}' run-name='sim' "
+                                   "algorithm='fedact'")
     finally:
         stop_local_superlink(tmp / "flwr-home")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (results / "sim" / "model.pt").exists(), done.stdout[-3000:]
-    cfg = RunConfig.from_flower({**settings, "results-dir": str(results), "run-name": "inproc"})
+    cfg = RunConfig.from_flower({**settings, "figures": False, "results-dir": str(results),
+                                 "run-name": "inproc"})
     torch.set_num_threads(1)
     return Pair(done, results / "sim", run_inprocess(cfg, num_nodes=3))
 

@@ -24,7 +24,7 @@ SETTINGS = {"model": "mlp", "num-server-rounds": 4, "local-steps": 20, "batch-si
 
 def _engine_command(results: Path, run_name: str, resume: bool) -> list[str]:
     pairs = [f"{k}={json.dumps(v)}" for k, v in SETTINGS.items()]
-    pairs += [f"results-dir={json.dumps(str(results))}", f"run-name={json.dumps(run_name)}",
+    pairs += ["figures=false", f"results-dir={json.dumps(str(results))}", f"run-name={json.dumps(run_name)}",
               f"resume={'true' if resume else 'false'}"]
     return [sys.executable, "-m", "adaptfl.engine", "--num-nodes", "3", *pairs]
 
@@ -49,7 +49,7 @@ def test_killed_after_round_2_of_4_then_resumed_equals_uninterrupted(tmp_path) -
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {run_dir} after round {reached}" in done.stderr
 
-    cfg = RunConfig.from_flower({**SETTINGS,
+    cfg = RunConfig.from_flower({**SETTINGS, "figures": False,
                                  "results-dir": str(results), "run-name": "whole"})
     whole_dir = run_inprocess(cfg, num_nodes=3)
     resumed = final_model(run_dir)

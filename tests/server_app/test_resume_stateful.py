@@ -27,7 +27,7 @@ NODES = 3
 def _settings(algorithm: str, tiny_data: dict, tmp_path: Path, run_name: str) -> dict:
     return {"algorithm": algorithm, "model": "mlp", "num-server-rounds": 4, "local-steps": 40,
             "batch-size": 32, "num-threads": 1, "seed": 3, "data-dir": tiny_data["fashion-mnist"],
-            "results-dir": str(tmp_path / "results"), "run-name": run_name,
+            "figures": False, "results-dir": str(tmp_path / "results"), "run-name": run_name,
             "client-state-dir": str(tmp_path / f"state-{run_name}")}
 
 
