@@ -278,20 +278,26 @@ def test_adapters_are_drawn_from_the_seed_and_the_base_is_shared(tiny_llama) -> 
     assert all(p is q for p, q in zip(*frozen, strict=True))
 
 
+# The first case runs `python -m adaptfl.engine` as a user would (its whole stderr is the one
+# line); the others call the same main() in this process, so transformers and peft are imported
+# once per worker, not once per case (~10 s of CPU each).
 @pytest.mark.slow
-@pytest.mark.parametrize("args,message", [
+@pytest.mark.parametrize("args,message,own_process", [
+    (["lora-targets='q_proj,w_gate'"], "invalid lora-targets='q_proj,w_gate': model", True),
     (["model='hf:/no/such/model.gguf'"],
-     "model='hf:/no/such/model.gguf': /no/such/model.gguf does not exist"),
-    (["lora-targets='q_proj,w_gate'"], "invalid lora-targets='q_proj,w_gate': model"),
-    (["lora-rank=0"], "invalid lora-rank=0: must be >= 1"),
-    (["task='sft:records.jsonl'"], "record 1 has no 'output' text"),
-    (["max-length=20"], "max-length=20 leaves no response token for record 0"),
+     "model='hf:/no/such/model.gguf': /no/such/model.gguf does not exist", False),
+    (["lora-rank=0"], "invalid lora-rank=0: must be >= 1", False),
+    (["task='sft:records.jsonl'"], "record 1 has no 'output' text", False),
+    (["max-length=20"], "max-length=20 leaves no response token for record 0", False),
 ])
-def test_engine_cli_refuses_llm_bad_input_with_exit_2(args, message, tiny_llama, tmp_path) -> None:
+def test_engine_cli_refuses_llm_bad_input_with_exit_2(args, message, own_process, tiny_llama, tmp_path,
+                                                     capsys) -> None:
     """The issue's bad LLM input through `python -m adaptfl.engine`: exit 2 (refused before
     round 1), one line on stderr naming the problem, no run folder and no client state."""
     import subprocess
     import sys
+
+    from adaptfl.engine.__main__ import main
 
     (tmp_path / "records.jsonl").write_text(
         json.dumps({"instruction": "Say hi.", "output": "hi"}) + "\n"
@@ -301,12 +307,19 @@ def test_engine_cli_refuses_llm_bad_input_with_exit_2(args, message, tiny_llama,
             f"data-dir='{tmp_path}'", f"results-dir='{tmp_path / 'out'}'", "run-name='lora'",
             f"client-state-dir='{tmp_path / 'state'}'", "accept-small-rounds=true"]
     changed = {a.partition("=")[0] for a in args}
-    overrides = [a for a in base if a.partition("=")[0] not in changed] + args
-    done = subprocess.run([sys.executable, "-m", "adaptfl.engine", "--num-nodes", "2",
-                           *overrides], capture_output=True, text=True, timeout=300)
+    overrides = ["--num-nodes", "2", *(a for a in base if a.partition("=")[0] not in changed), *args]
+    if own_process:
+        done = subprocess.run([sys.executable, "-m", "adaptfl.engine", *overrides],
+                              capture_output=True, text=True, timeout=300)
+        code, stderr = done.returncode, done.stderr
+    else:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(overrides)
+        code, stderr = exited.value.code, capsys.readouterr().err
     # exit 2: refused before round 1 (core/exit_codes.py); 0 or 1 if the check were gone
-    assert done.returncode == 2, done.stderr[-3000:]
-    line = done.stderr.strip()
-    assert line.startswith("config error: ") and message in line, done.stderr[-3000:]
-    assert line.count("\n") == 0, done.stderr[-3000:]
+    assert code == 2, stderr[-3000:]
+    line = stderr.strip()
+    assert line.startswith("config error: ") and message in line, stderr[-3000:]
+    assert line.count("\n") == 0, stderr[-3000:]
     assert not (tmp_path / "out").exists() and not (tmp_path / "state").exists()
