@@ -114,7 +114,8 @@ collect_beside() {
 }
 
 # two nodes in the dry run: rounds of two replies, accepted by name (docs/robustness.md)
-run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' accept-small-rounds=true"  # + results-dir
+# figures=false: the check reads the rounds' times and exit statuses, not their plots
+run_config="num-server-rounds=1 $rounds device='$dev' data-dir='$data' accept-small-rounds=true figures=false"  # + results-dir
 # one `flwr run` simulation round and one loopback-deployment round: on the GPU machine after
 # the others (their timeouts last), in a dry run first, beside the others
 flower_stages() {
