@@ -53,13 +53,14 @@ def test_fedact_run_writes_metrics_plot_and_model(tmp_path, tiny_data) -> None:
 
 @pytest.mark.slow
 @needs_fashion_mnist
-def test_a_raising_client_is_recorded_and_the_round_goes_on(tmp_path) -> None:
+def test_a_raising_client_is_recorded_and_the_round_goes_on(tmp_path, tiny_data) -> None:
     def flaky(msg, context):
         if context.node_config["partition-id"] == 1:
             raise RuntimeError("disk full on partition 1")
         return handle_train(msg, context)
 
-    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), algorithm="localadamw", **SMALL)
+    cfg = RunConfig.of(figures=False, results_dir=str(tmp_path), algorithm="localadamw",
+                       data_dir=tiny_data["fashion-mnist"], **SMALL)
     out = run_federated(InProcessGrid(3, cfg.to_flower(), handler=flaky), cfg)
     rows = metric_rows(out)
     assert [r["replies-accepted"] for r in rows] == [2, 2]
