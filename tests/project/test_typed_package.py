@@ -22,9 +22,15 @@ def test_mypy_outside_the_repo_resolves_adaptive_strategy(tmp_path: Path) -> Non
     (tmp_path / "user.py").write_text(
         "from adaptfl.strategies.base import AdaptiveStrategy\nreveal_type(AdaptiveStrategy)\n"
     )
+    # adaptfl's modules are followed; the big third-party ones are not (torch alone was ~25 s of
+    # mypy's 30): what is checked is that adaptfl's own types resolve from outside the checkout
+    (tmp_path / "mypy.ini").write_text(
+        "[mypy]\nfollow_imports = silent\n\n"
+        "[mypy-torch.*,torchvision.*,flwr.*,numpy.*,ray.*,grpc.*,google.*,scipy.*,matplotlib.*]\n"
+        "follow_imports = skip\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent", "user.py"],
+        [sys.executable, "-m", "mypy", "--no-incremental", "user.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
     )
     out = done.stdout + done.stderr
