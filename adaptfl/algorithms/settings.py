@@ -210,7 +210,7 @@ class Output(Component):
                                       "memory (model-sized per client that took part) and follows a "
                                       "client across Ray nodes; false: client-state-dir only (shared "
                                       "by every node of a multi-node Ray cluster)")
-    # matplotlib's layout and drawing are ~0.5 s of CPU a run: in a sweep of many short runs,
+    # matplotlib's layout and drawing are ~0.6 s of CPU a run: in a sweep of many short runs,
     # or a test that reads only the numbers, that is a large share of the whole run
     figures: bool = param(True, "write plot.png, diagnostics.png and partitions.png beside "
                           "metrics.csv; false: the numbers only", loop_only=_OUTPUTS)

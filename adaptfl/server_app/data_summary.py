@@ -61,7 +61,7 @@ def summary_line(summary: dict[str, Any]) -> str:
                    "(mean total-variation distance from the whole set)")
 
 
-def write_summary(summary: dict[str, Any], out_dir: Path, figure: bool = True) -> None:
+def write_summary(summary: dict[str, Any], out_dir: Path, *, figure: bool) -> None:
     """The JSON, and (`figure`) the partitions' stacked label counts where there are any."""
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     if not figure or "label-counts" not in summary:
